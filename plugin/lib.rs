@@ -1,0 +1,19 @@
+//! verbsnet: an NCCL network plugin (`ncclNet_v8`) over RDMA verbs.
+//!
+//! Layers (top to bottom):
+//! - [`ffi`]: the exported `ncclNetPlugin_v8` table, one shim per slot, panic containment,
+//!   error → `ncclResult_t`, and the only raw-memory access ([`ffi::mem`]).
+//! - `comm` / `conn`: send/receive comms: drive the engine, post its WRs to a transport,
+//!   run the non-blocking connection handshake.
+//! - [`engine`]: the pure protocol engine (no I/O, no clock): request slots, posting-order
+//!   matching, eager and rendezvous paths, RQ batching, credits.
+//! - [`transport`]: one verbs-shaped interface; `ib` (libibverbs) and `tcp` (userspace).
+//! - [`config`]: `VERBSNET_*` variables, parsed once.
+//! - [`log`]: `tracing` events bridged to NCCL's logger.
+#![warn(missing_docs)]
+
+pub mod config;
+pub mod engine;
+pub mod ffi;
+pub mod log;
+pub mod transport;

@@ -1,0 +1,1 @@
+//! `tracing` events bridged to NCCL's logger (or to stderr outside NCCL).

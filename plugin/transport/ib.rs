@@ -1,0 +1,1 @@
+//! The ib transport: RC queue pairs over libibverbs, resolved at run time.

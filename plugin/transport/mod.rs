@@ -1,0 +1,397 @@
+//! Transports behind one verbs-shaped interface.
+//!
+//! The protocol engine (`crate::engine`) decides *what* to post; a transport carries it out with
+//! the semantics of an RC queue pair (QP):
+//!
+//! - a SEND or RDMA_WRITE_WITH_IMM consumes exactly one posted receive WR at the peer; with none
+//!   posted the peer answers RNR ("receiver not ready"), the sender waits the RNR timer and
+//!   retries up to `rnr_retry` times (7 = forever, IB spec), then completes the WR with
+//!   [`WcStatus::RnrRetryExceeded`] and the QP enters the error state;
+//! - an RDMA_WRITE lands only inside a region registered at the peer whose rkey and bounds match,
+//!   otherwise the WR completes with [`WcStatus::RemoteAccess`] and nothing is written;
+//! - work requests on one QP execute, and their completions appear, in posting order;
+//! - after the first error completion every later WR completes with [`WcStatus::WrFlush`].
+//!
+//! Implementations: [`tcp`] (a userspace stand-in over TCP sockets, for hosts without RDMA) and
+//! `ib` (libibverbs, resolved at run time).
+//!
+//! Threading: a [`QueuePair`] is driven by one thread at a time (NCCL's progress thread for that
+//! comm). A [`Device`] is shared: `reg_mr`/`dereg_mr` arrive from NCCL's service thread while a
+//! progress thread polls a QP of the same device, so devices are `Send + Sync`.
+
+use std::fmt;
+use std::net::TcpStream;
+use std::sync::Arc;
+
+use crate::ffi::mem::Region;
+
+pub mod ib;
+pub mod tcp;
+
+/// Most SGEs the engine puts in one send WR (header + payload for an eager SEND).
+pub const MAX_SEND_SGE: usize = 2;
+
+/// One scatter/gather element: `length` bytes at local virtual address `addr`, covered by the
+/// memory region whose local key is `lkey`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Sge {
+    /// Local virtual address of the first byte.
+    pub addr: u64,
+    /// Length in bytes (0 is legal).
+    pub length: u32,
+    /// Local key of the registered region that contains `[addr, addr + length)`.
+    pub lkey: u32,
+}
+
+/// The operation of a send WR (names as in `ibv_wr_opcode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SendOpcode {
+    /// Two-sided SEND: lands in the buffer of the peer's next posted receive WR.
+    Send,
+    /// One-sided write into the peer's registered memory; consumes no receive WR.
+    RdmaWrite {
+        /// Peer virtual address of the first byte written.
+        remote_addr: u64,
+        /// The peer region's remote key.
+        rkey: u32,
+    },
+    /// Write plus a 32-bit immediate delivered as a receive completion
+    /// ([`WcOpcode::RecvRdmaWithImm`]); consumes one receive WR at the peer.
+    RdmaWriteWithImm {
+        /// Peer virtual address of the first byte written.
+        remote_addr: u64,
+        /// The peer region's remote key.
+        rkey: u32,
+        /// Immediate data (host order here; transports put it on the wire big-endian).
+        imm: u32,
+    },
+}
+
+/// A send work request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SendWr {
+    /// Returned unchanged in the completion.
+    pub wr_id: u64,
+    /// Gather list; only the first `num_sge` entries are used.
+    pub sgl: [Sge; MAX_SEND_SGE],
+    /// Number of valid entries in `sgl` (0..=`MAX_SEND_SGE`).
+    pub num_sge: u8,
+    /// What to do with the gathered bytes.
+    pub opcode: SendOpcode,
+    /// Generate a completion on success (errors always complete).
+    pub signaled: bool,
+}
+
+impl SendWr {
+    /// The valid part of the gather list.
+    pub fn sges(&self) -> &[Sge] {
+        &self.sgl[..usize::from(self.num_sge).min(MAX_SEND_SGE)]
+    }
+
+    /// Total bytes gathered.
+    pub fn byte_len(&self) -> u64 {
+        self.sges().iter().map(|s| u64::from(s.length)).sum()
+    }
+}
+
+/// A receive work request with one SGE (the bounce buffer it may fill).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecvWr {
+    /// Returned unchanged in the completion.
+    pub wr_id: u64,
+    /// Where an incoming SEND's bytes go; `length` is the capacity.
+    pub sge: Sge,
+}
+
+/// Completion status (names follow `ibv_wc_status`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WcStatus {
+    /// The WR completed.
+    Success,
+    /// An incoming SEND was longer than the receive buffer (`IBV_WC_LOC_LEN_ERR`).
+    LocalLength,
+    /// A local SGE did not match a registered region (`IBV_WC_LOC_PROT_ERR`).
+    LocalProtection,
+    /// Local QP failure (`IBV_WC_LOC_QP_OP_ERR`).
+    LocalQpOperation,
+    /// Flushed because the QP is in the error state (`IBV_WC_WR_FLUSH_ERR`).
+    WrFlush,
+    /// The peer rejected an RDMA access: bad rkey or out of bounds (`IBV_WC_REM_ACCESS_ERR`).
+    RemoteAccess,
+    /// The peer found the request malformed (`IBV_WC_REM_INV_REQ_ERR`).
+    RemoteInvalidRequest,
+    /// The peer failed to carry out the operation (`IBV_WC_REM_OP_ERR`).
+    RemoteOperation,
+    /// Transport retries exhausted: the peer is unreachable or dead (`IBV_WC_RETRY_EXC_ERR`).
+    RetryExceeded,
+    /// RNR retries exhausted: the peer had no receive WR posted (`IBV_WC_RNR_RETRY_EXC_ERR`).
+    RnrRetryExceeded,
+    /// Any other status, with the verbs code.
+    Other(u32),
+}
+
+impl WcStatus {
+    /// True when the failure lies with the peer or the path to it (→ `ncclRemoteError`), false
+    /// for a local failure (→ `ncclSystemError`).
+    pub fn is_remote(self) -> bool {
+        matches!(
+            self,
+            WcStatus::RemoteAccess
+                | WcStatus::RemoteInvalidRequest
+                | WcStatus::RemoteOperation
+                | WcStatus::RetryExceeded
+                | WcStatus::RnrRetryExceeded
+        )
+    }
+
+    /// What an operator should do about this status.
+    pub fn hint(self) -> &'static str {
+        match self {
+            WcStatus::Success => "none",
+            WcStatus::RnrRetryExceeded => {
+                "the receiver had no receive WR posted: raise VERBSNET_RQ_DEPTH, turn credit \
+                 gating on (VERBSNET_CREDITS=1) or raise VERBSNET_RNR_RETRY"
+            }
+            WcStatus::RetryExceeded => {
+                "the peer stopped answering: it died, or the network path is down \
+                 (check the peer's log and the link)"
+            }
+            WcStatus::RemoteAccess => {
+                "the peer rejected an RDMA write: its buffer was deregistered or is smaller than \
+                 the data"
+            }
+            WcStatus::LocalLength => "a message was longer than the receive buffer",
+            WcStatus::LocalProtection => "a local buffer was not registered (regMr) or was freed",
+            WcStatus::WrFlush => "flushed after an earlier error on the same QP",
+            _ => "see the first error completion on this QP",
+        }
+    }
+}
+
+impl fmt::Display for WcStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = match self {
+            WcStatus::Success => "IBV_WC_SUCCESS",
+            WcStatus::LocalLength => "IBV_WC_LOC_LEN_ERR",
+            WcStatus::LocalProtection => "IBV_WC_LOC_PROT_ERR",
+            WcStatus::LocalQpOperation => "IBV_WC_LOC_QP_OP_ERR",
+            WcStatus::WrFlush => "IBV_WC_WR_FLUSH_ERR",
+            WcStatus::RemoteAccess => "IBV_WC_REM_ACCESS_ERR",
+            WcStatus::RemoteInvalidRequest => "IBV_WC_REM_INV_REQ_ERR",
+            WcStatus::RemoteOperation => "IBV_WC_REM_OP_ERR",
+            WcStatus::RetryExceeded => "IBV_WC_RETRY_EXC_ERR",
+            WcStatus::RnrRetryExceeded => "IBV_WC_RNR_RETRY_EXC_ERR",
+            WcStatus::Other(c) => return write!(f, "ibv_wc_status({c})"),
+        };
+        f.write_str(s)
+    }
+}
+
+/// What completed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WcOpcode {
+    /// A SEND WR of ours.
+    Send,
+    /// An RDMA_WRITE or RDMA_WRITE_WITH_IMM WR of ours.
+    RdmaWrite,
+    /// A receive WR consumed by the peer's SEND.
+    Recv,
+    /// A receive WR consumed by the peer's RDMA_WRITE_WITH_IMM.
+    RecvRdmaWithImm,
+}
+
+/// A work completion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Wc {
+    /// The `wr_id` of the completed WR.
+    pub wr_id: u64,
+    /// Success or the failure.
+    pub status: WcStatus,
+    /// What completed (meaningful only on success for receives).
+    pub opcode: WcOpcode,
+    /// Bytes received (receives) or 0.
+    pub byte_len: u32,
+    /// The immediate data of an RDMA_WRITE_WITH_IMM.
+    pub imm: Option<u32>,
+}
+
+/// Keys of a registered memory region.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MrKeys {
+    /// Local key, used in our SGEs.
+    pub lkey: u32,
+    /// Remote key, given to the peer for RDMA writes into the region.
+    pub rkey: u32,
+}
+
+/// A registered memory region; dropping it deregisters the region.
+pub trait MemoryRegion: Send + Sync {
+    /// The region's keys.
+    fn keys(&self) -> MrKeys;
+}
+
+/// Queue-pair settings (defaults and reasons in `docs/configuration.md`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QpConfig {
+    /// Receive queue capacity in WRs.
+    pub max_recv_wr: u32,
+    /// Send queue capacity in WRs.
+    pub max_send_wr: u32,
+    /// IB-encoded minimum RNR NAK timer (0..=31; 12 = 0.64 ms).
+    pub min_rnr_timer: u8,
+    /// RNR retries before `RnrRetryExceeded` (0..=7, 7 = forever).
+    pub rnr_retry: u8,
+    /// IB-encoded local ACK timeout (4.096 us * 2^timeout).
+    pub timeout: u8,
+    /// Transport retries before `RetryExceeded` (0..=7).
+    pub retry_cnt: u8,
+}
+
+/// Counters a transport keeps per QP (the engine keeps its own).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QpCounters {
+    /// RNR NAKs this QP received as a sender (each is one retry after the RNR timer).
+    pub rnr_naks_received: u64,
+    /// RNR NAKs this QP sent because no receive WR was posted.
+    pub rnr_naks_sent: u64,
+    /// `post_recv` calls.
+    pub post_recv_calls: u64,
+    /// Receive WRs posted.
+    pub recv_wrs_posted: u64,
+}
+
+/// Device-level RNR counters read from the device (rxe: sysfs `hw_counters`). Absent fields: the
+/// device has no such counter.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceRnrCounters {
+    /// `rcvd_rnr_err`: RNR NAKs received.
+    pub rcvd_rnr_err: Option<u64>,
+    /// `send_rnr_err`: RNR NAKs sent.
+    pub send_rnr_err: Option<u64>,
+    /// `retry_rnr_exceeded_err`: WRs that exhausted their RNR retries.
+    pub retry_rnr_exceeded_err: Option<u64>,
+}
+
+/// Properties reported through `getProperties` (units as in `ncclNetProperties_v8_t`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeviceProps {
+    /// Unique per device, e.g. `rxe0:1` or `tcp0`.
+    pub name: String,
+    /// Realpath of the PCI device in sysfs, or `None` (tcp, rxe).
+    pub pci_path: Option<String>,
+    /// Node/port GUID; devices with the same GUID are treated as one port by NCCL.
+    pub guid: u64,
+    /// Link speed in Mbps.
+    pub speed_mbps: i32,
+    /// Port number (1-based for verbs, 0 for tcp).
+    pub port: i32,
+    /// Latency in microseconds (0 = NCCL's default).
+    pub latency_us: f32,
+    /// Max connections (NCCL caps its channels on this NIC by it).
+    pub max_comms: i32,
+}
+
+/// Transport failures outside completions.
+#[derive(Debug)]
+pub enum TransportError {
+    /// A system call failed.
+    Io {
+        /// The operation, e.g. "ibv_post_send" or "connect 10.0.0.1:4000".
+        op: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The peer broke the protocol or sent malformed data.
+    Protocol(String),
+    /// The peer closed the connection.
+    PeerClosed(String),
+    /// A local resource limit was hit (queue full, device limit).
+    Resource(String),
+    /// The device or library is missing or unusable.
+    Unavailable(String),
+}
+
+impl fmt::Display for TransportError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TransportError::Io { op, source } => write!(f, "{op}: {source}"),
+            TransportError::Protocol(m) => write!(f, "protocol error: {m}"),
+            TransportError::PeerClosed(m) => write!(f, "peer closed the connection: {m}"),
+            TransportError::Resource(m) => write!(f, "resource limit: {m}"),
+            TransportError::Unavailable(m) => write!(f, "unavailable: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for TransportError {}
+
+/// Result of transport calls.
+pub type Result<T> = std::result::Result<T, TransportError>;
+
+/// One device of a transport: memory registration and QP creation. Shared between threads.
+pub trait Device: Send + Sync {
+    /// Properties for `getProperties`.
+    fn props(&self) -> DeviceProps;
+
+    /// Registers `region` for local access and remote writes. The returned region deregisters
+    /// when dropped. Errors: the device refused (e.g. `ibv_reg_mr` ENOMEM).
+    fn reg_mr(&self, region: Region) -> Result<Arc<dyn MemoryRegion>>;
+
+    /// Creates a QP (RESET→INIT for verbs). Its out-of-band connection info is
+    /// [`QueuePair::local_info`]; it becomes usable after [`QueuePair::establish`].
+    fn create_qp(&self, cfg: &QpConfig) -> Result<Box<dyn QueuePair>>;
+
+    /// Device-wide RNR counters, where the device exposes them.
+    fn rnr_counters(&self) -> DeviceRnrCounters {
+        DeviceRnrCounters::default()
+    }
+}
+
+/// An RC queue pair with its own completion queue. Driven by one thread at a time.
+pub trait QueuePair: Send {
+    /// Bytes the peer needs to connect to this QP (verbs: QPN, PSN, GID, LID, MTU). Sent in the
+    /// connection handshake. At most 256 bytes.
+    fn local_info(&self) -> Vec<u8>;
+
+    /// Connects to the peer described by `remote` (its `local_info`) and moves the QP to
+    /// ready-to-send. `oob` is the handshake's TCP stream, already in non-blocking mode: the tcp
+    /// transport carries its frames on it; verbs keep it to notice a dead peer.
+    /// Receive WRs posted before this call are honoured.
+    fn establish(&mut self, remote: &[u8], oob: TcpStream) -> Result<()>;
+
+    /// Posts send WRs in order. Errors: the SQ is full, or the QP is in the error state.
+    fn post_send(&mut self, wrs: &[SendWr]) -> Result<()>;
+
+    /// Posts receive WRs in one call (one `ibv_post_recv` with a chain). Legal before
+    /// [`QueuePair::establish`].
+    fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<()>;
+
+    /// Makes progress and appends up to `max` completions to `out`; returns how many.
+    /// Never blocks.
+    fn poll_cq(&mut self, out: &mut Vec<Wc>, max: usize) -> Result<usize>;
+
+    /// True once the out-of-band stream saw the peer close (a dead or exited peer).
+    fn peer_closed(&self) -> bool;
+
+    /// Per-QP counters.
+    fn counters(&self) -> QpCounters;
+}
+
+/// Human label of a transport kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Real verbs.
+    Ib,
+    /// The userspace TCP stand-in.
+    Tcp,
+}
+
+impl Kind {
+    /// Lower-case name as used in `VERBSNET_TRANSPORT`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Ib => "ib",
+            Kind::Tcp => "tcp",
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! The tcp transport: verbs semantics over a TCP stream, for hosts without RDMA.
