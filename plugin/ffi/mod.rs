@@ -5,6 +5,7 @@
 //! errors to `ncclResult_t`.
 
 pub mod abi;
+pub mod logger;
 pub mod mem;
 
 mod plugin;
