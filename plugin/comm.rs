@@ -22,8 +22,8 @@ use crate::config::Config;
 use crate::engine::recv::MemRead;
 use crate::engine::wire::{CtsEntry, CTS_ENTRY_LEN, EAGER_HDR_LEN, MAX_RECVS, REC_SLOTS};
 use crate::engine::{
-    Action, RecvBuf, RecvEngine, RecvParams, ReqError, ReqId, SendEngine, SendParams, Stats, CTRL_STAGE_SLOTS,
-    CTS_RING_ENTRIES, MAX_RECV_REQUESTS, MAX_SEND_REQUESTS,
+    Action, RecvBuf, RecvEngine, RecvParams, ReqError, ReqId, SendEngine, SendParams, Stats,
+    CTRL_STAGE_SLOTS, CTS_RING_ENTRIES, MAX_RECV_REQUESTS, MAX_SEND_REQUESTS,
 };
 use crate::ffi::mem::Region;
 use crate::transport::{Device, MemoryRegion, MrKeys, QueuePair, Wc};
@@ -52,9 +52,11 @@ pub enum Error {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::InvalidArgument(m) | Error::Usage(m) | Error::Remote(m) | Error::System(m) | Error::Internal(m) => {
-                f.write_str(m)
-            }
+            Error::InvalidArgument(m)
+            | Error::Usage(m)
+            | Error::Remote(m)
+            | Error::System(m)
+            | Error::Internal(m) => f.write_str(m),
         }
     }
 }
@@ -79,10 +81,18 @@ pub struct MrHandle {
 impl MrHandle {
     /// Registers `region` on `dev`.
     pub fn register(dev: &dyn Device, region: Region) -> Result<MrHandle, Error> {
-        let mr = dev
-            .reg_mr(region.clone())
-            .map_err(|e| Error::System(format!("registering {} bytes at {:#x} failed: {e}", region.len(), region.addr())))?;
-        Ok(MrHandle { keys: mr.keys(), region, _mr: mr })
+        let mr = dev.reg_mr(region.clone()).map_err(|e| {
+            Error::System(format!(
+                "registering {} bytes at {:#x} failed: {e}",
+                region.len(),
+                region.addr()
+            ))
+        })?;
+        Ok(MrHandle {
+            keys: mr.keys(),
+            region,
+            _mr: mr,
+        })
     }
 
     /// The registered range containing `[addr, addr+len)` as a sub-region, or an error naming
@@ -112,10 +122,16 @@ pub(crate) struct Owned {
 impl Owned {
     pub(crate) fn alloc(dev: &dyn Device, len: usize) -> Result<Owned, Error> {
         let region = Region::alloc(len);
-        let mr = dev
-            .reg_mr(region.clone())
-            .map_err(|e| Error::System(format!("registering a {len}-byte protocol buffer failed: {e}")))?;
-        Ok(Owned { keys: mr.keys(), region, _mr: mr })
+        let mr = dev.reg_mr(region.clone()).map_err(|e| {
+            Error::System(format!(
+                "registering a {len}-byte protocol buffer failed: {e}"
+            ))
+        })?;
+        Ok(Owned {
+            keys: mr.keys(),
+            region,
+            _mr: mr,
+        })
     }
 
     fn at(&self) -> (u64, u32) {
@@ -134,7 +150,11 @@ impl MemRead for Regions<'_> {
         self.0
             .iter()
             .find(|o| o.region.contains(addr, out.len() as u64))
-            .is_some_and(|o| o.region.read((addr - o.region.addr()) as usize, out).is_ok())
+            .is_some_and(|o| {
+                o.region
+                    .read((addr - o.region.addr()) as usize, out)
+                    .is_ok()
+            })
     }
 }
 
@@ -142,8 +162,12 @@ fn stage(owned: &[&Owned], addr: u64, bytes: &[u8]) -> Result<(), Error> {
     let o = owned
         .iter()
         .find(|o| o.region.contains(addr, bytes.len() as u64))
-        .ok_or_else(|| Error::Internal(format!("stage address {addr:#x} outside protocol buffers")))?;
-    o.region.write((addr - o.region.addr()) as usize, bytes).map_err(|e| Error::Internal(e.to_string()))
+        .ok_or_else(|| {
+            Error::Internal(format!("stage address {addr:#x} outside protocol buffers"))
+        })?;
+    o.region
+        .write((addr - o.region.addr()) as usize, bytes)
+        .map_err(|e| Error::Internal(e.to_string()))
 }
 
 /// What the peer announced about its side in the handshake (see `conn::Hello`).
@@ -240,8 +264,15 @@ impl Watch {
 }
 
 enum Side {
-    Send { engine: SendEngine, bufs: SendBuffers },
-    Recv { engine: RecvEngine, bufs: RecvBuffers, dst: Vec<[Option<Region>; MAX_RECVS]> },
+    Send {
+        engine: SendEngine,
+        bufs: SendBuffers,
+    },
+    Recv {
+        engine: RecvEngine,
+        bufs: RecvBuffers,
+        dst: Vec<[Option<Region>; MAX_RECVS]>,
+    },
 }
 
 struct Inner {
@@ -268,7 +299,10 @@ impl ReqHandle {
 
     /// The request id.
     pub fn id(&self) -> ReqId {
-        ReqId { slot: self.slot, gen: self.gen.load(Ordering::Acquire) }
+        ReqId {
+            slot: self.slot,
+            gen: self.gen.load(Ordering::Acquire),
+        }
     }
 }
 
@@ -283,12 +317,33 @@ pub struct Comm {
 }
 
 impl Comm {
-    fn boxed(dev: Arc<dyn Device>, inner: Inner, label: String, is_send: bool, cfg: &Config) -> Box<Comm> {
-        let n = if is_send { MAX_SEND_REQUESTS } else { MAX_RECV_REQUESTS };
+    fn boxed(
+        dev: Arc<dyn Device>,
+        inner: Inner,
+        label: String,
+        is_send: bool,
+        cfg: &Config,
+    ) -> Box<Comm> {
+        let n = if is_send {
+            MAX_SEND_REQUESTS
+        } else {
+            MAX_RECV_REQUESTS
+        };
         let reqs = (0..n as u32)
-            .map(|slot| ReqHandle { comm: AtomicPtr::new(std::ptr::null_mut()), slot, gen: AtomicU32::new(0) })
+            .map(|slot| ReqHandle {
+                comm: AtomicPtr::new(std::ptr::null_mut()),
+                slot,
+                gen: AtomicU32::new(0),
+            })
             .collect();
-        let mut c = Box::new(Comm { inner: Mutex::new(inner), dev, reqs, label, is_send, cfg: cfg.clone() });
+        let mut c = Box::new(Comm {
+            inner: Mutex::new(inner),
+            dev,
+            reqs,
+            label,
+            is_send,
+            cfg: cfg.clone(),
+        });
         let p: *mut Comm = &mut *c;
         for r in c.reqs.iter() {
             r.comm.store(p, Ordering::Release);
@@ -314,7 +369,13 @@ impl Comm {
             peer_rec_ring: peer.rec_ring,
             first_seq: peer.first_seq,
         });
-        let inner = Inner { qp, side: Side::Send { engine, bufs }, wcs: Vec::new(), watch: Watch::new(cfg), post_errors: 0 };
+        let inner = Inner {
+            qp,
+            side: Side::Send { engine, bufs },
+            wcs: Vec::new(),
+            watch: Watch::new(cfg),
+            post_errors: 0,
+        };
         Comm::boxed(dev, inner, label, true, cfg)
     }
 
@@ -341,17 +402,25 @@ impl Comm {
         });
         for a in engine.drain_actions() {
             match a {
-                Action::PostRecv(wrs) => qp
-                    .post_recv(&wrs)
-                    .map_err(|e| Error::System(format!("posting the initial receive queue failed: {e}")))?,
-                other => return Err(Error::Internal(format!("unexpected initial action {other:?}"))),
+                Action::PostRecv(wrs) => qp.post_recv(&wrs).map_err(|e| {
+                    Error::System(format!("posting the initial receive queue failed: {e}"))
+                })?,
+                other => {
+                    return Err(Error::Internal(format!(
+                        "unexpected initial action {other:?}"
+                    )))
+                }
             }
         }
         Ok(engine)
     }
 
     /// What the sender needs to know about a receiver's buffers.
-    pub(crate) fn announce_recv(bufs: &RecvBuffers, engine: &RecvEngine, cfg: &Config) -> PeerParams {
+    pub(crate) fn announce_recv(
+        bufs: &RecvBuffers,
+        engine: &RecvEngine,
+        cfg: &Config,
+    ) -> PeerParams {
         PeerParams {
             rec_ring: bufs.rec_ring.remote(),
             initial_credits: engine.granted(),
@@ -370,8 +439,13 @@ impl Comm {
         label: String,
     ) -> Box<Comm> {
         let dst = (0..MAX_RECV_REQUESTS).map(|_| Default::default()).collect();
-        let inner =
-            Inner { qp, side: Side::Recv { engine, bufs, dst }, wcs: Vec::new(), watch: Watch::new(cfg), post_errors: 0 };
+        let inner = Inner {
+            qp,
+            side: Side::Recv { engine, bufs, dst },
+            wcs: Vec::new(),
+            watch: Watch::new(cfg),
+            post_errors: 0,
+        };
         Comm::boxed(dev, inner, label, false, cfg)
     }
 
@@ -381,7 +455,12 @@ impl Comm {
     }
 
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, Inner>, Error> {
-        self.inner.lock().map_err(|_| Error::Internal(format!("{}: state poisoned by an earlier panic", self.label)))
+        self.inner.lock().map_err(|_| {
+            Error::Internal(format!(
+                "{}: state poisoned by an earlier panic",
+                self.label
+            ))
+        })
     }
 
     fn handle(&self, id: ReqId) -> &ReqHandle {
@@ -391,7 +470,13 @@ impl Comm {
     }
 
     /// `isend`: `Ok(None)` = retry later.
-    pub fn isend(&self, data: u64, size: u64, tag: i32, mh: &MrHandle) -> Result<Option<&ReqHandle>, Error> {
+    pub fn isend(
+        &self,
+        data: u64,
+        size: u64,
+        tag: i32,
+        mh: &MrHandle,
+    ) -> Result<Option<&ReqHandle>, Error> {
         if !self.is_send {
             return Err(Error::Internal("isend on a receive comm".into()));
         }
@@ -399,7 +484,9 @@ impl Comm {
         let mut g = self.lock()?;
         let now = now_ns();
         g.progress(now, &self.label, &self.cfg)?;
-        let Side::Send { engine, .. } = &mut g.side else { unreachable!() };
+        let Side::Send { engine, .. } = &mut g.side else {
+            unreachable!()
+        };
         let r = engine.isend(now, data, mh.keys.lkey, size, tag);
         let id = g.after_engine_call(r, &self.label)?;
         g.execute(&self.label)?;
@@ -412,18 +499,28 @@ impl Comm {
             return Err(Error::Internal("irecv on a send comm".into()));
         }
         if bufs.is_empty() || bufs.len() > MAX_RECVS {
-            return Err(Error::InvalidArgument(format!("irecv of {} buffers; maxRecvs is {MAX_RECVS}", bufs.len())));
+            return Err(Error::InvalidArgument(format!(
+                "irecv of {} buffers; maxRecvs is {MAX_RECVS}",
+                bufs.len()
+            )));
         }
         let mut regions: [Option<Region>; MAX_RECVS] = Default::default();
         let mut rb = Vec::with_capacity(bufs.len());
         for (i, &(addr, cap, tag, mh)) in bufs.iter().enumerate() {
             regions[i] = Some(mh.sub(addr, cap)?);
-            rb.push(RecvBuf { addr, cap, rkey: mh.keys.rkey, tag });
+            rb.push(RecvBuf {
+                addr,
+                cap,
+                rkey: mh.keys.rkey,
+                tag,
+            });
         }
         let mut g = self.lock()?;
         let now = now_ns();
         g.progress(now, &self.label, &self.cfg)?;
-        let Side::Recv { engine, dst, .. } = &mut g.side else { unreachable!() };
+        let Side::Recv { engine, dst, .. } = &mut g.side else {
+            unreachable!()
+        };
         let r = engine.irecv(now, &rb);
         if let Ok(Some(id)) = &r {
             dst[id.slot as usize] = regions;
@@ -459,12 +556,12 @@ impl Comm {
         if let Ok(g) = self.inner.lock() {
             let line = g.stats_line(&self.label, &*self.dev);
             info!(target: "verbsnet::init", "closing {}: {line}", self.label);
-            if let Ok(path) = std::env::var("VERBSNET_STATS_FILE") {
+            if let Some(path) = &self.cfg.stats_file {
                 let json = g.stats_json(self.is_send, &self.label, &*self.dev);
                 let _ = std::fs::OpenOptions::new()
                     .create(true)
                     .append(true)
-                    .open(&path)
+                    .open(path)
                     .and_then(|mut f| writeln!(f, "{json}"));
             }
         }
@@ -499,7 +596,11 @@ impl Inner {
 
     fn stats_line(&self, label: &str, dev: &dyn Device) -> String {
         let _ = label;
-        self.counters(dev).iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ")
+        self.counters(dev)
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(" ")
     }
 
     fn stats_json(&self, is_send: bool, label: &str, dev: &dyn Device) -> String {
@@ -515,7 +616,11 @@ impl Inner {
         s
     }
 
-    fn after_engine_call(&mut self, r: Result<Option<ReqId>, ReqError>, label: &str) -> Result<Option<ReqId>, Error> {
+    fn after_engine_call(
+        &mut self,
+        r: Result<Option<ReqId>, ReqError>,
+        label: &str,
+    ) -> Result<Option<ReqId>, Error> {
         match r {
             Ok(v) => Ok(v),
             Err(e) => {
@@ -540,7 +645,10 @@ impl Inner {
                 loop {
                     let r = engine.expected_cts();
                     let off = (r % CTS_RING_ENTRIES as u64) as usize * CTS_ENTRY_LEN;
-                    let got = bufs.cts_ring.region.with(off, CTS_ENTRY_LEN, |b| CtsEntry::decode(b, r));
+                    let got = bufs
+                        .cts_ring
+                        .region
+                        .with(off, CTS_ENTRY_LEN, |b| CtsEntry::decode(b, r));
                     match got {
                         Ok(Ok(Some(e))) => {
                             if engine.handle_cts(now, e).is_err() {
@@ -577,7 +685,9 @@ impl Inner {
                 self.watch.warned_peer = true;
                 warn!("{label}: the peer closed the connection (process exited or died); outstanding requests fail");
             }
-            self.fail(ReqError::Remote(format!("{label}: the peer closed the connection")));
+            self.fail(ReqError::Remote(format!(
+                "{label}: the peer closed the connection"
+            )));
         }
         self.execute(label)?;
         self.watchdog(now, label);
@@ -618,16 +728,25 @@ impl Inner {
                 }
                 Action::PostRecv(wrs) => {
                     self.flush_sends(&mut sends)?;
-                    self.qp.post_recv(&wrs).map_err(|e| Error::System(format!("post_recv: {e}")))
+                    self.qp
+                        .post_recv(&wrs)
+                        .map_err(|e| Error::System(format!("post_recv: {e}")))
                 }
                 Action::Copy { src, req, buf, len } => match &self.side {
                     Side::Recv { bufs, dst, .. } => {
                         let d = dst.get(req.slot as usize).and_then(|d| d[buf].as_ref());
                         match d {
                             Some(d) => d
-                                .copy_from(0, &bufs.bounce.region, (src - bufs.bounce.region.addr()) as usize, len as usize)
+                                .copy_from(
+                                    0,
+                                    &bufs.bounce.region,
+                                    (src - bufs.bounce.region.addr()) as usize,
+                                    len as usize,
+                                )
                                 .map_err(|e| Error::Internal(format!("eager copy: {e}"))),
-                            None => Err(Error::Internal(format!("eager copy into unknown request {req:?}"))),
+                            None => Err(Error::Internal(format!(
+                                "eager copy into unknown request {req:?}"
+                            ))),
                         }
                     }
                     Side::Send { .. } => Err(Error::Internal("copy on a send comm".into())),
@@ -673,8 +792,12 @@ impl Inner {
                 Side::Recv { engine, .. } => engine.stalls(now, t),
             };
             for s in stalls {
-                let counters: Vec<String> =
-                    self.engine_stats().fields().iter().map(|(k, v)| format!("{k}={v}")).collect();
+                let counters: Vec<String> = self
+                    .engine_stats()
+                    .fields()
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect();
                 warn!(
                     "{label}: request {} has made no progress for {:.1} s; waiting for {}. \
                      Counters: {}. (VERBSNET_HANG_TIMEOUT sets this report's delay; 0 turns it off)",
@@ -688,7 +811,12 @@ impl Inner {
         if let Some(iv) = self.watch.stats_ns {
             if now.saturating_sub(self.watch.last_stats) >= iv {
                 self.watch.last_stats = now;
-                let line: Vec<String> = self.engine_stats().fields().iter().map(|(k, v)| format!("{k}={v}")).collect();
+                let line: Vec<String> = self
+                    .engine_stats()
+                    .fields()
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect();
                 info!("{label}: stats {}", line.join(" "));
             }
         }

@@ -94,6 +94,8 @@ pub struct Config {
     pub hang_timeout: Option<Duration>,
     /// `VERBSNET_STATS_INTERVAL`: seconds between periodic counter lines (0 = off).
     pub stats_interval: Option<Duration>,
+    /// `VERBSNET_STATS_FILE`: file each comm appends one JSON line of counters to when it closes.
+    pub stats_file: Option<String>,
     /// `VERBSNET_DEBUG`: how much the plugin logs. Default `warn`, or `info` when
     /// `NCCL_DEBUG` is `INFO` or `TRACE` and `VERBSNET_DEBUG` is unset.
     pub debug: DebugLevel,
@@ -119,6 +121,7 @@ impl Default for Config {
             socket_ifname: None,
             hang_timeout: Some(Duration::from_secs(60)),
             stats_interval: None,
+            stats_file: None,
             debug: DebugLevel::Warn,
         }
     }
@@ -319,6 +322,14 @@ pub const KNOBS: &[Knob] = &[
         show: |c| show_duration(c.stats_interval),
     },
     Knob {
+        var: "VERBSNET_STATS_FILE",
+        key: "stats_file",
+        default: "unset",
+        accepted: "a file path",
+        reason: "machine-readable counters for verbsnet-perf --stats and scripts; off by default",
+        show: |c| show_opt_str(c.stats_file.as_deref(), "off"),
+    },
+    Knob {
         var: "VERBSNET_DEBUG",
         key: "debug",
         default: "warn (info when NCCL_DEBUG is INFO or TRACE)",
@@ -409,6 +420,9 @@ impl Config {
             c.hang_timeout = t;
         }
         c.stats_interval = env.seconds("VERBSNET_STATS_INTERVAL")?.flatten();
+        c.stats_file = env
+            .value("VERBSNET_STATS_FILE")
+            .map(|v| v.trim().to_string());
 
         c.debug = match env.value("VERBSNET_DEBUG") {
             Some(v) => match v.trim().to_ascii_lowercase().as_str() {
@@ -920,7 +934,7 @@ mod tests {
             "transport=auto rq_depth=128 rq_batch=16 rq_low_water=112 eager_buf_size=8192 \
              eager_limit=8192 credits=on rnr_timer=12 rnr_retry=7 ib_timeout=20 ib_retry_cnt=7 \
              ib_hca=all ib_gid_index=auto socket_addr=auto socket_ifname=auto hang_timeout=60s \
-             stats_interval=off debug=warn"
+             stats_interval=off stats_file=off debug=warn"
         );
         let c = ok(&[
             ("VERBSNET_TRANSPORT", "tcp"),
@@ -939,7 +953,7 @@ mod tests {
             "transport=tcp rq_depth=4 rq_batch=4 rq_low_water=1 eager_buf_size=8192 \
              eager_limit=8192 credits=off rnr_timer=12 rnr_retry=7 ib_timeout=20 ib_retry_cnt=7 \
              ib_hca=mlx5_0:1 ib_gid_index=3 socket_addr=10.0.0.1 socket_ifname=eth0 \
-             hang_timeout=off stats_interval=0.5s debug=trace"
+             hang_timeout=off stats_interval=0.5s stats_file=off debug=trace"
         );
     }
 

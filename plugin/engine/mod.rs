@@ -289,20 +289,6 @@ impl<T> Slots<T> {
         self.items.len() - self.free.len()
     }
 
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (ReqId, &T)> {
-        self.items.iter().enumerate().filter_map(|(i, v)| {
-            v.as_ref().map(|v| {
-                (
-                    ReqId {
-                        slot: i as u32,
-                        gen: self.gens[i],
-                    },
-                    v,
-                )
-            })
-        })
-    }
-
     pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = (ReqId, &mut T)> {
         let gens = &self.gens;
         self.items.iter_mut().enumerate().filter_map(move |(i, v)| {
