@@ -32,8 +32,9 @@ pub mod recv;
 pub mod send;
 pub mod wire;
 
-#[cfg(test)]
-mod sim;
+/// The simulated endpoint pair used by the engine tests and the criterion bench.
+#[doc(hidden)]
+pub mod sim;
 
 use std::fmt;
 

@@ -1,3 +1,4 @@
+#![allow(missing_docs)]
 //! A simulated pair of endpoints for engine tests: an in-memory RC link with verbs semantics
 //! (RQ consumption, RNR with a manual clock, rkey/bounds checks), fault knobs, and a bounded
 //! drive loop that fails on livelock.
