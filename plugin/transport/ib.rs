@@ -1,1 +1,0 @@
-//! The ib transport: RC queue pairs over libibverbs, resolved at run time.
