@@ -21,8 +21,8 @@ use nccl_net_verbsnet::config::Config;
 use nccl_net_verbsnet::ffi::mem::Region;
 use nccl_net_verbsnet::transport::ib::open_devices;
 use nccl_net_verbsnet::transport::{
-    Device, MemoryRegion, QpConfig, QueuePair, RecvWr, SendOpcode, SendWr, Sge, TransportError,
-    Wc, WcOpcode, WcStatus,
+    Device, MemoryRegion, QpConfig, QueuePair, RecvWr, SendOpcode, SendWr, Sge, TransportError, Wc,
+    WcOpcode, WcStatus,
 };
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -186,7 +186,9 @@ impl Buf {
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
 }
 
 fn send_wr(wr_id: u64, sges: &[Sge], opcode: SendOpcode, signaled: bool) -> SendWr {
@@ -203,7 +205,9 @@ fn send_wr(wr_id: u64, sges: &[Sge], opcode: SendOpcode, signaled: bool) -> Send
 
 #[test]
 fn device_properties() {
-    let Some(dev) = device("device_properties") else { return };
+    let Some(dev) = device("device_properties") else {
+        return;
+    };
     let p = dev.props();
     println!("props: {p:?}");
     assert_eq!(p.name, format!("{}:1", hca()));
@@ -223,7 +227,12 @@ fn device_properties() {
         ib_hca: Some(format!("{}0", hca())),
         ..Config::default()
     };
-    assert!(open_devices(&cfg).unwrap().is_empty(), "{}0 must not select {}", hca(), hca());
+    assert!(
+        open_devices(&cfg).unwrap().is_empty(),
+        "{}0 must not select {}",
+        hca(),
+        hca()
+    );
     let cfg = Config {
         ib_hca: Some(format!("^{}", hca())),
         ..Config::default()
@@ -236,7 +245,9 @@ fn device_properties() {
 
 #[test]
 fn send_lands_in_posted_recv() {
-    let Some(dev) = device("send_lands_in_posted_recv") else { return };
+    let Some(dev) = device("send_lands_in_posted_recv") else {
+        return;
+    };
     let src = Buf::new(&dev, 4096);
     let dst = Buf::new(&dev, 4096);
     let data = pattern(1000, 7);
@@ -275,7 +286,9 @@ fn send_lands_in_posted_recv() {
 
 #[test]
 fn write_with_imm_delivers_data_and_imm() {
-    let Some(dev) = device("write_with_imm_delivers_data_and_imm") else { return };
+    let Some(dev) = device("write_with_imm_delivers_data_and_imm") else {
+        return;
+    };
     let src = Buf::new(&dev, 8192);
     let dst = Buf::new(&dev, 8192);
     let first = pattern(3000, 1);
@@ -316,7 +329,10 @@ fn write_with_imm_delivers_data_and_imm() {
     ];
     p.a.post_send(&wrs).unwrap();
     let sc = wait(&mut p.a, 1);
-    assert_eq!((sc[0].wr_id, sc[0].status, sc[0].opcode), (2, WcStatus::Success, WcOpcode::RdmaWrite));
+    assert_eq!(
+        (sc[0].wr_id, sc[0].status, sc[0].opcode),
+        (2, WcStatus::Success, WcOpcode::RdmaWrite)
+    );
     let rc = wait(&mut p.b, 1);
     assert_eq!(rc[0].wr_id, 9);
     assert_eq!(rc[0].status, WcStatus::Success);
@@ -330,7 +346,9 @@ fn write_with_imm_delivers_data_and_imm() {
 
 #[test]
 fn write_out_of_bounds_is_remote_access() {
-    let Some(dev) = device("write_out_of_bounds_is_remote_access") else { return };
+    let Some(dev) = device("write_out_of_bounds_is_remote_access") else {
+        return;
+    };
     let src = Buf::new(&dev, 4096);
     src.region.write(0, &pattern(512, 3)).unwrap();
     let dst = Buf::new(&dev, 1024);
@@ -364,7 +382,9 @@ fn write_out_of_bounds_is_remote_access() {
 
 #[test]
 fn rnr_retry_exceeded_moves_the_counters() {
-    let Some(dev) = device("rnr_retry_exceeded_moves_the_counters") else { return };
+    let Some(dev) = device("rnr_retry_exceeded_moves_the_counters") else {
+        return;
+    };
     let before = dev.rnr_counters();
     println!("rnr counters before: {before:?}");
     let cfg = QpConfig {
@@ -386,13 +406,21 @@ fn rnr_retry_exceeded_moves_the_counters() {
         (Some(b), Some(a)) => a > b,
         _ => panic!("the device has no RNR counters: {before:?} / {after:?}"),
     };
-    assert!(moved(before.rcvd_rnr_err, after.rcvd_rnr_err), "rcvd_rnr_err");
-    assert!(moved(before.send_rnr_err, after.send_rnr_err), "send_rnr_err");
+    assert!(
+        moved(before.rcvd_rnr_err, after.rcvd_rnr_err),
+        "rcvd_rnr_err"
+    );
+    assert!(
+        moved(before.send_rnr_err, after.send_rnr_err),
+        "send_rnr_err"
+    );
 }
 
 #[test]
 fn batched_post_recv_of_64() {
-    let Some(dev) = device("batched_post_recv_of_64") else { return };
+    let Some(dev) = device("batched_post_recv_of_64") else {
+        return;
+    };
     const N: usize = 64;
     const SLOT: usize = 64;
     let src = Buf::new(&dev, N * SLOT);
@@ -410,27 +438,50 @@ fn batched_post_recv_of_64() {
         .collect();
     p.b.post_recv(&recvs).unwrap();
     let c1 = p.b.counters();
-    assert_eq!(c1.post_recv_calls - c0.post_recv_calls, 1, "one post_recv call");
+    assert_eq!(
+        c1.post_recv_calls - c0.post_recv_calls,
+        1,
+        "one post_recv call"
+    );
     assert_eq!(c1.recv_wrs_posted - c0.recv_wrs_posted, N as u64);
 
     // 64 SENDs in one chain, only the last signaled
     let sends: Vec<SendWr> = (0..N)
-        .map(|i| send_wr(i as u64, &[src.sge(i * SLOT, SLOT)], SendOpcode::Send, i == N - 1))
+        .map(|i| {
+            send_wr(
+                i as u64,
+                &[src.sge(i * SLOT, SLOT)],
+                SendOpcode::Send,
+                i == N - 1,
+            )
+        })
         .collect();
     p.a.post_send(&sends).unwrap();
     let sc = wait(&mut p.a, 1);
-    assert_eq!((sc[0].wr_id, sc[0].status), ((N - 1) as u64, WcStatus::Success));
+    assert_eq!(
+        (sc[0].wr_id, sc[0].status),
+        ((N - 1) as u64, WcStatus::Success)
+    );
     let rc = wait(&mut p.b, N);
     for (i, c) in rc.iter().enumerate() {
-        assert_eq!(c.wr_id, 1000 + i as u64, "receives complete in posting order");
-        assert_eq!((c.status, c.opcode, c.byte_len), (WcStatus::Success, WcOpcode::Recv, SLOT as u32));
+        assert_eq!(
+            c.wr_id,
+            1000 + i as u64,
+            "receives complete in posting order"
+        );
+        assert_eq!(
+            (c.status, c.opcode, c.byte_len),
+            (WcStatus::Success, WcOpcode::Recv, SLOT as u32)
+        );
     }
     assert_eq!(dst.bytes(0, N * SLOT), src.bytes(0, N * SLOT));
 }
 
 #[test]
 fn peer_closed_follows_the_oob_stream() {
-    let Some(dev) = device("peer_closed_follows_the_oob_stream") else { return };
+    let Some(dev) = device("peer_closed_follows_the_oob_stream") else {
+        return;
+    };
     let p = connected_pair(&dev, &qp_config());
     assert!(!p.a.peer_closed());
     assert!(!p.b.peer_closed());
@@ -444,7 +495,9 @@ fn peer_closed_follows_the_oob_stream() {
 
 #[test]
 fn queue_depths_are_clamped_to_device_limits() {
-    let Some(dev) = device("queue_depths_are_clamped_to_device_limits") else { return };
+    let Some(dev) = device("queue_depths_are_clamped_to_device_limits") else {
+        return;
+    };
     // 2 x 20000 WRs need a 40000-entry CQ; rxe allows 32767 CQEs
     let cfg = QpConfig {
         max_recv_wr: 20_000,
@@ -460,14 +513,19 @@ fn queue_depths_are_clamped_to_device_limits() {
 
 #[test]
 fn forced_gid_index_is_used() {
-    let Some(_) = device("forced_gid_index_is_used") else { return };
+    let Some(_) = device("forced_gid_index_is_used") else {
+        return;
+    };
     let cfg = Config {
         ib_hca: Some(format!("={}", hca())),
         ib_gid_index: Some(0),
         ..Config::default()
     };
     let dev = open_devices(&cfg).unwrap().remove(0);
-    assert!(logged(&["GID chosen: forced by VERBSNET_IB_GID_INDEX", "gid_index=0"]));
+    assert!(logged(&[
+        "GID chosen: forced by VERBSNET_IB_GID_INDEX",
+        "gid_index=0"
+    ]));
     if hca().starts_with("rxe") {
         // GID 0 of rxe is the IPv6 link-local one: allowed when forced, with a warning
         assert!(logged(&["WARN", "link-local"]));

@@ -25,6 +25,15 @@ for line in sys.stdin:
        and m["target"]["name"] == "ib_transport":
         print(m["executable"])')
 [ -n "$bin" ] || { echo "vm-tests: no ib_transport test binary was built" >&2; exit 1; }
+# The plugin must load where rdma-core is absent: nothing may link libibverbs. The test binary
+# contains the whole ib transport, so it is the strict check (the cdylib only once it is used).
+for f in "$bin" "$ROOT"/target/{debug,release}/libnccl_net_verbsnet.so; do
+    [ -f "$f" ] || continue
+    if readelf -d "$f" | grep -q 'NEEDED.*libibverbs'; then
+        echo "vm-tests: ${f#"$ROOT"/} has a NEEDED entry for libibverbs (call it through dl.rs)" >&2
+        exit 1
+    fi
+done
 echo "vm-tests: running ${bin#"$ROOT"/} in the soft-RoCE VM" >&2
 start=$(date +%s)
 set +e

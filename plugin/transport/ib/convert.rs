@@ -44,13 +44,13 @@ pub fn path_mtu(local: u32, remote: u32) -> u32 {
 /// Per-lane signalling rate in Mbps of an `active_speed` code of `ibv_port_attr`.
 pub fn lane_speed_mbps(active_speed: u8) -> Option<u32> {
     Some(match active_speed {
-        1 => 2_500,    // SDR
-        2 => 5_000,    // DDR
-        4 => 10_000,   // QDR
-        8 => 10_000,   // FDR10
-        16 => 14_000,  // FDR
-        32 => 25_000,  // EDR
-        64 => 50_000,  // HDR
+        1 => 2_500,     // SDR
+        2 => 5_000,     // DDR
+        4 => 10_000,    // QDR
+        8 => 10_000,    // FDR10
+        16 => 14_000,   // FDR
+        32 => 25_000,   // EDR
+        64 => 50_000,   // HDR
         128 => 100_000, // NDR
         _ => return None,
     })
@@ -170,7 +170,10 @@ mod tests {
         assert_eq!(wc_opcode(IBV_WC_SEND), WcOpcode::Send);
         assert_eq!(wc_opcode(IBV_WC_RDMA_WRITE), WcOpcode::RdmaWrite);
         assert_eq!(wc_opcode(IBV_WC_RECV), WcOpcode::Recv);
-        assert_eq!(wc_opcode(IBV_WC_RECV_RDMA_WITH_IMM), WcOpcode::RecvRdmaWithImm);
+        assert_eq!(
+            wc_opcode(IBV_WC_RECV_RDMA_WITH_IMM),
+            WcOpcode::RecvRdmaWithImm
+        );
         assert_eq!(wc_opcode(IBV_WC_RDMA_READ), WcOpcode::Send);
     }
 }

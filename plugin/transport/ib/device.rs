@@ -267,9 +267,7 @@ pub(crate) fn pci_path(dev_dir: &Path) -> Option<String> {
 /// # Errors
 /// [`TransportError::Unavailable`] when `libibverbs.so.1` cannot be loaded (the message names
 /// the packages to install), or when `cfg.ib_hca` is malformed.
-pub fn open_devices(
-    cfg: &crate::config::Config,
-) -> Result<Vec<Arc<dyn Device>>, TransportError> {
+pub fn open_devices(cfg: &crate::config::Config) -> Result<Vec<Arc<dyn Device>>, TransportError> {
     let filter = match cfg.ib_hca.as_deref() {
         Some(spec) => HcaFilter::parse(spec).map_err(|e| {
             TransportError::Unavailable(format!("VERBSNET_IB_HCA={spec:?} is not valid: {e}"))
@@ -310,10 +308,7 @@ pub fn open_devices(
     if out.is_empty() {
         info!(filter = ?cfg.ib_hca, "no usable verbs port");
     } else {
-        let names: Vec<String> = out
-            .iter()
-            .map(|d| d.props().name)
-            .collect();
+        let names: Vec<String> = out.iter().map(|d| d.props().name).collect();
         info!("verbs ports in use: {}", names.join(" "));
     }
     Ok(out)
@@ -363,8 +358,7 @@ fn open_ports(
             }
         };
         let port_dir = dev_dir.join("ports").join(port.to_string());
-        let Some((gid_index, gid)) =
-            pick_gid(ctx, port, &port_dir, link_layer, &pattr, forced_gid)
+        let Some((gid_index, gid)) = pick_gid(ctx, port, &port_dir, link_layer, &pattr, forced_gid)
         else {
             continue;
         };
@@ -504,8 +498,9 @@ fn query_gid(ctx: &Context, port: u8, index: u32) -> Option<[u8; 16]> {
     let mut g: ibv_gid = unsafe { std::mem::zeroed() };
     // SAFETY: ctx is open; g is a valid out-pointer; index is non-negative and small.
     let rc = unsafe { (ctx.verbs.query_gid)(ctx.ctx, port, index as i32, &mut g) };
-    // SAFETY: every bit pattern of the union is a valid [u8; 16].
-    (rc == 0).then(|| unsafe { g.raw })
+    // SAFETY: the union is 16 bytes of plain data; every bit pattern is a valid [u8; 16].
+    let raw = unsafe { g.raw };
+    (rc == 0).then_some(raw)
 }
 
 #[cfg(test)]

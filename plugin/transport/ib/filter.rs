@@ -116,7 +116,7 @@ impl HcaFilter {
             return true;
         }
         let hit = self.entries.iter().any(|e| {
-            e.port.map_or(true, |p| p == port)
+            (e.port.is_none() || e.port == Some(port))
                 && if self.exact {
                     e.name == dev
                 } else {

@@ -92,7 +92,9 @@ impl fmt::Display for GidReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             GidReason::RoceV2Ipv4 => "first RoCE v2 GID with an IPv4-mapped address",
-            GidReason::RoceV2Ipv6 => "no RoCE v2 IPv4 GID; first RoCE v2 GID with a global IPv6 address",
+            GidReason::RoceV2Ipv6 => {
+                "no RoCE v2 IPv4 GID; first RoCE v2 GID with a global IPv6 address"
+            }
             GidReason::UnknownTypeIpv4 => {
                 "GID types unreadable in sysfs; first IPv4-mapped GID (assumed RoCE v2)"
             }

@@ -101,7 +101,9 @@ impl ConnInfo {
             qpn: u32_at(4),
             psn: u32_at(8) & 0xff_ffff,
             lid: u16::from_le_bytes([b[12], b[13]]),
-            gid: b[16..32].try_into().expect("16-byte slice of a 32-byte buffer"),
+            gid: b[16..32]
+                .try_into()
+                .expect("16-byte slice of a 32-byte buffer"),
         };
         if info.link_layer != LINK_LAYER_ETHERNET && info.link_layer != LINK_LAYER_INFINIBAND {
             return Err(TransportError::Protocol(format!(
@@ -203,7 +205,9 @@ impl IbQueuePair {
             recv_wrs: Vec::new(),
             recv_sges: Vec::new(),
             // SAFETY: ibv_wc is plain data; all-zero is a valid value.
-            wcs: (0..POLL_BATCH).map(|_| unsafe { std::mem::zeroed() }).collect(),
+            wcs: (0..POLL_BATCH)
+                .map(|_| unsafe { std::mem::zeroed() })
+                .collect(),
         };
         // SAFETY: the context is open; no completion channel, vector 0.
         me.cq = unsafe {
@@ -424,8 +428,12 @@ impl QueuePair for IbQueuePair {
             let mut w: ibv_send_wr = unsafe { std::mem::zeroed() };
             w.wr_id = wr.wr_id;
             w.num_sge = n as i32;
-            // SAFETY: start + n <= send_sges.len(), so the pointer stays inside the vector.
-            w.sg_list = if n == 0 { ptr::null_mut() } else { unsafe { sge_base.add(start) } };
+            // start + n <= send_sges.len(): the pointer stays inside the vector
+            w.sg_list = if n == 0 {
+                ptr::null_mut()
+            } else {
+                sge_base.wrapping_add(start)
+            };
             w.send_flags = if wr.signaled {
                 ibv_send_flags::IBV_SEND_SIGNALED.0
             } else {
@@ -492,8 +500,12 @@ impl QueuePair for IbQueuePair {
             self.recv_wrs.push(ibv_recv_wr {
                 wr_id: wr.wr_id,
                 next: ptr::null_mut(),
-                // SAFETY: i < recv_sges.len().
-                sg_list: if with_sge { unsafe { sge_base.add(i) } } else { ptr::null_mut() },
+                // i < recv_sges.len(): the pointer stays inside the vector
+                sg_list: if with_sge {
+                    sge_base.wrapping_add(i)
+                } else {
+                    ptr::null_mut()
+                },
                 num_sge: i32::from(with_sge),
             });
         }
@@ -544,15 +556,15 @@ impl QueuePair for IbQueuePair {
                 let opcode = convert::wc_opcode(wc.opcode);
                 let with_imm = wc.wc_flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
                 let is_recv = wc.opcode & rdma_sys::ibv_wc_opcode::IBV_WC_RECV != 0;
+                // SAFETY: both union members are u32, so any bit pattern is valid; with
+                // IBV_WC_WITH_IMM set it holds the immediate in network byte order.
+                let imm_be = unsafe { wc.imm_data_invalidated_rkey_union.imm_data };
                 let c = Wc {
                     wr_id: wc.wr_id,
                     status,
                     opcode,
                     byte_len: if is_recv { wc.byte_len } else { 0 },
-                    // SAFETY: with IBV_WC_WITH_IMM set the union holds the immediate (network
-                    // order); any bit pattern is a valid u32 anyway.
-                    imm: with_imm
-                        .then(|| u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data })),
+                    imm: with_imm.then(|| u32::from_be(imm_be)),
                 };
                 let vendor_err = wc.vendor_err;
                 out.push(c);
@@ -636,7 +648,14 @@ fn index_in<T>(base: *mut T, bad: *mut T, len: usize) -> usize {
     off.min(len)
 }
 
-fn post_error(op: &str, rc: i32, posted: usize, total: usize, depth: u32, qpn: u32) -> TransportError {
+fn post_error(
+    op: &str,
+    rc: i32,
+    posted: usize,
+    total: usize,
+    depth: u32,
+    qpn: u32,
+) -> TransportError {
     let source = io::Error::from_raw_os_error(rc.abs());
     if rc.abs() == libc::ENOMEM {
         return TransportError::Resource(format!(
