@@ -294,6 +294,10 @@ pub fn open_devices(cfg: &crate::config::Config) -> Result<Vec<Arc<dyn Device>>,
         let name = unsafe { CStr::from_ptr((verbs.get_device_name)(dev)) }
             .to_string_lossy()
             .into_owned();
+        if !filter.may_select(&name) {
+            debug!(dev = %name, "excluded by VERBSNET_IB_HCA");
+            continue;
+        }
         // SAFETY: dev is valid until ibv_free_device_list; an opened context stays valid after.
         let ctx = unsafe { (verbs.open_device)(dev) };
         if ctx.is_null() {

@@ -61,17 +61,17 @@ static VERBS: OnceLock<Result<Verbs, String>> = OnceLock::new();
 /// cannot be opened or lacks a symbol.
 pub(crate) fn verbs() -> Result<&'static Verbs, TransportError> {
     VERBS
-        .get_or_init(load)
+        .get_or_init(|| load(LIBRARY))
         .as_ref()
         .map_err(|e| TransportError::Unavailable(e.clone()))
 }
 
-fn load() -> Result<Verbs, String> {
+fn load(soname: &str) -> Result<Verbs, String> {
     // SAFETY: loading libibverbs runs its ELF constructors, which only initialise the library's
     // own state (no user-visible side effects beyond reading its config directory).
-    let lib = unsafe { Library::new(LIBRARY) }.map_err(|e| {
+    let lib = unsafe { Library::new(soname) }.map_err(|e| {
         format!(
-            "cannot load {LIBRARY} ({e}); install the RDMA user-space libraries: \
+            "cannot load {soname} ({e}); install the RDMA user-space libraries: \
              libibverbs1 and ibverbs-providers on Debian/Ubuntu, rdma-core (libibverbs) on \
              RHEL/Fedora/SUSE"
         )
@@ -82,7 +82,7 @@ fn load() -> Result<Verbs, String> {
             // (verbs.h, rdma-core >= 1.1 ABI) matches the field's function-pointer type; the
             // pointer stays valid because `lib` is stored next to it and never unloaded.
             let s = unsafe { lib.get(concat!($name, "\0").as_bytes()) }
-                .map_err(|e| format!("{LIBRARY} has no {}: {e}", $name))?;
+                .map_err(|e| format!("{soname} has no {}: {e}", $name))?;
             *s
         }};
     }
@@ -106,4 +106,26 @@ fn load() -> Result<Verbs, String> {
         destroy_qp: sym!("ibv_destroy_qp"),
         _lib: lib,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_library_names_the_packages() {
+        let Err(e) = load("libibverbs-verbsnet-missing.so.1") else {
+            panic!("loaded a library that does not exist");
+        };
+        assert!(e.contains("libibverbs-verbsnet-missing.so.1"), "{e}");
+        assert!(e.contains("libibverbs1") && e.contains("rdma-core"), "{e}");
+    }
+
+    #[test]
+    fn a_library_without_verbs_is_refused() {
+        let Err(e) = load("libc.so.6") else {
+            panic!("libc passed for libibverbs");
+        };
+        assert!(e.contains("has no ibv_get_device_list"), "{e}");
+    }
 }

@@ -109,6 +109,26 @@ impl HcaFilter {
         })
     }
 
+    /// False when no port of device `dev` can be selected (the device need not be opened).
+    pub fn may_select(&self, dev: &str) -> bool {
+        if self.entries.is_empty() {
+            return true;
+        }
+        let names = |e: &HcaEntry| {
+            if self.exact {
+                e.name == dev
+            } else {
+                name_prefix_matches(&e.name, dev)
+            }
+        };
+        if self.exclude {
+            // excluded as a whole only by an entry without a port
+            !self.entries.iter().any(|e| e.port.is_none() && names(e))
+        } else {
+            self.entries.iter().any(names)
+        }
+    }
+
     /// True when port `port` of device `dev` is selected. An empty list selects everything
     /// (also with `^`: nothing is excluded).
     pub fn selects(&self, dev: &str, port: u8) -> bool {
@@ -203,6 +223,17 @@ mod tests {
         // empty list: nothing filtered
         assert!(sel("", "rxe0", 1));
         assert!(sel("^", "rxe0", 1));
+    }
+
+    #[test]
+    fn whole_devices() {
+        let f = HcaFilter::parse("rxe1:1").unwrap();
+        assert!(f.may_select("rxe1") && !f.may_select("rxe10"));
+        let f = HcaFilter::parse("^rxe1:1").unwrap();
+        assert!(f.may_select("rxe1"), "port 2 could still be selected");
+        let f = HcaFilter::parse("^rxe1").unwrap();
+        assert!(!f.may_select("rxe1") && f.may_select("rxe10"));
+        assert!(HcaFilter::default().may_select("anything"));
     }
 
     #[test]

@@ -11,6 +11,12 @@
 //!   the peer. The out-of-band TCP stream handed to `establish` is kept to notice a peer that
 //!   exits.
 //!
+//! - Verbs keep no per-QP RNR counters, so [`crate::transport::QpCounters`]'s `rnr_naks_*` stay
+//!   0 here; the device-wide ones come from sysfs `hw_counters` (`Device::rnr_counters`).
+//! - `post_send`/`post_recv` chain all WRs into one verbs call. On a failure (e.g. a full queue:
+//!   `TransportError::Resource`) the WRs before the failing one *were* posted; the message says
+//!   how many.
+//!
 //! Modules: `dl` (the run-time symbol table), [`filter`], [`gid`], [`convert`] (pure code
 //! mappings), `device` (context, PD, MR, discovery), [`qp`].
 
