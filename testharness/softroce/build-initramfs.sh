@@ -15,9 +15,10 @@ CACHE=${1:-${SOFTROCE_CACHE:-/var/tmp/verbsnet-softroce}}
 die() { echo "build-initramfs: $*" >&2; exit 1; }
 
 # newest Debian kernel whose modules are installed
-KVER=${KVER:-$(ls -1 /lib/modules 2>/dev/null | grep -E -- '-amd64$' | sort -V | tail -n 1 || true)}
-[ -n "$KVER" ] && [ -f "/boot/vmlinuz-$KVER" ] \
-    || die "no Debian kernel in /boot and /lib/modules (run install-deps.sh: linux-image-amd64)"
+KVER=${KVER:-$(for d in /lib/modules/*-amd64; do [ -d "$d" ] && echo "${d##*/}"; done | sort -V | tail -n 1)}
+if [ -z "$KVER" ] || [ ! -f "/boot/vmlinuz-$KVER" ]; then
+    die "no Debian kernel in /boot and /lib/modules (run install-deps.sh: linux-image-amd64)"
+fi
 BUSYBOX=$(command -v busybox || true)
 [ -n "$BUSYBOX" ] || die "busybox not found (busybox-static)"
 if LC_ALL=C ldd "$BUSYBOX" >/dev/null 2>&1; then
@@ -59,6 +60,7 @@ cp "/boot/vmlinuz-$KVER" "$CACHE/vmlinuz.new" && mv "$CACHE/vmlinuz.new" "$CACHE
 # The bzImage carries the kernel as an XZ stream; unpack it to the ELF vmlinux.
 rm -f "$CACHE/vmlinux"
 if command -v python3 >/dev/null; then
+    # shellcheck disable=SC2015 # the fallback also covers a failing mv
     python3 - "$CACHE/vmlinuz" "$CACHE/vmlinux.new" <<'PY' && mv "$CACHE/vmlinux.new" "$CACHE/vmlinux" \
         || { rm -f "$CACHE/vmlinux.new"; echo "build-initramfs: no vmlinux (booting the bzImage, ~5 s slower)" >&2; }
 import lzma, sys

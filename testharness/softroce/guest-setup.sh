@@ -66,9 +66,9 @@ for _ in $(seq 200); do
     for i in "${!netdevs[@]}"; do
         grep -qs '^0000:0000:0000:0000:0000:ffff:' "/sys/class/infiniband/rxe$i/ports/1/gids/1" || ready=0
     done
-    [ $ready = 1 ] && break
+    [ "$ready" = 1 ] && break
     sleep 0.05
 done
-[ $ready = 1 ] || say "warning: the IPv4-mapped GID did not show up"
+[ "$ready" = 1 ] || say "warning: the IPv4-mapped GID did not show up"
 [ -e /dev/infiniband/uverbs0 ] || { say "/dev/infiniband/uverbs0 is missing"; exit 1; }
 exit 0

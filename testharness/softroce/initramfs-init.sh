@@ -33,6 +33,7 @@ while read -r ko; do
 done < /etc/modules.list
 
 mount -t 9p -o "$P9,cache=none" job /job || fail "cannot mount the job share"
+# shellcheck disable=SC1091 # written by run-in-vm.sh
 . /job/config
 mount -t 9p -o "$P9,ro,cache=loose" hostroot "$NEW" || fail "cannot mount the host root"
 

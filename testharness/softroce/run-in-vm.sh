@@ -44,7 +44,7 @@ done
 # --- boot files: (re)build when missing, for another kernel, or older than their sources
 cache=${SOFTROCE_CACHE:-/var/tmp/verbsnet-softroce}
 mkdir -p "$cache"
-kver=$(ls -1 /lib/modules 2>/dev/null | grep -E -- '-amd64$' | sort -V | tail -n 1 || true)
+kver=$(for d in /lib/modules/*-amd64; do [ -d "$d" ] && echo "${d##*/}"; done | sort -V | tail -n 1)
 (
     flock 9   # several runs may start at once
     if [ ! -f "$cache/initramfs.cpio.gz" ] || [ "$(cat "$cache/kver" 2>/dev/null)" != "$kver" ] \
@@ -88,6 +88,7 @@ if [ "$accel" = auto ]; then
     accel=tcg
     if [ -w /dev/kvm ] && [ ! -d /sys/module/kvm_pvm ]; then accel=kvm; fi
 fi
+# shellcheck disable=SC2054 # the commas belong to one QEMU argument
 case "$accel" in
     kvm) accel_args=(-accel kvm -cpu host) ;;
     tcg) accel_args=(-accel tcg,thread=multi,tb-size=512 -cpu max) ;;
