@@ -1,0 +1,534 @@
+//! Verbs devices: context, protection domain, memory regions, and discovery of usable ports.
+//!
+//! Ownership encodes the verbs teardown order: an [`IbMemoryRegion`] and a queue pair hold an
+//! `Arc<ProtectionDomain>`, which holds an `Arc<Context>`; so MRs and QPs go before the PD, and
+//! the PD before the device context, whatever order the caller drops things in.
+
+use std::ffi::CStr;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rdma_sys::{
+    ibv_access_flags, ibv_context, ibv_device_attr, ibv_gid, ibv_mr, ibv_pd, ibv_port_attr,
+    ibv_port_state,
+};
+use tracing::{debug, info, warn};
+
+use super::convert;
+use super::dl::{self, Verbs};
+use super::filter::HcaFilter;
+use super::gid::{self, GidKind};
+use super::qp::IbQueuePair;
+use crate::ffi::mem::Region;
+use crate::transport::{
+    Device, DeviceProps, DeviceRnrCounters, MemoryRegion, MrKeys, QpConfig, QueuePair,
+    TransportError,
+};
+
+/// Where the kernel describes verbs devices.
+pub(crate) const SYSFS_IB: &str = "/sys/class/infiniband";
+
+/// `ibv_port_attr::link_layer` values (`IBV_LINK_LAYER_*` in verbs.h).
+pub(crate) const LINK_LAYER_UNSPECIFIED: u8 = 0;
+/// InfiniBand.
+pub(crate) const LINK_LAYER_INFINIBAND: u8 = 1;
+/// Ethernet (RoCE).
+pub(crate) const LINK_LAYER_ETHERNET: u8 = 2;
+
+/// An open device context (`ibv_open_device`); closed on drop.
+pub(crate) struct Context {
+    pub(crate) verbs: &'static Verbs,
+    pub(crate) ctx: *mut ibv_context,
+    pub(crate) name: String,
+}
+
+// SAFETY: libibverbs contexts may be used from any thread; all verbs on one context are
+// thread-safe (verbs.h contract; every provider serialises internally where needed).
+unsafe impl Send for Context {}
+// SAFETY: as above; we only pass the pointer to verbs.
+unsafe impl Sync for Context {}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: ctx came from ibv_open_device and every object created on it (PD, CQs, QPs,
+        // MRs) holds an Arc<Context> through the PD, so all of them are already destroyed.
+        let rc = unsafe { (self.verbs.close_device)(self.ctx) };
+        if rc != 0 {
+            warn!(dev = %self.name, rc, "ibv_close_device failed");
+        }
+    }
+}
+
+/// A protection domain (`ibv_alloc_pd`); one per device, shared by its ports; freed on drop.
+pub(crate) struct ProtectionDomain {
+    pub(crate) ctx: Arc<Context>,
+    pub(crate) pd: *mut ibv_pd,
+}
+
+// SAFETY: see Context; a PD is a plain handle for thread-safe verbs.
+unsafe impl Send for ProtectionDomain {}
+// SAFETY: as above.
+unsafe impl Sync for ProtectionDomain {}
+
+impl Drop for ProtectionDomain {
+    fn drop(&mut self) {
+        // SAFETY: pd came from ibv_alloc_pd; MRs and QPs on it hold an Arc to self, so none is
+        // left.
+        let rc = unsafe { (self.ctx.verbs.dealloc_pd)(self.pd) };
+        if rc != 0 {
+            warn!(dev = %self.ctx.name, rc, "ibv_dealloc_pd failed (an MR or QP still uses it?)");
+        }
+    }
+}
+
+/// What queue pairs need to know about their port.
+#[derive(Debug)]
+pub(crate) struct PortInfo {
+    /// Device name, e.g. `rxe0`.
+    pub(crate) dev: String,
+    /// Port number (1-based).
+    pub(crate) port: u8,
+    /// `LINK_LAYER_INFINIBAND` or `LINK_LAYER_ETHERNET`.
+    pub(crate) link_layer: u8,
+    /// GID index used as `sgid_index`.
+    pub(crate) gid_index: u8,
+    /// That GID (network order).
+    pub(crate) gid: [u8; 16],
+    /// Port LID (IB only; 0 on RoCE).
+    pub(crate) lid: u16,
+    /// Active MTU as an `ibv_mtu` code.
+    pub(crate) active_mtu: u32,
+    /// Device limit on CQ entries.
+    pub(crate) max_cqe: u32,
+    /// Device limit on WRs per queue.
+    pub(crate) max_qp_wr: u32,
+    /// Device limit on SGEs per WR.
+    pub(crate) max_sge: u32,
+}
+
+impl PortInfo {
+    /// `rxe0:1`.
+    pub(crate) fn label(&self) -> String {
+        format!("{}:{}", self.dev, self.port)
+    }
+}
+
+/// One active port of a verbs device, as a [`Device`].
+pub struct IbDevice {
+    pd: Arc<ProtectionDomain>,
+    port: Arc<PortInfo>,
+    props: DeviceProps,
+    counters_dir: PathBuf,
+}
+
+impl IbDevice {
+    /// The GID index in use.
+    pub fn gid_index(&self) -> u8 {
+        self.port.gid_index
+    }
+
+    /// The GID in use (network byte order).
+    pub fn gid(&self) -> [u8; 16] {
+        self.port.gid
+    }
+
+    /// True for RoCE (Ethernet link layer), false for InfiniBand.
+    pub fn is_roce(&self) -> bool {
+        self.port.link_layer == LINK_LAYER_ETHERNET
+    }
+
+    /// Active MTU in bytes.
+    pub fn active_mtu_bytes(&self) -> u32 {
+        convert::mtu_bytes(self.port.active_mtu).unwrap_or(0)
+    }
+}
+
+impl Device for IbDevice {
+    fn props(&self) -> DeviceProps {
+        self.props.clone()
+    }
+
+    fn reg_mr(&self, region: Region) -> crate::transport::Result<Arc<dyn MemoryRegion>> {
+        let access = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
+            | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
+            | ibv_access_flags::IBV_ACCESS_REMOTE_READ;
+        let verbs = self.pd.ctx.verbs;
+        // SAFETY: the PD is alive (we hold it); [addr, addr+len) is valid memory for as long as
+        // `region` lives (Region's contract), and the returned MR keeps `region` alive, so the
+        // pinned range stays allocated until ibv_dereg_mr.
+        let mr = unsafe {
+            (verbs.reg_mr)(
+                self.pd.pd,
+                region.addr() as *mut std::os::raw::c_void,
+                region.len(),
+                access.0 as i32,
+            )
+        };
+        if mr.is_null() {
+            let source = io::Error::last_os_error();
+            return Err(TransportError::Io {
+                op: format!(
+                    "ibv_reg_mr({:#x}, {} bytes) on {}",
+                    region.addr(),
+                    region.len(),
+                    self.port.label()
+                ),
+                source,
+            });
+        }
+        // SAFETY: mr is a valid ibv_mr just returned by ibv_reg_mr.
+        let keys = unsafe {
+            MrKeys {
+                lkey: (*mr).lkey,
+                rkey: (*mr).rkey,
+            }
+        };
+        debug!(dev = %self.port.label(), addr = region.addr(), len = region.len(), lkey = keys.lkey, rkey = keys.rkey, "registered MR");
+        Ok(Arc::new(IbMemoryRegion {
+            pd: self.pd.clone(),
+            mr,
+            keys,
+            _region: region,
+        }))
+    }
+
+    fn create_qp(&self, cfg: &QpConfig) -> crate::transport::Result<Box<dyn QueuePair>> {
+        Ok(Box::new(IbQueuePair::create(
+            self.pd.clone(),
+            self.port.clone(),
+            cfg,
+        )?))
+    }
+
+    fn rnr_counters(&self) -> DeviceRnrCounters {
+        read_rnr_counters(&self.counters_dir)
+    }
+}
+
+/// A registered memory region; deregistered on drop.
+pub struct IbMemoryRegion {
+    pd: Arc<ProtectionDomain>,
+    mr: *mut ibv_mr,
+    keys: MrKeys,
+    _region: Region,
+}
+
+// SAFETY: the MR handle is only passed to ibv_dereg_mr (once, in Drop); keys are plain data.
+unsafe impl Send for IbMemoryRegion {}
+// SAFETY: as above; &self exposes only the keys.
+unsafe impl Sync for IbMemoryRegion {}
+
+impl MemoryRegion for IbMemoryRegion {
+    fn keys(&self) -> MrKeys {
+        self.keys
+    }
+}
+
+impl Drop for IbMemoryRegion {
+    fn drop(&mut self) {
+        // SAFETY: mr came from ibv_reg_mr on self.pd, which is still alive, and is deregistered
+        // exactly once here.
+        let rc = unsafe { (self.pd.ctx.verbs.dereg_mr)(self.mr) };
+        if rc != 0 {
+            warn!(dev = %self.pd.ctx.name, rc, lkey = self.keys.lkey, "ibv_dereg_mr failed");
+        }
+    }
+}
+
+/// Reads `rcvd_rnr_err`, `send_rnr_err` and `retry_rnr_exceeded_err` from a `hw_counters`
+/// directory.
+pub(crate) fn read_rnr_counters(dir: &Path) -> DeviceRnrCounters {
+    let read = |name: &str| -> Option<u64> {
+        fs::read_to_string(dir.join(name))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+    };
+    DeviceRnrCounters {
+        rcvd_rnr_err: read("rcvd_rnr_err"),
+        send_rnr_err: read("send_rnr_err"),
+        retry_rnr_exceeded_err: read("retry_rnr_exceeded_err"),
+    }
+}
+
+/// Realpath of `<sysfs dev dir>/device` when it is a PCI device (its `subsystem` is the `pci`
+/// bus), else `None` (rxe and other software devices have no PCI parent).
+pub(crate) fn pci_path(dev_dir: &Path) -> Option<String> {
+    let device = fs::canonicalize(dev_dir.join("device")).ok()?;
+    let subsystem = fs::canonicalize(device.join("subsystem")).ok()?;
+    (subsystem.file_name()? == "pci").then(|| device.to_string_lossy().into_owned())
+}
+
+/// Opens every verbs device, and returns one [`Device`] per ACTIVE port (link layer InfiniBand
+/// or Ethernet) that `cfg.ib_hca` selects and that has a usable GID. No device, or no
+/// `libibverbs` devices at all (e.g. no RDMA in the kernel), is `Ok(vec![])`.
+///
+/// # Errors
+/// [`TransportError::Unavailable`] when `libibverbs.so.1` cannot be loaded (the message names
+/// the packages to install), or when `cfg.ib_hca` is malformed.
+pub fn open_devices(cfg: &crate::config::Config) -> Result<Vec<Arc<dyn Device>>, TransportError> {
+    let filter = match cfg.ib_hca.as_deref() {
+        Some(spec) => HcaFilter::parse(spec).map_err(|e| {
+            TransportError::Unavailable(format!("VERBSNET_IB_HCA={spec:?} is not valid: {e}"))
+        })?,
+        None => HcaFilter::default(),
+    };
+    let verbs = dl::verbs()?;
+    let mut num = 0;
+    // SAFETY: num is a valid out-pointer; the list is freed below with ibv_free_device_list.
+    let list = unsafe { (verbs.get_device_list)(&mut num) };
+    if list.is_null() {
+        let e = io::Error::last_os_error();
+        info!("no verbs devices: ibv_get_device_list: {e}");
+        return Ok(vec![]);
+    }
+    let mut out: Vec<Arc<dyn Device>> = Vec::new();
+    for i in 0..usize::try_from(num).unwrap_or(0) {
+        // SAFETY: list holds `num` valid device pointers (libibverbs contract).
+        let dev = unsafe { *list.add(i) };
+        if dev.is_null() {
+            continue;
+        }
+        // SAFETY: dev is a valid ibv_device; the name is a NUL-terminated string inside it.
+        let name = unsafe { CStr::from_ptr((verbs.get_device_name)(dev)) }
+            .to_string_lossy()
+            .into_owned();
+        if !filter.may_select(&name) {
+            debug!(dev = %name, "excluded by VERBSNET_IB_HCA");
+            continue;
+        }
+        // SAFETY: dev is valid until ibv_free_device_list; an opened context stays valid after.
+        let ctx = unsafe { (verbs.open_device)(dev) };
+        if ctx.is_null() {
+            warn!(dev = %name, "ibv_open_device failed: {}", io::Error::last_os_error());
+            continue;
+        }
+        let ctx = Arc::new(Context { verbs, ctx, name });
+        out.extend(open_ports(&ctx, &filter, cfg.ib_gid_index));
+    }
+    // SAFETY: list came from ibv_get_device_list; the opened contexts do not borrow it.
+    unsafe { (verbs.free_device_list)(list) };
+    if out.is_empty() {
+        info!(filter = ?cfg.ib_hca, "no usable verbs port");
+    } else {
+        let names: Vec<String> = out.iter().map(|d| d.props().name).collect();
+        info!("verbs ports in use: {}", names.join(" "));
+    }
+    Ok(out)
+}
+
+/// The usable ports of one opened device.
+fn open_ports(
+    ctx: &Arc<Context>,
+    filter: &HcaFilter,
+    forced_gid: Option<u32>,
+) -> Vec<Arc<dyn Device>> {
+    let verbs = ctx.verbs;
+    // SAFETY: ibv_device_attr is plain data; all-zero is a valid value.
+    let mut attr: ibv_device_attr = unsafe { std::mem::zeroed() };
+    // SAFETY: ctx is an open context and attr a valid out-pointer.
+    let rc = unsafe { (verbs.query_device)(ctx.ctx, &mut attr) };
+    if rc != 0 {
+        warn!(dev = %ctx.name, rc, "ibv_query_device failed; skipping the device");
+        return vec![];
+    }
+    let dev_dir = Path::new(SYSFS_IB).join(&ctx.name);
+    let mut pd: Option<Arc<ProtectionDomain>> = None;
+    let mut out: Vec<Arc<dyn Device>> = Vec::new();
+    for port in 1..=attr.phys_port_cnt {
+        if !filter.selects(&ctx.name, port) {
+            debug!(dev = %ctx.name, port, "excluded by VERBSNET_IB_HCA");
+            continue;
+        }
+        // SAFETY: ibv_port_attr is plain data; all-zero is a valid value.
+        let mut pattr: ibv_port_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: ctx is open, port is in 1..=phys_port_cnt, pattr is a full-size out-struct.
+        let rc = unsafe { (verbs.query_port)(ctx.ctx, port, &mut pattr) };
+        if rc != 0 {
+            warn!(dev = %ctx.name, port, rc, "ibv_query_port failed; skipping the port");
+            continue;
+        }
+        if pattr.state != ibv_port_state::IBV_PORT_ACTIVE {
+            info!(dev = %ctx.name, port, state = pattr.state, "port not ACTIVE; skipped");
+            continue;
+        }
+        let link_layer = match pattr.link_layer {
+            LINK_LAYER_ETHERNET => LINK_LAYER_ETHERNET,
+            LINK_LAYER_INFINIBAND | LINK_LAYER_UNSPECIFIED => LINK_LAYER_INFINIBAND,
+            other => {
+                info!(dev = %ctx.name, port, link_layer = other, "unknown link layer; skipped");
+                continue;
+            }
+        };
+        let port_dir = dev_dir.join("ports").join(port.to_string());
+        let Some((gid_index, gid)) = pick_gid(ctx, port, &port_dir, link_layer, &pattr, forced_gid)
+        else {
+            continue;
+        };
+        let pd = match &pd {
+            Some(pd) => pd.clone(),
+            None => {
+                // SAFETY: ctx is an open context.
+                let raw = unsafe { (verbs.alloc_pd)(ctx.ctx) };
+                if raw.is_null() {
+                    warn!(dev = %ctx.name, "ibv_alloc_pd failed: {}", io::Error::last_os_error());
+                    return out;
+                }
+                let p = Arc::new(ProtectionDomain {
+                    ctx: ctx.clone(),
+                    pd: raw,
+                });
+                pd = Some(p.clone());
+                p
+            }
+        };
+        let info = PortInfo {
+            dev: ctx.name.clone(),
+            port,
+            link_layer,
+            gid_index,
+            gid,
+            lid: pattr.lid,
+            active_mtu: pattr.active_mtu,
+            max_cqe: attr.max_cqe.max(1) as u32,
+            max_qp_wr: attr.max_qp_wr.max(1) as u32,
+            max_sge: attr.max_sge.max(0) as u32,
+        };
+        let speed = convert::port_speed_mbps(pattr.active_speed, pattr.active_width);
+        if speed.is_none() {
+            debug!(dev = %ctx.name, port, speed = pattr.active_speed, width = pattr.active_width, "unknown port speed code");
+        }
+        let props = DeviceProps {
+            name: info.label(),
+            pci_path: pci_path(&dev_dir),
+            guid: u64::from_be(attr.node_guid),
+            speed_mbps: speed.unwrap_or(10_000).min(i32::MAX as u32) as i32,
+            port: i32::from(port),
+            latency_us: 0.0,
+            max_comms: attr.max_qp.max(1),
+        };
+        info!(
+            dev = %props.name,
+            link_layer = if link_layer == LINK_LAYER_ETHERNET { "RoCE" } else { "IB" },
+            mtu = convert::mtu_bytes(info.active_mtu).unwrap_or(0),
+            speed_mbps = props.speed_mbps,
+            gid_index,
+            lid = info.lid,
+            "verbs port usable"
+        );
+        out.push(Arc::new(IbDevice {
+            pd,
+            counters_dir: port_dir.join("hw_counters"),
+            port: Arc::new(info),
+            props,
+        }));
+    }
+    out
+}
+
+/// The GID index and GID for a port: forced by `VERBSNET_IB_GID_INDEX`, else index 0 on
+/// InfiniBand and the automatic RoCE choice (see [`gid`]) on Ethernet. `None` skips the port.
+fn pick_gid(
+    ctx: &Context,
+    port: u8,
+    port_dir: &Path,
+    link_layer: u8,
+    pattr: &ibv_port_attr,
+    forced: Option<u32>,
+) -> Option<(u8, [u8; 16])> {
+    let label = format!("{}:{port}", ctx.name);
+    let table_len = u32::try_from(pattr.gid_tbl_len).unwrap_or(0);
+    let (index, why) = match (forced, link_layer) {
+        (Some(i), _) => (i, "forced by VERBSNET_IB_GID_INDEX".to_owned()),
+        (None, LINK_LAYER_INFINIBAND) => (0, "InfiniBand port: GID 0 (routing by LID)".to_owned()),
+        (None, _) => {
+            let mut table = gid::read_gid_table(port_dir, table_len);
+            if table.is_empty() {
+                // no sysfs (some containers): ask the device; types unknown
+                table = (0..table_len)
+                    .filter_map(|i| {
+                        query_gid(ctx, port, i).map(|g| gid::GidEntry {
+                            index: i,
+                            gid: g,
+                            kind: GidKind::Unknown,
+                        })
+                    })
+                    .collect();
+            }
+            match gid::choose_roce_gid(&table) {
+                Some(c) => (c.entry.index, c.reason.to_string()),
+                None => {
+                    warn!(
+                        dev = %label,
+                        "no usable RoCE GID (need a RoCE v2 GID with an IPv4 or global IPv6 \
+                         address; link-local ones are never chosen automatically): port skipped; \
+                         give the netdev an IP address or set VERBSNET_IB_GID_INDEX"
+                    );
+                    return None;
+                }
+            }
+        }
+    };
+    if index >= table_len.max(1) || index > u32::from(u8::MAX) {
+        warn!(dev = %label, index, table_len, "GID index outside the port's GID table: port skipped");
+        return None;
+    }
+    let Some(g) = query_gid(ctx, port, index) else {
+        warn!(dev = %label, index, "ibv_query_gid failed: port skipped");
+        return None;
+    };
+    if g == [0; 16] {
+        warn!(dev = %label, index, "GID {index} is empty: port skipped");
+        return None;
+    }
+    if link_layer == LINK_LAYER_ETHERNET && forced.is_some() {
+        let kind = gid::read_gid_kind(port_dir, index);
+        if gid::is_link_local(&g) || kind == GidKind::RoceV1 {
+            warn!(dev = %label, index, ?kind, "the forced GID is link-local or RoCE v1; it may not route");
+        }
+    }
+    info!(
+        dev = %label,
+        gid_index = index,
+        gid = %std::net::Ipv6Addr::from(g),
+        "GID chosen: {why}"
+    );
+    Some((index as u8, g))
+}
+
+fn query_gid(ctx: &Context, port: u8, index: u32) -> Option<[u8; 16]> {
+    // SAFETY: ibv_gid is plain data (a 16-byte union); all-zero is valid.
+    let mut g: ibv_gid = unsafe { std::mem::zeroed() };
+    // SAFETY: ctx is open; g is a valid out-pointer; index is non-negative and small.
+    let rc = unsafe { (ctx.verbs.query_gid)(ctx.ctx, port, index as i32, &mut g) };
+    // SAFETY: the union is 16 bytes of plain data; every bit pattern is a valid [u8; 16].
+    let raw = unsafe { g.raw };
+    (rc == 0).then_some(raw)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rnr_counters_from_a_fake_hw_counters_dir() {
+        let dir = std::env::temp_dir().join(format!("verbsnet-hwc-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("rcvd_rnr_err"), "3\n").unwrap();
+        fs::write(dir.join("send_rnr_err"), "5\n").unwrap();
+        let c = read_rnr_counters(&dir);
+        assert_eq!(c.rcvd_rnr_err, Some(3));
+        assert_eq!(c.send_rnr_err, Some(5));
+        assert_eq!(c.retry_rnr_exceeded_err, None);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn software_devices_have_no_pci_path() {
+        let dir = std::env::temp_dir().join(format!("verbsnet-nopci-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        assert_eq!(pci_path(&dir), None);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}

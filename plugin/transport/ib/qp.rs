@@ -1,0 +1,745 @@
+//! RC queue pairs over verbs: creation (RESET→INIT), connection (RTR→RTS), posting and polling.
+
+use std::cell::Cell;
+use std::io::{self, Read};
+use std::net::{Ipv6Addr, TcpStream};
+use std::ptr;
+use std::sync::Arc;
+
+use rdma_sys::{
+    ibv_access_flags, ibv_cq, ibv_qp, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_init_attr,
+    ibv_qp_state, ibv_qp_type, ibv_recv_wr, ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wc,
+    ibv_wc_flags, ibv_wr_opcode,
+};
+use tracing::{debug, info, warn};
+
+use super::convert;
+use super::device::{PortInfo, ProtectionDomain, LINK_LAYER_ETHERNET, LINK_LAYER_INFINIBAND};
+use crate::transport::{
+    QpConfig, QpCounters, QueuePair, RecvWr, SendOpcode, SendWr, TransportError, Wc, WcStatus,
+    MAX_SEND_SGE,
+};
+
+/// Completions fetched per `ibv_poll_cq` call.
+const POLL_BATCH: usize = 32;
+
+/// What a peer needs to connect to one of our QPs: the bytes of [`QueuePair::local_info`].
+///
+/// Wire layout, 32 bytes, integers little-endian:
+///
+/// ```text
+///  0  u8   version (1)
+///  1  u8   link layer (1 = InfiniBand, 2 = Ethernet/RoCE)
+///  2  u8   active MTU of the port (ibv_mtu code: 1 = 256 ... 5 = 4096)
+///  3  u8   port number (informational)
+///  4  u32  QP number
+///  8  u32  initial packet sequence number (24 bits)
+/// 12  u16  LID (InfiniBand; 0 on RoCE)
+/// 14  u16  reserved, 0
+/// 16  [16] GID, network byte order
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnInfo {
+    /// `LINK_LAYER_INFINIBAND` or `LINK_LAYER_ETHERNET`.
+    pub link_layer: u8,
+    /// Active MTU (`ibv_mtu` code).
+    pub mtu: u8,
+    /// Port number.
+    pub port: u8,
+    /// QP number.
+    pub qpn: u32,
+    /// Initial PSN.
+    pub psn: u32,
+    /// LID.
+    pub lid: u16,
+    /// GID (network order).
+    pub gid: [u8; 16],
+}
+
+impl ConnInfo {
+    /// Encoded size.
+    pub const LEN: usize = 32;
+    const VERSION: u8 = 1;
+
+    /// The wire bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(Self::LEN);
+        b.extend_from_slice(&[Self::VERSION, self.link_layer, self.mtu, self.port]);
+        b.extend_from_slice(&self.qpn.to_le_bytes());
+        b.extend_from_slice(&self.psn.to_le_bytes());
+        b.extend_from_slice(&self.lid.to_le_bytes());
+        b.extend_from_slice(&[0, 0]);
+        b.extend_from_slice(&self.gid);
+        b
+    }
+
+    /// Parses the wire bytes.
+    ///
+    /// # Errors
+    /// [`TransportError::Protocol`] for a wrong length, version, link layer or MTU code.
+    pub fn decode(b: &[u8]) -> Result<ConnInfo, TransportError> {
+        if b.len() != Self::LEN {
+            return Err(TransportError::Protocol(format!(
+                "ib connection info is {} bytes, expected {} (is the peer running the tcp \
+                 transport or another verbsnet version?)",
+                b.len(),
+                Self::LEN
+            )));
+        }
+        if b[0] != Self::VERSION {
+            return Err(TransportError::Protocol(format!(
+                "ib connection info version {}, expected {}",
+                b[0],
+                Self::VERSION
+            )));
+        }
+        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let info = ConnInfo {
+            link_layer: b[1],
+            mtu: b[2],
+            port: b[3],
+            qpn: u32_at(4),
+            psn: u32_at(8) & 0xff_ffff,
+            lid: u16::from_le_bytes([b[12], b[13]]),
+            gid: b[16..32]
+                .try_into()
+                .expect("16-byte slice of a 32-byte buffer"),
+        };
+        if info.link_layer != LINK_LAYER_ETHERNET && info.link_layer != LINK_LAYER_INFINIBAND {
+            return Err(TransportError::Protocol(format!(
+                "peer link layer {} is neither InfiniBand (1) nor Ethernet (2)",
+                info.link_layer
+            )));
+        }
+        if convert::mtu_bytes(u32::from(info.mtu)).is_none() {
+            return Err(TransportError::Protocol(format!(
+                "peer MTU code {} is not an ibv_mtu",
+                info.mtu
+            )));
+        }
+        Ok(info)
+    }
+}
+
+/// An RC queue pair with its own CQ (shared by both queues).
+pub struct IbQueuePair {
+    pd: Arc<ProtectionDomain>,
+    port: Arc<PortInfo>,
+    cq: *mut ibv_cq,
+    qp: *mut ibv_qp,
+    qpn: u32,
+    psn: u32,
+    cfg: QpConfig,
+    established: bool,
+    oob: Option<TcpStream>,
+    peer_gone: Cell<bool>,
+    counters: QpCounters,
+    warned_error: bool,
+    // scratch space reused by every post/poll (no allocation on the data path)
+    send_wrs: Vec<ibv_send_wr>,
+    send_sges: Vec<ibv_sge>,
+    recv_wrs: Vec<ibv_recv_wr>,
+    recv_sges: Vec<ibv_sge>,
+    wcs: Vec<ibv_wc>,
+}
+
+// SAFETY: the QP is driven by one thread at a time (QueuePair is Send, not Sync); the verbs
+// objects it owns may be used from any thread, and the scratch vectors' raw pointers only point
+// into the QP's own vectors during a post.
+unsafe impl Send for IbQueuePair {}
+
+impl IbQueuePair {
+    /// Creates the CQ and the RC QP and moves the QP to INIT.
+    pub(crate) fn create(
+        pd: Arc<ProtectionDomain>,
+        port: Arc<PortInfo>,
+        cfg: &QpConfig,
+    ) -> Result<IbQueuePair, TransportError> {
+        let label = port.label();
+        let mut cfg = cfg.clone();
+        for (what, v) in [
+            ("max_send_wr", &mut cfg.max_send_wr),
+            ("max_recv_wr", &mut cfg.max_recv_wr),
+        ] {
+            if *v > port.max_qp_wr {
+                warn!(dev = %label, asked = *v, limit = port.max_qp_wr, "{what} clamped to the device's max_qp_wr");
+                *v = port.max_qp_wr;
+            }
+            *v = (*v).max(1);
+        }
+        if port.max_sge < MAX_SEND_SGE as u32 {
+            return Err(TransportError::Resource(format!(
+                "{label} allows {} SGEs per WR; verbsnet needs {MAX_SEND_SGE}",
+                port.max_sge
+            )));
+        }
+        let want_cqe = u64::from(cfg.max_send_wr) + u64::from(cfg.max_recv_wr);
+        let cqe = if want_cqe > u64::from(port.max_cqe) {
+            warn!(
+                dev = %label,
+                asked = want_cqe,
+                limit = port.max_cqe,
+                "CQ depth clamped to the device's max_cqe; keep send+receive WRs in flight \
+                 below it or the CQ overruns"
+            );
+            port.max_cqe
+        } else {
+            want_cqe as u32
+        };
+        let verbs = pd.ctx.verbs;
+        let mut me = IbQueuePair {
+            pd,
+            port,
+            cq: ptr::null_mut(),
+            qp: ptr::null_mut(),
+            qpn: 0,
+            psn: random_psn(),
+            cfg,
+            established: false,
+            oob: None,
+            peer_gone: Cell::new(false),
+            counters: QpCounters::default(),
+            warned_error: false,
+            send_wrs: Vec::new(),
+            send_sges: Vec::new(),
+            recv_wrs: Vec::new(),
+            recv_sges: Vec::new(),
+            // SAFETY: ibv_wc is plain data; all-zero is a valid value.
+            wcs: (0..POLL_BATCH)
+                .map(|_| unsafe { std::mem::zeroed() })
+                .collect(),
+        };
+        // SAFETY: the context is open; no completion channel, vector 0.
+        me.cq = unsafe {
+            (verbs.create_cq)(
+                me.pd.ctx.ctx,
+                cqe as i32,
+                ptr::null_mut(),
+                ptr::null_mut(),
+                0,
+            )
+        };
+        if me.cq.is_null() {
+            return Err(io_err(format!("ibv_create_cq({cqe}) on {label}")));
+        }
+        // SAFETY: ibv_qp_init_attr is plain data; all-zero is valid (null srq/context).
+        let mut init: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        init.send_cq = me.cq;
+        init.recv_cq = me.cq;
+        init.cap.max_send_wr = me.cfg.max_send_wr;
+        init.cap.max_recv_wr = me.cfg.max_recv_wr;
+        init.cap.max_send_sge = MAX_SEND_SGE as u32;
+        init.cap.max_recv_sge = 1;
+        init.qp_type = ibv_qp_type::IBV_QPT_RC;
+        init.sq_sig_all = 0;
+        // SAFETY: the PD is alive and init is fully initialised with our CQ.
+        me.qp = unsafe { (verbs.create_qp)(me.pd.pd, &mut init) };
+        if me.qp.is_null() {
+            return Err(io_err(format!(
+                "ibv_create_qp(send {}, recv {}) on {label}",
+                me.cfg.max_send_wr, me.cfg.max_recv_wr
+            )));
+        }
+        // SAFETY: qp is a valid QP just created.
+        me.qpn = unsafe { (*me.qp).qp_num };
+
+        // SAFETY: ibv_qp_attr is plain data; all-zero is valid.
+        let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.qp_state = ibv_qp_state::IBV_QPS_INIT;
+        attr.pkey_index = 0;
+        attr.port_num = me.port.port;
+        attr.qp_access_flags = (ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
+            | ibv_access_flags::IBV_ACCESS_REMOTE_READ)
+            .0;
+        let mask = ibv_qp_attr_mask::IBV_QP_STATE
+            | ibv_qp_attr_mask::IBV_QP_PKEY_INDEX
+            | ibv_qp_attr_mask::IBV_QP_PORT
+            | ibv_qp_attr_mask::IBV_QP_ACCESS_FLAGS;
+        me.modify(&mut attr, mask, "INIT")?;
+        debug!(dev = %label, qp_num = me.qpn, psn = me.psn, cqe, send_wr = me.cfg.max_send_wr, recv_wr = me.cfg.max_recv_wr, "QP created (INIT)");
+        Ok(me)
+    }
+
+    /// The QP number.
+    pub fn qp_num(&self) -> u32 {
+        self.qpn
+    }
+
+    fn info(&self) -> ConnInfo {
+        ConnInfo {
+            link_layer: self.port.link_layer,
+            mtu: self.port.active_mtu as u8,
+            port: self.port.port,
+            qpn: self.qpn,
+            psn: self.psn,
+            lid: self.port.lid,
+            gid: self.port.gid,
+        }
+    }
+
+    fn modify(
+        &mut self,
+        attr: &mut ibv_qp_attr,
+        mask: ibv_qp_attr_mask,
+        state: &str,
+    ) -> Result<(), TransportError> {
+        // SAFETY: qp is a valid QP; attr is initialised for every field `mask` names.
+        let rc = unsafe { (self.pd.ctx.verbs.modify_qp)(self.qp, attr, mask.0 as i32) };
+        if rc != 0 {
+            // ibv_modify_qp returns the errno value (and may or may not set errno)
+            return Err(TransportError::Io {
+                op: format!(
+                    "ibv_modify_qp(QP {} -> {state}) on {}",
+                    self.qpn,
+                    self.port.label()
+                ),
+                source: io::Error::from_raw_os_error(rc.abs()),
+            });
+        }
+        Ok(())
+    }
+
+    fn note_error(&mut self, wr_id: u64, vendor_err: u32, status: WcStatus) {
+        if self.warned_error || status == WcStatus::WrFlush {
+            debug!(qp_num = self.qpn, wr_id, %status, "error completion");
+            return;
+        }
+        self.warned_error = true;
+        warn!(
+            dev = %self.port.label(),
+            qp_num = self.qpn,
+            wr_id,
+            vendor_err,
+            %status,
+            hint = status.hint(),
+            "first error completion on this QP"
+        );
+    }
+}
+
+impl QueuePair for IbQueuePair {
+    fn local_info(&self) -> Vec<u8> {
+        self.info().encode()
+    }
+
+    fn establish(&mut self, remote: &[u8], oob: TcpStream) -> Result<(), TransportError> {
+        if self.established {
+            return Err(TransportError::Protocol(format!(
+                "QP {} is already connected",
+                self.qpn
+            )));
+        }
+        let peer = ConnInfo::decode(remote)?;
+        if peer.link_layer != self.port.link_layer {
+            return Err(TransportError::Protocol(format!(
+                "link layer mismatch: local {} is {}, the peer's port is {}; select ports of \
+                 one kind with VERBSNET_IB_HCA",
+                self.port.label(),
+                link_layer_name(self.port.link_layer),
+                link_layer_name(peer.link_layer)
+            )));
+        }
+        let mtu = convert::path_mtu(self.port.active_mtu, u32::from(peer.mtu));
+
+        // SAFETY: ibv_qp_attr is plain data; all-zero is valid.
+        let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.qp_state = ibv_qp_state::IBV_QPS_RTR;
+        attr.path_mtu = mtu;
+        attr.dest_qp_num = peer.qpn;
+        attr.rq_psn = peer.psn;
+        attr.max_dest_rd_atomic = 1;
+        attr.min_rnr_timer = self.cfg.min_rnr_timer.min(31);
+        attr.ah_attr.port_num = self.port.port;
+        attr.ah_attr.sl = 0;
+        attr.ah_attr.dlid = peer.lid;
+        if self.port.link_layer == LINK_LAYER_ETHERNET {
+            // RoCE: every packet carries a GRH (it becomes the IP header)
+            attr.ah_attr.is_global = 1;
+            attr.ah_attr.grh.dgid.raw = peer.gid;
+            attr.ah_attr.grh.sgid_index = self.port.gid_index;
+            attr.ah_attr.grh.hop_limit = 255;
+            attr.ah_attr.grh.traffic_class = 0;
+            attr.ah_attr.grh.flow_label = 0;
+        }
+        let mask = ibv_qp_attr_mask::IBV_QP_STATE
+            | ibv_qp_attr_mask::IBV_QP_AV
+            | ibv_qp_attr_mask::IBV_QP_PATH_MTU
+            | ibv_qp_attr_mask::IBV_QP_DEST_QPN
+            | ibv_qp_attr_mask::IBV_QP_RQ_PSN
+            | ibv_qp_attr_mask::IBV_QP_MAX_DEST_RD_ATOMIC
+            | ibv_qp_attr_mask::IBV_QP_MIN_RNR_TIMER;
+        self.modify(&mut attr, mask, "RTR")?;
+
+        // SAFETY: as above.
+        let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.qp_state = ibv_qp_state::IBV_QPS_RTS;
+        attr.sq_psn = self.psn;
+        attr.timeout = self.cfg.timeout.min(31);
+        attr.retry_cnt = self.cfg.retry_cnt.min(7);
+        attr.rnr_retry = self.cfg.rnr_retry.min(7);
+        attr.max_rd_atomic = 1;
+        let mask = ibv_qp_attr_mask::IBV_QP_STATE
+            | ibv_qp_attr_mask::IBV_QP_SQ_PSN
+            | ibv_qp_attr_mask::IBV_QP_TIMEOUT
+            | ibv_qp_attr_mask::IBV_QP_RETRY_CNT
+            | ibv_qp_attr_mask::IBV_QP_RNR_RETRY
+            | ibv_qp_attr_mask::IBV_QP_MAX_QP_RD_ATOMIC;
+        self.modify(&mut attr, mask, "RTS")?;
+
+        if let Err(e) = oob.set_nonblocking(true) {
+            debug!("oob set_nonblocking: {e}");
+        }
+        self.oob = Some(oob);
+        self.established = true;
+        info!(
+            dev = %self.port.label(),
+            qp_num = self.qpn,
+            remote_qp_num = peer.qpn,
+            remote_gid = %Ipv6Addr::from(peer.gid),
+            mtu = convert::mtu_bytes(mtu).unwrap_or(0),
+            "QP connected (RTS)"
+        );
+        Ok(())
+    }
+
+    fn post_send(&mut self, wrs: &[SendWr]) -> Result<(), TransportError> {
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        // 1. all SGEs (zero-length ones dropped: they carry nothing and need no key)
+        self.send_sges.clear();
+        let mut ranges = Vec::with_capacity(wrs.len());
+        for wr in wrs {
+            let start = self.send_sges.len();
+            for s in wr.sges().iter().filter(|s| s.length > 0) {
+                self.send_sges.push(ibv_sge {
+                    addr: s.addr,
+                    length: s.length,
+                    lkey: s.lkey,
+                });
+            }
+            ranges.push((start, self.send_sges.len() - start));
+        }
+        // 2. the WRs pointing into them, 3. the chain (vectors no longer grow from here on)
+        self.send_wrs.clear();
+        let sge_base = self.send_sges.as_mut_ptr();
+        for (wr, &(start, n)) in wrs.iter().zip(&ranges) {
+            // SAFETY: ibv_send_wr is plain data (unions of integers/pointers); all-zero is valid.
+            let mut w: ibv_send_wr = unsafe { std::mem::zeroed() };
+            w.wr_id = wr.wr_id;
+            w.num_sge = n as i32;
+            // start + n <= send_sges.len(): the pointer stays inside the vector
+            w.sg_list = if n == 0 {
+                ptr::null_mut()
+            } else {
+                sge_base.wrapping_add(start)
+            };
+            w.send_flags = if wr.signaled {
+                ibv_send_flags::IBV_SEND_SIGNALED.0
+            } else {
+                0
+            };
+            match wr.opcode {
+                SendOpcode::Send => w.opcode = ibv_wr_opcode::IBV_WR_SEND,
+                SendOpcode::RdmaWrite { remote_addr, rkey } => {
+                    w.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE;
+                    w.wr.rdma.remote_addr = remote_addr;
+                    w.wr.rdma.rkey = rkey;
+                }
+                SendOpcode::RdmaWriteWithImm {
+                    remote_addr,
+                    rkey,
+                    imm,
+                } => {
+                    w.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
+                    w.wr.rdma.remote_addr = remote_addr;
+                    w.wr.rdma.rkey = rkey;
+                    // verbs carry the immediate in network byte order
+                    w.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+                }
+            }
+            self.send_wrs.push(w);
+        }
+        let base = self.send_wrs.as_mut_ptr();
+        for i in 1..self.send_wrs.len() {
+            // SAFETY: i - 1 and i are in bounds; base points at the vector's live elements.
+            unsafe { (*base.add(i - 1)).next = base.add(i) };
+        }
+        let mut bad: *mut ibv_send_wr = ptr::null_mut();
+        // SAFETY: qp is valid; the chain and its SGE lists live in our vectors, which are not
+        // touched until the call returns (the provider copies WRs into its send queue).
+        let rc = unsafe { rdma_sys::ibv_post_send(self.qp, base, &mut bad) };
+        if rc == 0 {
+            return Ok(());
+        }
+        let posted = index_in(base, bad, self.send_wrs.len());
+        Err(post_error(
+            "ibv_post_send",
+            rc,
+            posted,
+            wrs.len(),
+            self.cfg.max_send_wr,
+            self.qpn,
+        ))
+    }
+
+    fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<(), TransportError> {
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        self.recv_sges.clear();
+        self.recv_sges.extend(wrs.iter().map(|w| ibv_sge {
+            addr: w.sge.addr,
+            length: w.sge.length,
+            lkey: w.sge.lkey,
+        }));
+        self.recv_wrs.clear();
+        let sge_base = self.recv_sges.as_mut_ptr();
+        for (i, wr) in wrs.iter().enumerate() {
+            let with_sge = wr.sge.length > 0;
+            self.recv_wrs.push(ibv_recv_wr {
+                wr_id: wr.wr_id,
+                next: ptr::null_mut(),
+                // i < recv_sges.len(): the pointer stays inside the vector
+                sg_list: if with_sge {
+                    sge_base.wrapping_add(i)
+                } else {
+                    ptr::null_mut()
+                },
+                num_sge: i32::from(with_sge),
+            });
+        }
+        let base = self.recv_wrs.as_mut_ptr();
+        for i in 1..self.recv_wrs.len() {
+            // SAFETY: i - 1 and i are in bounds.
+            unsafe { (*base.add(i - 1)).next = base.add(i) };
+        }
+        let mut bad: *mut ibv_recv_wr = ptr::null_mut();
+        // SAFETY: qp is valid; the chain and SGEs live in our vectors for the whole call.
+        let rc = unsafe { rdma_sys::ibv_post_recv(self.qp, base, &mut bad) };
+        self.counters.post_recv_calls += 1;
+        let posted = if rc == 0 {
+            wrs.len()
+        } else {
+            index_in(base, bad, wrs.len())
+        };
+        self.counters.recv_wrs_posted += posted as u64;
+        if rc == 0 {
+            return Ok(());
+        }
+        Err(post_error(
+            "ibv_post_recv",
+            rc,
+            posted,
+            wrs.len(),
+            self.cfg.max_recv_wr,
+            self.qpn,
+        ))
+    }
+
+    fn poll_cq(&mut self, out: &mut Vec<Wc>, max: usize) -> Result<usize, TransportError> {
+        let mut got = 0;
+        while got < max {
+            let want = (max - got).min(POLL_BATCH);
+            // SAFETY: cq is valid; wcs has POLL_BATCH >= want writable entries.
+            let n = unsafe { rdma_sys::ibv_poll_cq(self.cq, want as i32, self.wcs.as_mut_ptr()) };
+            if n < 0 {
+                return Err(TransportError::Io {
+                    op: format!("ibv_poll_cq on QP {}", self.qpn),
+                    source: io::Error::from_raw_os_error(n.unsigned_abs() as i32),
+                });
+            }
+            let n = n as usize;
+            for i in 0..n {
+                let wc = &self.wcs[i];
+                let status = convert::wc_status(wc.status);
+                let opcode = convert::wc_opcode(wc.opcode);
+                let with_imm = wc.wc_flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
+                let is_recv = wc.opcode & rdma_sys::ibv_wc_opcode::IBV_WC_RECV != 0;
+                // SAFETY: both union members are u32, so any bit pattern is valid; with
+                // IBV_WC_WITH_IMM set it holds the immediate in network byte order.
+                let imm_be = unsafe { wc.imm_data_invalidated_rkey_union.imm_data };
+                let c = Wc {
+                    wr_id: wc.wr_id,
+                    status,
+                    opcode,
+                    byte_len: if is_recv { wc.byte_len } else { 0 },
+                    imm: with_imm.then(|| u32::from_be(imm_be)),
+                };
+                let vendor_err = wc.vendor_err;
+                out.push(c);
+                if status != WcStatus::Success {
+                    self.note_error(c.wr_id, vendor_err, status);
+                }
+            }
+            got += n;
+            if n < want {
+                break;
+            }
+        }
+        Ok(got)
+    }
+
+    fn peer_closed(&self) -> bool {
+        if self.peer_gone.get() {
+            return true;
+        }
+        let Some(s) = &self.oob else {
+            return false;
+        };
+        // After the handshake nothing is expected on the stream: drain stray bytes so that an
+        // EOF behind them is still seen.
+        let mut buf = [0u8; 64];
+        loop {
+            match (&*s).read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => debug!(qp_num = self.qpn, n, "discarded bytes on the oob stream"),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    debug!(qp_num = self.qpn, "oob stream error: {e}");
+                    break;
+                }
+            }
+        }
+        self.peer_gone.set(true);
+        true
+    }
+
+    fn counters(&self) -> QpCounters {
+        self.counters
+    }
+}
+
+impl Drop for IbQueuePair {
+    fn drop(&mut self) {
+        let verbs = self.pd.ctx.verbs;
+        if !self.qp.is_null() {
+            // SAFETY: qp came from ibv_create_qp and is destroyed once, before its CQ.
+            let rc = unsafe { (verbs.destroy_qp)(self.qp) };
+            if rc != 0 {
+                warn!(qp_num = self.qpn, rc, "ibv_destroy_qp failed");
+            }
+        }
+        if !self.cq.is_null() {
+            // SAFETY: cq came from ibv_create_cq; the only QP using it is gone.
+            let rc = unsafe { (verbs.destroy_cq)(self.cq) };
+            if rc != 0 {
+                warn!(qp_num = self.qpn, rc, "ibv_destroy_cq failed");
+            }
+        }
+    }
+}
+
+fn link_layer_name(ll: u8) -> &'static str {
+    if ll == LINK_LAYER_ETHERNET {
+        "Ethernet (RoCE)"
+    } else {
+        "InfiniBand"
+    }
+}
+
+/// Position of `bad` in the chain starting at `base` (= WRs posted before the failure).
+fn index_in<T>(base: *mut T, bad: *mut T, len: usize) -> usize {
+    if bad.is_null() {
+        return 0;
+    }
+    let off = (bad as usize).wrapping_sub(base as usize) / std::mem::size_of::<T>();
+    off.min(len)
+}
+
+fn post_error(
+    op: &str,
+    rc: i32,
+    posted: usize,
+    total: usize,
+    depth: u32,
+    qpn: u32,
+) -> TransportError {
+    let source = io::Error::from_raw_os_error(rc.abs());
+    if rc.abs() == libc::ENOMEM {
+        return TransportError::Resource(format!(
+            "{op} on QP {qpn}: queue full (depth {depth}); {posted} of {total} WRs were posted"
+        ));
+    }
+    TransportError::Io {
+        op: format!("{op} on QP {qpn} ({posted} of {total} WRs posted)"),
+        source,
+    }
+}
+
+fn io_err(op: String) -> TransportError {
+    TransportError::Io {
+        op,
+        source: io::Error::last_os_error(),
+    }
+}
+
+/// A random 24-bit initial PSN.
+fn random_psn() -> u32 {
+    let mut b = [0u8; 4];
+    // SAFETY: b is a valid 4-byte buffer.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    let v = if n == 4 {
+        u32::from_le_bytes(b)
+    } else {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        t ^ std::process::id().rotate_left(16)
+    };
+    v & 0xff_ffff
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conn_info_round_trips() {
+        let info = ConnInfo {
+            link_layer: LINK_LAYER_ETHERNET,
+            mtu: 5,
+            port: 1,
+            qpn: 0x11,
+            psn: 0xabcdef,
+            lid: 0,
+            gid: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 192, 0, 2, 1],
+        };
+        let b = info.encode();
+        assert_eq!(b.len(), ConnInfo::LEN);
+        assert_eq!(ConnInfo::decode(&b).unwrap(), info);
+    }
+
+    #[test]
+    fn conn_info_rejects_garbage() {
+        let good = ConnInfo {
+            link_layer: LINK_LAYER_INFINIBAND,
+            mtu: 3,
+            port: 1,
+            qpn: 7,
+            psn: 1,
+            lid: 9,
+            gid: [0; 16],
+        }
+        .encode();
+        assert!(ConnInfo::decode(&good[..31]).is_err());
+        let mut v = good.clone();
+        v[0] = 2;
+        assert!(ConnInfo::decode(&v).is_err());
+        let mut v = good.clone();
+        v[1] = 3;
+        assert!(ConnInfo::decode(&v).is_err());
+        let mut v = good;
+        v[2] = 6;
+        assert!(ConnInfo::decode(&v).is_err());
+    }
+
+    #[test]
+    fn psn_is_24_bits() {
+        for _ in 0..100 {
+            assert!(random_psn() <= 0xff_ffff);
+        }
+    }
+}

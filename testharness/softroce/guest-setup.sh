@@ -1,0 +1,74 @@
+#!/bin/bash
+# guest-setup.sh: runs INSIDE the VM (chrooted into the host root, as root) before the user's
+# command; loads soft-RoCE and creates the rxe device(s). run-in-vm.sh copies it into the job.
+#
+# Settings (taken from the caller's environment):
+#   SOFTROCE_NETDEV  dummy  rxe0 on a dummy netdev `rxenet0` (192.0.2.1/32). Default. Enough for
+#                           loopback traffic between QPs of rxe0 (rxe delivers packets addressed
+#                           to its own MAC locally).
+#                    veth   rxe0 on `rxenet0` (192.0.2.1/24) of a veth pair; SOFTROCE_NDEVS=2 also
+#                           puts rxe1 on the peer `rxenet1` (192.0.2.2/24). rxe0<->rxe1 traffic
+#                           only works with GID index 0 (the IPv4 route to a local address goes
+#                           through lo).
+#                    lo     rxe0 on lo (127.0.0.1); only GID index 1 works.
+#                    none   set up nothing.
+#   SOFTROCE_NDEVS   1 (default) or 2 (veth only)
+#   SOFTROCE_MTU     netdev MTU (default 9000 => active_mtu 4096; 1500 => 1024)
+set -u
+say() { echo "guest-setup: $*" >&2; }
+NETDEV=${SOFTROCE_NETDEV:-dummy}
+NDEVS=${SOFTROCE_NDEVS:-1}
+MTU=${SOFTROCE_MTU:-9000}
+[ "$NETDEV" = none ] && exit 0
+
+# crc32_generic: rxe computes its ICRC with the kernel's "crc32" shash
+modprobe -a crc32_generic ib_core ib_uverbs rdma_ucm rdma_rxe || { say "modprobe failed"; exit 1; }
+ip link set lo up
+
+netdevs=()
+case "$NETDEV" in
+dummy)
+    [ "$NDEVS" = 1 ] || { say "SOFTROCE_NDEVS=$NDEVS needs SOFTROCE_NETDEV=veth"; exit 1; }
+    modprobe dummy numdummies=0
+    ip link add rxenet0 type dummy || exit 1
+    ip link set rxenet0 mtu "$MTU" up
+    ip addr add 192.0.2.1/32 dev rxenet0
+    netdevs=(rxenet0)
+    ;;
+veth)
+    modprobe veth
+    ip link add rxenet0 type veth peer name rxenet1 || exit 1
+    for i in 0 1; do
+        ip link set "rxenet$i" mtu "$MTU" up
+        ip addr add "192.0.2.$((i + 1))/24" dev "rxenet$i"
+    done
+    netdevs=(rxenet0)
+    [ "$NDEVS" -ge 2 ] && netdevs=(rxenet0 rxenet1)
+    ;;
+lo)
+    netdevs=(lo)
+    ;;
+*)
+    say "unknown SOFTROCE_NETDEV=$NETDEV (dummy|veth|lo|none)"
+    exit 1
+    ;;
+esac
+
+for i in "${!netdevs[@]}"; do
+    rdma link add "rxe$i" type rxe netdev "${netdevs[$i]}" \
+        || { say "rdma link add rxe$i netdev ${netdevs[$i]} failed"; exit 1; }
+done
+
+# The GID table is filled asynchronously; wait (up to ~10 s) for the IPv4-mapped RoCE v2 GID at
+# index 1 of every device.
+for _ in $(seq 200); do
+    ready=1
+    for i in "${!netdevs[@]}"; do
+        grep -qs '^0000:0000:0000:0000:0000:ffff:' "/sys/class/infiniband/rxe$i/ports/1/gids/1" || ready=0
+    done
+    [ "$ready" = 1 ] && break
+    sleep 0.05
+done
+[ "$ready" = 1 ] || say "warning: the IPv4-mapped GID did not show up"
+[ -e /dev/infiniband/uverbs0 ] || { say "/dev/infiniband/uverbs0 is missing"; exit 1; }
+exit 0
