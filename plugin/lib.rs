@@ -21,3 +21,5 @@ pub mod transport;
 pub mod comm;
 pub mod conn;
 pub mod net;
+#[doc(hidden)]
+pub mod testkit;

@@ -267,7 +267,7 @@ impl Pair {
         let Some(wr) = from.sq.front().copied() else {
             return false;
         };
-        let mut complete = |q: &mut Qp, wc: Wc| q.cq.push_back((now + knobs.wc_delay_ns, wc));
+        let complete = |q: &mut Qp, wc: Wc| q.cq.push_back((now + knobs.wc_delay_ns, wc));
         if from.error {
             from.sq.pop_front();
             complete(
@@ -551,8 +551,9 @@ impl Pair {
         self.rmem.get(R_USER + off, len)
     }
 }
+/// Deterministic test bytes for message `seed`.
 
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| (seed.wrapping_mul(31).wrapping_add(i as u64 * 7) % 251) as u8)
         .collect()

@@ -1,0 +1,170 @@
+//! In-process helpers for plugin-level tests and benches: open a device of either transport,
+//! connect a send/receive comm pair through the real listen/connect/accept state machines,
+//! and register plugin-allocated buffers. Everything here is safe Rust over the same code the
+//! `ncclNet_v8` shims call; configuration is passed explicitly, so tests can differ per pair.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+
+use crate::comm::{Comm, Error, MrHandle, ReqHandle};
+use crate::config::{Config, TransportChoice};
+use crate::conn::{Connecting, Listen, HANDLE_SIZE};
+use crate::ffi::mem::Region;
+use crate::transport::{self, Device, Kind};
+
+/// The first device of the transport `cfg.transport` names (`Auto` = ib if present, else tcp).
+pub fn open_device(cfg: &Config) -> Result<(Arc<dyn Device>, Kind), Error> {
+    let ib = || {
+        transport::ib::open_devices(cfg)
+            .ok()
+            .and_then(|d| d.into_iter().next())
+    };
+    match cfg.transport {
+        TransportChoice::Tcp => Ok((first_tcp(cfg)?, Kind::Tcp)),
+        TransportChoice::Ib => ib()
+            .map(|d| (d, Kind::Ib))
+            .ok_or_else(|| Error::System("no verbs device".into())),
+        TransportChoice::Auto => match ib() {
+            Some(d) => Ok((d, Kind::Ib)),
+            None => Ok((first_tcp(cfg)?, Kind::Tcp)),
+        },
+    }
+}
+
+fn first_tcp(cfg: &Config) -> Result<Arc<dyn Device>, Error> {
+    transport::tcp::open_devices(cfg)
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::System("no tcp device".into()))
+}
+
+/// A connected send/receive comm pair in one process.
+pub struct Link {
+    /// Sending side.
+    pub send: Box<Comm>,
+    /// Receiving side.
+    pub recv: Box<Comm>,
+    /// The device both use.
+    pub dev: Arc<dyn Device>,
+}
+
+/// Connects a pair over loopback: `send_cfg` configures the sender (credits, eager limit),
+/// `recv_cfg` the receiver (RQ depth, batch, low-water, bounce size). Polls connect and accept
+/// alternately, as NCCL's GDR probe does from one thread; fails after `max_polls`.
+pub fn connect(
+    dev: &Arc<dyn Device>,
+    kind: Kind,
+    send_cfg: &Config,
+    recv_cfg: &Config,
+    max_polls: u32,
+) -> Result<Link, Error> {
+    let mut handle = [0u8; HANDLE_SIZE];
+    let name = dev.props().name;
+    let mut listen = Listen::new(
+        dev.clone(),
+        name.clone(),
+        kind,
+        IpAddr::V4(Ipv4Addr::LOCALHOST),
+        recv_cfg,
+        &mut handle,
+    )?;
+    let (mut send, mut recv) = (None, None);
+    for _ in 0..max_polls {
+        if send.is_none() {
+            let mut c = Connecting::resume_or_start(&mut handle)?;
+            match c.step(dev, &name, send_cfg)? {
+                Some(comm) => {
+                    Connecting::clear(&mut handle);
+                    send = Some(comm);
+                }
+                None => c.park(&mut handle),
+            }
+        }
+        if recv.is_none() {
+            recv = listen.accept()?;
+        }
+        if let (Some(_), Some(_)) = (&send, &recv) {
+            return Ok(Link {
+                send: send.expect("set"),
+                recv: recv.expect("set"),
+                dev: dev.clone(),
+            });
+        }
+        std::thread::yield_now();
+    }
+    Err(Error::Internal(format!(
+        "connect/accept did not finish in {max_polls} polls"
+    )))
+}
+
+/// A plugin-allocated, registered buffer (stands in for NCCL's registered buffers).
+pub struct Buf {
+    /// The memory.
+    pub region: Region,
+    /// Its registration.
+    pub mr: MrHandle,
+}
+
+impl Buf {
+    /// Allocates and registers `len` zeroed bytes on `dev`.
+    pub fn new(dev: &Arc<dyn Device>, len: usize) -> Result<Buf, Error> {
+        let region = Region::alloc(len);
+        let mr = MrHandle::register(&**dev, region.clone())?;
+        Ok(Buf { region, mr })
+    }
+
+    /// Address of byte `off`.
+    pub fn addr(&self, off: usize) -> u64 {
+        self.region.addr() + off as u64
+    }
+
+    /// Writes `data` at `off`.
+    pub fn fill(&self, off: usize, data: &[u8]) {
+        self.region
+            .write(off, data)
+            .expect("test buffer write in bounds");
+    }
+
+    /// Reads `len` bytes at `off`.
+    pub fn get(&self, off: usize, len: usize) -> Vec<u8> {
+        let mut v = vec![0; len];
+        self.region
+            .read(off, &mut v)
+            .expect("test buffer read in bounds");
+        v
+    }
+}
+
+/// Polls `test` on `req` until done or an error, at most `max_polls` times.
+pub fn wait(comm: &Comm, req: &ReqHandle, max_polls: u64) -> Result<Vec<u64>, Error> {
+    let id = req.id();
+    for _ in 0..max_polls {
+        if let Some(s) = comm.test(id)? {
+            return Ok(s);
+        }
+    }
+    Err(Error::Internal(format!(
+        "request not done after {max_polls} polls"
+    )))
+}
+
+/// `isend` retried (with receiver progress in between via `pump`) until it starts.
+pub fn isend_retry<'a>(
+    send: &'a Comm,
+    buf: &Buf,
+    off: usize,
+    size: usize,
+    tag: i32,
+    max_polls: u64,
+    mut pump: impl FnMut(),
+) -> Result<&'a ReqHandle, Error> {
+    for _ in 0..max_polls {
+        if let Some(r) = send.isend(buf.addr(off), size as u64, tag, &buf.mr)? {
+            return Ok(r);
+        }
+        pump();
+    }
+    Err(Error::Internal(format!(
+        "isend did not start after {max_polls} polls"
+    )))
+}

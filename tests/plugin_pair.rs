@@ -1,0 +1,106 @@
+//! Plugin-level tests of a connected send/receive comm pair, through the same connect/accept
+//! state machines and comms the ncclNet_v8 shims use. Transport from `VERBSNET_TEST_TRANSPORT`
+//! (tcp by default; the soft-RoCE VM suite runs them with `ib` on rxe0).
+use nccl_net_verbsnet::comm::Error;
+use nccl_net_verbsnet::config::{Config, TransportChoice};
+use nccl_net_verbsnet::engine::sim::pattern;
+use nccl_net_verbsnet::testkit::{connect, open_device, wait, Buf, Link};
+
+const POLLS: u64 = 20_000_000;
+
+fn cfg() -> Option<Config> {
+    let mut c = Config::default();
+    c.transport = match std::env::var("VERBSNET_TEST_TRANSPORT").as_deref() {
+        Ok("ib") => TransportChoice::Ib,
+        _ => TransportChoice::Tcp,
+    };
+    Some(c)
+}
+
+fn link(send_cfg: &Config, recv_cfg: &Config) -> Option<Link> {
+    let (dev, kind) = match open_device(send_cfg) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("SKIP: {e}");
+            return None;
+        }
+    };
+    Some(connect(&dev, kind, send_cfg, recv_cfg, 1_000_000).expect("connect"))
+}
+
+#[test]
+fn eager_and_rendezvous_sizes_around_the_limits_deliver_exact_bytes() {
+    let c = cfg().unwrap();
+    let Some(l) = link(&c, &c) else { return };
+    let sb = Buf::new(&l.dev, 1 << 20).unwrap();
+    let rb = Buf::new(&l.dev, 1 << 20).unwrap();
+    for (k, size) in [
+        0usize,
+        1,
+        4095,
+        4096,
+        4097,
+        8191,
+        8192,
+        8193,
+        65536,
+        1 << 20,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let data = pattern(k as u64, size);
+        sb.fill(0, &data);
+        let r = l
+            .recv
+            .irecv(&[(rb.addr(0), 1 << 20, 3, &rb.mr)])
+            .unwrap()
+            .expect("irecv slot");
+        let s = nccl_net_verbsnet::testkit::isend_retry(&l.send, &sb, 0, size, 3, POLLS, || {
+            let _ = l.recv.test(r.id());
+        })
+        .unwrap();
+        let got = wait(&l.recv, r, POLLS).unwrap();
+        assert_eq!(got, vec![size as u64], "size {size}");
+        assert_eq!(wait(&l.send, s, POLLS).unwrap(), vec![size as u64]);
+        assert_eq!(rb.get(0, size), data, "size {size}");
+    }
+    l.send.close();
+    l.recv.close();
+}
+
+#[test]
+fn send_larger_than_receive_fails_on_both_ends() {
+    let c = cfg().unwrap();
+    let Some(l) = link(&c, &c) else { return };
+    let sb = Buf::new(&l.dev, 65536).unwrap();
+    let rb = Buf::new(&l.dev, 65536).unwrap();
+    let r = l
+        .recv
+        .irecv(&[(rb.addr(0), 100, 0, &rb.mr)])
+        .unwrap()
+        .unwrap();
+    // Wait for the CTS so the sender knows the receive size.
+    let mut send_err = None;
+    for _ in 0..POLLS {
+        let _ = l.recv.test(r.id());
+        match l.send.isend(sb.addr(0), 50_000, 0, &sb.mr) {
+            Ok(Some(_)) => panic!("oversized rendezvous send started"),
+            Ok(None) => {}
+            Err(e) => {
+                send_err = Some(e);
+                break;
+            }
+        }
+    }
+    assert!(
+        matches!(send_err, Some(Error::Usage(ref m)) if m.contains("50000 bytes")),
+        "{send_err:?}"
+    );
+    let recv_err = wait(&l.recv, r, POLLS).unwrap_err();
+    assert!(
+        matches!(recv_err, Error::Usage(ref m) if m.contains("100 bytes")),
+        "{recv_err:?}"
+    );
+    assert_eq!(rb.get(0, 200), vec![0; 200], "nothing written");
+}
