@@ -102,6 +102,9 @@ mod qp;
 mod registry;
 mod wire;
 
+#[cfg(test)]
+mod tests;
+
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
