@@ -27,6 +27,8 @@ pub(super) struct TcpQp {
     qp_num: u32,
     /// The peer's QP number, learnt in `establish`.
     remote_qp_num: u32,
+    /// PSN of our first send WR (in `local_info`).
+    initial_psn: u32,
     cfg: QpConfig,
     /// The device's memory registry (lkeys and rkeys).
     registry: Arc<Registry>,
@@ -194,6 +196,7 @@ impl TcpQp {
         TcpQp {
             qp_num,
             remote_qp_num: 0,
+            initial_psn,
             cfg,
             registry,
             state: QpState::Init,
@@ -607,7 +610,7 @@ impl TcpQp {
                         wr.wr_id,
                         WcStatus::LocalLength,
                         psn,
-                        NakCode::RemoteInvalidRequest,
+                        NakCode::InvalidRequest,
                         format!(
                             "a {len}-byte SEND does not fit the {}-byte receive buffer",
                             wr.sge.length
@@ -634,7 +637,7 @@ impl TcpQp {
                         wr.wr_id,
                         WcStatus::LocalProtection,
                         psn,
-                        NakCode::RemoteOperation,
+                        NakCode::Operation,
                         format!(
                             "receive WR {:#x} has an SGE outside every registered region \
                              (lkey {:#x})",
@@ -654,7 +657,7 @@ impl TcpQp {
                     }
                     None => self.refuse(
                         psn,
-                        NakCode::RemoteAccess,
+                        NakCode::Access,
                         format!(
                             "RDMA WRITE of {len} bytes at {remote_addr:#x} with rkey {rkey:#x} \
                              is outside every registered region"
@@ -685,7 +688,7 @@ impl TcpQp {
                         wr.wr_id,
                         WcStatus::LocalProtection,
                         psn,
-                        NakCode::RemoteAccess,
+                        NakCode::Access,
                         format!(
                             "RDMA WRITE with immediate of {len} bytes at {remote_addr:#x} with \
                              rkey {rkey:#x} is outside every registered region"
@@ -903,7 +906,7 @@ impl TcpQp {
         }
         self.ctrl.push_back(Frame::Nak {
             psn: self.rcv_nxt,
-            code: NakCode::RemoteInvalidRequest,
+            code: NakCode::InvalidRequest,
         });
         self.enter_error(Cause::Protocol, &why);
     }
@@ -984,7 +987,7 @@ impl QueuePair for TcpQp {
     fn local_info(&self) -> Vec<u8> {
         ConnInfo {
             qp_num: self.qp_num,
-            initial_psn: self.snd_una,
+            initial_psn: self.initial_psn,
         }
         .encode()
     }

@@ -239,15 +239,15 @@ fn frames_round_trip() {
         Frame::RnrNak { psn: 10, timer: 31 },
         Frame::Nak {
             psn: 11,
-            code: NakCode::RemoteAccess,
+            code: NakCode::Access,
         },
         Frame::Nak {
             psn: 12,
-            code: NakCode::RemoteInvalidRequest,
+            code: NakCode::InvalidRequest,
         },
         Frame::Nak {
             psn: 13,
-            code: NakCode::RemoteOperation,
+            code: NakCode::Operation,
         },
     ];
     for f in frames {
@@ -307,7 +307,7 @@ fn malformed_headers_are_refused() {
     assert_eq!(Frame::decode(&ack), Err(FrameError::NonZero("length")));
     let mut nak = Frame::Nak {
         psn: 1,
-        code: NakCode::RemoteAccess,
+        code: NakCode::Access,
     }
     .encode();
     nak[28] = 9;
@@ -1325,6 +1325,42 @@ impl Raw {
         panic!("livelock: {:?}", self.wc);
     }
 
+    /// Reads exactly `n` bytes the QP wrote, polling the QP whenever the socket is empty.
+    fn read_exact(&mut self, n: usize) -> Vec<u8> {
+        let mut v = vec![0u8; n];
+        let mut off = 0;
+        let mut idle = 0;
+        while off < n {
+            match self.peer.read(&mut v[off..]) {
+                Ok(0) => panic!("EOF after {off} of {n} bytes"),
+                Ok(k) => {
+                    off += k;
+                    idle = 0;
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    idle += 1;
+                    assert!(idle < MAX_POLLS, "livelock: {off} of {n} bytes");
+                    self.qp.poll_cq(&mut self.wc, 16).expect("poll");
+                }
+                Err(e) => panic!("raw read: {e}"),
+            }
+        }
+        v
+    }
+
+    fn read_header(&mut self) -> Frame {
+        let v = self.read_exact(HEADER_LEN);
+        let mut h = [0u8; HEADER_LEN];
+        h.copy_from_slice(&v);
+        Frame::decode(&h).expect("the QP sends valid frames")
+    }
+
+    fn initial_psn(&self) -> u32 {
+        ConnInfo::decode(&self.qp.local_info())
+            .expect("own info")
+            .initial_psn
+    }
+
     /// Every frame the QP wrote to the raw peer so far (payloads skipped).
     fn frames_sent(&mut self) -> Vec<Frame> {
         let mut bytes = Vec::new();
@@ -1379,7 +1415,7 @@ impl Raw {
             frames.last(),
             Some(&Frame::Nak {
                 psn: RAW_PSN,
-                code: NakCode::RemoteInvalidRequest
+                code: NakCode::InvalidRequest
             }),
             "{case}: {frames:?}"
         );
@@ -1491,7 +1527,7 @@ fn hostile_peer_writes_outside_registered_memory() {
         frames.last(),
         Some(&Frame::Nak {
             psn: RAW_PSN,
-            code: NakCode::RemoteAccess
+            code: NakCode::Access
         }),
         "{frames:?}"
     );
@@ -1562,4 +1598,91 @@ fn hostile_peer_valid_frames_work_then_truncation_is_peer_death() {
             err(0x52, WcStatus::RetryExceeded, WcOpcode::Send)
         ]
     );
+}
+
+/// Bytes no loopback socket pair buffers: a payload this large is still being written by the
+/// QP while the raw peer reads nothing.
+const UNBUFFERABLE: usize = 32 << 20;
+
+#[test]
+fn nak_during_own_payload_completes_only_after_the_frame_is_out() {
+    let mut raw = Raw::new();
+    let psn0 = raw.initial_psn();
+    let big = Buf::filled(&raw.dev, UNBUFFERABLE, 21);
+    raw.qp
+        .post_send(&[send(0x60, &[big.sge(0, UNBUFFERABLE as u32)])])
+        .expect("post_send");
+    assert_eq!(raw.read_header(), Frame::Send { psn: psn0, len: 16 });
+    assert_eq!(raw.read_exact(16), raw.src.bytes()[..16]);
+    assert_eq!(
+        raw.read_header(),
+        Frame::Send {
+            psn: psn0 + 1,
+            len: UNBUFFERABLE as u32
+        }
+    );
+    raw.inject(&header(Frame::Nak {
+        psn: psn0 + 1,
+        code: NakCode::Access,
+    }));
+    for _ in 0..200 {
+        raw.qp.poll_cq(&mut raw.wc, 16).expect("poll");
+    }
+    // The NAK acknowledged 0x51; 0x60's memory is still being sent, so it cannot complete.
+    assert_eq!(raw.wc, [ok(0x51, WcOpcode::Send, 0, None)]);
+    let payload = raw.read_exact(UNBUFFERABLE);
+    assert!(payload == big.bytes(), "the frame is completed from memory");
+    raw.poll_until(4);
+    assert_eq!(
+        raw.wc,
+        [
+            ok(0x51, WcOpcode::Send, 0, None),
+            err(0x60, WcStatus::RemoteAccess, WcOpcode::Send),
+            err(0xe1, WcStatus::WrFlush, WcOpcode::Recv),
+            err(0xe2, WcStatus::WrFlush, WcOpcode::Recv)
+        ]
+    );
+    for _ in 0..50 {
+        raw.qp.poll_cq(&mut raw.wc, 16).expect("poll");
+    }
+    assert_eq!(raw.frames_sent(), [], "nothing after the failed frame");
+}
+
+#[test]
+fn rnr_nak_during_own_payload_finishes_the_frame_then_resends_it() {
+    let mut raw = Raw::new();
+    let psn0 = raw.initial_psn();
+    let big = Buf::filled(&raw.dev, UNBUFFERABLE, 22);
+    raw.qp
+        .post_send(&[send(0x60, &[big.sge(0, UNBUFFERABLE as u32)])])
+        .expect("post_send");
+    assert_eq!(raw.read_header(), Frame::Send { psn: psn0, len: 16 });
+    raw.read_exact(16);
+    let big_header = Frame::Send {
+        psn: psn0 + 1,
+        len: UNBUFFERABLE as u32,
+    };
+    assert_eq!(raw.read_header(), big_header);
+    raw.inject(&header(Frame::RnrNak {
+        psn: psn0 + 1,
+        timer: 1,
+    }));
+    // The interrupted frame is finished first (framing), then the message comes again.
+    assert!(raw.read_exact(UNBUFFERABLE) == big.bytes());
+    assert_eq!(raw.read_header(), big_header);
+    assert!(
+        raw.read_exact(UNBUFFERABLE) == big.bytes(),
+        "resent from memory"
+    );
+    assert_eq!(raw.wc, [ok(0x51, WcOpcode::Send, 0, None)]);
+    raw.inject(&header(Frame::Ack { psn: psn0 + 1 }));
+    raw.poll_until(2);
+    assert_eq!(
+        raw.wc,
+        [
+            ok(0x51, WcOpcode::Send, 0, None),
+            ok(0x60, WcOpcode::Send, 0, None)
+        ]
+    );
+    assert_eq!(raw.qp.counters().rnr_naks_received, 1);
 }

@@ -48,29 +48,29 @@ pub(super) fn rnr_timer(code: u8) -> Duration {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum NakCode {
     /// Bad rkey or bounds of an RDMA write: the requester completes `RemoteAccess`.
-    RemoteAccess = 1,
+    Access = 1,
     /// Malformed request or a SEND longer than the receive buffer: `RemoteInvalidRequest`.
-    RemoteInvalidRequest = 2,
+    InvalidRequest = 2,
     /// The responder could not carry the request out (e.g. its receive WR had a bad lkey):
     /// `RemoteOperation`.
-    RemoteOperation = 3,
+    Operation = 3,
 }
 
 impl NakCode {
     /// The completion status the requester reports for this NAK.
     pub(super) fn status(self) -> WcStatus {
         match self {
-            NakCode::RemoteAccess => WcStatus::RemoteAccess,
-            NakCode::RemoteInvalidRequest => WcStatus::RemoteInvalidRequest,
-            NakCode::RemoteOperation => WcStatus::RemoteOperation,
+            NakCode::Access => WcStatus::RemoteAccess,
+            NakCode::InvalidRequest => WcStatus::RemoteInvalidRequest,
+            NakCode::Operation => WcStatus::RemoteOperation,
         }
     }
 
     fn from_wire(b: u8) -> Option<NakCode> {
         match b {
-            1 => Some(NakCode::RemoteAccess),
-            2 => Some(NakCode::RemoteInvalidRequest),
-            3 => Some(NakCode::RemoteOperation),
+            1 => Some(NakCode::Access),
+            2 => Some(NakCode::InvalidRequest),
+            3 => Some(NakCode::Operation),
             _ => None,
         }
     }
