@@ -55,6 +55,8 @@ pub(super) struct TcpQp {
     tx_buf: Vec<u8>,
     /// Bytes of `tx_buf` already written.
     tx_off: usize,
+    /// The frames in `tx_buf`, in order (to drop unsent data frames on error).
+    tx_frames: VecDeque<Staged>,
     /// A large payload written straight from registered memory after `tx_buf` drains.
     tx_payload: Option<TxPayload>,
     /// Control frames (ACK, RNR NAK, NAK) waiting to be staged, in generation order.
@@ -107,6 +109,13 @@ struct SendEntry {
     status: Option<WcStatus>,
     /// RNR NAKs received for this WR.
     rnr_naks: u32,
+}
+
+/// A frame in `tx_buf`: where it ends, and whether it carries a message (not ACK/NAK).
+#[derive(Clone, Copy)]
+struct Staged {
+    end: usize,
+    data: bool,
 }
 
 /// A payload being written from registered memory; `segs` are exactly the gathered ranges.
@@ -210,6 +219,7 @@ impl TcpQp {
             rnr_wait_until: None,
             tx_buf: Vec::with_capacity(TX_BUF_CAP + INLINE_MAX + HEADER_LEN),
             tx_off: 0,
+            tx_frames: VecDeque::new(),
             tx_payload: None,
             ctrl: VecDeque::new(),
             rq: VecDeque::new(),
@@ -260,6 +270,7 @@ impl TcpQp {
                 self.tx_off += n;
                 if self.tx_off >= self.tx_buf.len() {
                     self.tx_buf.clear();
+                    self.tx_frames.clear();
                     self.tx_off = 0;
                 }
             }
@@ -297,6 +308,10 @@ impl TcpQp {
         while self.tx_buf.len() < TX_BUF_CAP && self.tx_payload.is_none() {
             if let Some(f) = self.ctrl.pop_front() {
                 self.tx_buf.extend_from_slice(&f.encode());
+                self.tx_frames.push_back(Staged {
+                    end: self.tx_buf.len(),
+                    data: false,
+                });
                 staged = true;
                 continue;
             }
@@ -403,8 +418,45 @@ impl TcpQp {
                 off: 0,
             });
         }
+        self.tx_frames.push_back(Staged {
+            end: self.tx_buf.len(),
+            data: true,
+        });
         self.snd_nxt = self.snd_nxt.wrapping_add(1);
         true
+    }
+
+    /// On entering the error state: drops data frames not yet begun (their WRs flush and
+    /// must not run at the peer), keeping control frames and the frame being written (the
+    /// stream must stay framed).
+    fn drop_unsent_data(&mut self) {
+        let last = self.tx_frames.len().saturating_sub(1);
+        let mut kept = Vec::with_capacity(self.tx_buf.len().saturating_sub(self.tx_off));
+        let mut frames = VecDeque::new();
+        let mut keep_payload = self.tx_frames.is_empty(); // its header is out already
+        let mut start = 0;
+        for (i, f) in self.tx_frames.iter().enumerate() {
+            let (s, e) = (start, f.end.min(self.tx_buf.len()));
+            start = e;
+            if e <= self.tx_off {
+                continue; // written
+            }
+            let begun = s < self.tx_off;
+            if begun || !f.data {
+                kept.extend_from_slice(&self.tx_buf[s.max(self.tx_off)..e]);
+                frames.push_back(Staged {
+                    end: kept.len(),
+                    data: f.data,
+                });
+                keep_payload |= i == last;
+            }
+        }
+        if !keep_payload {
+            self.tx_payload = None;
+        }
+        self.tx_buf = kept;
+        self.tx_frames = frames;
+        self.tx_off = 0;
     }
 
     /// Queues an ACK for `psn`, merging it into a queued ACK (ACKs are cumulative).
@@ -916,6 +968,7 @@ impl TcpQp {
         self.io_dead = true;
         self.peer_closed = true;
         self.tx_buf.clear();
+        self.tx_frames.clear();
         self.tx_off = 0;
         self.tx_payload = None;
         self.ctrl.clear();
@@ -947,6 +1000,7 @@ impl TcpQp {
         );
         self.state = QpState::Error;
         self.rnr_wait_until = None;
+        self.drop_unsent_data();
 
         let mut recv_status = match cause {
             Cause::Protocol => WcStatus::RemoteInvalidRequest,
@@ -1146,3 +1200,142 @@ const IO_BUDGET: usize = 16 * 1024 * 1024;
 
 /// Control frames queued at most before the peer is declared broken.
 const MAX_CTRL_QUEUE: usize = 64 * 1024;
+
+#[cfg(test)]
+mod tests {
+    use std::net::{TcpListener, TcpStream};
+
+    use super::*;
+    use crate::transport::Sge;
+
+    fn established() -> (TcpQp, TcpStream, Region, u32) {
+        let registry = Arc::new(Registry::new(1));
+        let cfg = QpConfig {
+            max_recv_wr: 16,
+            max_send_wr: 16,
+            min_rnr_timer: 1,
+            rnr_retry: 7,
+            timeout: 14,
+            retry_cnt: 7,
+        };
+        let mut qp = TcpQp::new(1, 100, cfg, Arc::clone(&registry));
+        let region = Region::alloc(64 << 10);
+        let lkey = registry.insert(region.clone()).expect("register");
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let s = TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+        let (peer, _) = l.accept().expect("accept");
+        let info = ConnInfo {
+            qp_num: 2,
+            initial_psn: 7,
+        }
+        .encode();
+        qp.establish(&info, s).expect("establish");
+        (qp, peer, region, lkey)
+    }
+
+    fn send_of(region: &Region, lkey: u32, len: u32) -> SendWr {
+        SendWr {
+            wr_id: 1,
+            sgl: [
+                Sge {
+                    addr: region.addr(),
+                    length: len,
+                    lkey,
+                },
+                Sge::default(),
+            ],
+            num_sge: 1,
+            opcode: SendOpcode::Send,
+            signaled: true,
+        }
+    }
+
+    fn frames_in(buf: &[u8]) -> Vec<Frame> {
+        let mut v = Vec::new();
+        let mut off = 0;
+        while off + HEADER_LEN <= buf.len() {
+            let mut h = [0u8; HEADER_LEN];
+            h.copy_from_slice(&buf[off..off + HEADER_LEN]);
+            let f = Frame::decode(&h).expect("frame");
+            off += HEADER_LEN;
+            if let Frame::Send { len, .. } = f {
+                off += len as usize;
+            }
+            v.push(f);
+        }
+        v
+    }
+
+    #[test]
+    fn error_keeps_control_frames_and_drops_data_not_begun() {
+        let (mut qp, _peer, region, lkey) = established();
+        qp.post_send(&[send_of(&region, lkey, 16); 3])
+            .expect("post");
+        qp.push_ack(6);
+        assert!(qp.stage_frames());
+        qp.push_ack(7); // queued behind the data, not staged yet
+        assert_eq!(qp.tx_frames.len(), 4);
+        assert_eq!(qp.tx_buf.len(), 32 + 3 * 48);
+        qp.enter_error(Cause::Local, "test");
+        assert_eq!(frames_in(&qp.tx_buf), [Frame::Ack { psn: 6 }]);
+        assert_eq!(qp.tx_off, 0);
+        assert_eq!(qp.tx_frames.len(), 1);
+        assert!(qp.stage_frames(), "the queued ACK still goes out");
+        assert_eq!(
+            frames_in(&qp.tx_buf),
+            [Frame::Ack { psn: 6 }, Frame::Ack { psn: 7 }]
+        );
+    }
+
+    #[test]
+    fn error_finishes_the_frame_being_written() {
+        let (mut qp, _peer, region, lkey) = established();
+        qp.post_send(&[send_of(&region, lkey, 16); 3])
+            .expect("post");
+        assert!(qp.stage_frames());
+        let first_end = 48;
+        qp.tx_off = 40; // 8 bytes of the first frame still to write
+        let rest = qp.tx_buf[40..first_end].to_vec();
+        qp.enter_error(Cause::Local, "test");
+        assert_eq!(qp.tx_buf, rest);
+        assert_eq!(qp.tx_frames.len(), 1);
+    }
+
+    #[test]
+    fn error_drops_a_large_payload_whose_header_is_not_out() {
+        let (mut qp, _peer, region, lkey) = established();
+        qp.post_send(&[send_of(&region, lkey, 32 << 10)])
+            .expect("post");
+        assert!(qp.stage_frames());
+        assert!(qp.tx_payload.is_some());
+        qp.enter_error(Cause::Local, "test");
+        assert!(qp.tx_buf.is_empty());
+        assert!(qp.tx_payload.is_none());
+        // No payload in flight: the WR flushes at once.
+        qp.retire_sq();
+        assert_eq!(qp.cq.len(), 1);
+    }
+
+    #[test]
+    fn error_keeps_a_large_payload_whose_header_is_out() {
+        for tx_off in [10, 32] {
+            let (mut qp, _peer, region, lkey) = established();
+            qp.post_send(&[send_of(&region, lkey, 32 << 10)])
+                .expect("post");
+            assert!(qp.stage_frames());
+            if tx_off == 32 {
+                // Header fully written: tx_buf drained.
+                qp.tx_buf.clear();
+                qp.tx_frames.clear();
+                qp.tx_off = 0;
+            } else {
+                qp.tx_off = tx_off;
+            }
+            qp.enter_error(Cause::Local, "test");
+            assert_eq!(qp.tx_buf.len(), 32 - tx_off.min(32));
+            assert!(qp.tx_payload.is_some(), "tx_off {tx_off}");
+            qp.retire_sq();
+            assert!(qp.cq.is_empty(), "the WR waits for its payload");
+        }
+    }
+}

@@ -1686,3 +1686,86 @@ fn rnr_nak_during_own_payload_finishes_the_frame_then_resends_it() {
     );
     assert_eq!(raw.qp.counters().rnr_naks_received, 1);
 }
+
+#[test]
+fn error_drops_data_frames_not_yet_begun() {
+    let mut raw = Raw::new();
+    let psn0 = raw.initial_psn();
+    let src = Buf::filled(&raw.dev, 16 << 10, 23);
+    let n = 1000u64;
+    let wrs: Vec<SendWr> = (0..n)
+        .map(|i| send(0x1000 + i, &[src.sge(0, 16 << 10)]))
+        .collect();
+    raw.qp.post_send(&wrs).expect("post_send");
+    // 16 MiB of small frames: more than the sockets hold, so some stay staged.
+    for _ in 0..100 {
+        raw.qp.poll_cq(&mut raw.wc, 16).expect("poll");
+    }
+    raw.inject(&[0xff; HEADER_LEN]);
+    // Read everything the QP still writes.
+    let mut bytes = Vec::new();
+    let mut chunk = vec![0u8; 1 << 16];
+    let mut idle = 0;
+    while idle < 100 {
+        match raw.peer.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(k) => {
+                bytes.extend_from_slice(&chunk[..k]);
+                idle = 0;
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => idle += 1,
+            Err(e) => panic!("raw read: {e}"),
+        }
+        raw.qp.poll_cq(&mut raw.wc, 64).expect("poll");
+    }
+    let mut frames = Vec::new();
+    let mut off = 0;
+    while off < bytes.len() {
+        let mut h = [0u8; HEADER_LEN];
+        h.copy_from_slice(&bytes[off..off + HEADER_LEN]);
+        let f = Frame::decode(&h).expect("still framed");
+        off += HEADER_LEN;
+        if let Frame::Send { len, .. } = f {
+            off += len as usize;
+        }
+        frames.push(f);
+    }
+    assert_eq!(off, bytes.len(), "no partial frame");
+    let sent = frames.len() - 1;
+    assert!(
+        sent < n as usize,
+        "the frames not begun were dropped: {sent}"
+    );
+    for (i, f) in frames[..sent].iter().enumerate() {
+        let len = if i == 0 { 16 } else { 16 << 10 };
+        assert_eq!(
+            *f,
+            Frame::Send {
+                psn: psn0.wrapping_add(i as u32),
+                len
+            }
+        );
+    }
+    assert_eq!(
+        frames[sent],
+        Frame::Nak {
+            psn: RAW_PSN,
+            code: NakCode::InvalidRequest
+        }
+    );
+    assert_eq!(raw.wc.len(), 3 + n as usize);
+    assert_eq!(
+        raw.wc[..3],
+        [
+            err(0xe1, WcStatus::RemoteInvalidRequest, WcOpcode::Recv),
+            err(0xe2, WcStatus::WrFlush, WcOpcode::Recv),
+            err(0x51, WcStatus::RemoteInvalidRequest, WcOpcode::Send)
+        ]
+    );
+    for (i, wc) in raw.wc[3..].iter().enumerate() {
+        assert_eq!(
+            *wc,
+            err(0x1000 + i as u64, WcStatus::WrFlush, WcOpcode::Send)
+        );
+    }
+}
