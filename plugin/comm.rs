@@ -551,6 +551,28 @@ impl Comm {
         Ok(r?)
     }
 
+    /// Makes progress without starting anything (polls the CQ, reads the CTS ring, posts what
+    /// the engine queued). The plugin calls this inside every entry; tests use it to pump one
+    /// side of a pair.
+    pub fn progress(&self) -> Result<(), Error> {
+        let mut g = self.lock()?;
+        g.progress(now_ns(), &self.label, &self.cfg)
+    }
+
+    /// Requests in use (the pool returns to 0 when every request was tested to completion).
+    pub fn in_flight(&self) -> usize {
+        self.lock().map_or(0, |g| match &g.side {
+            Side::Send { engine, .. } => engine.in_flight(),
+            Side::Recv { engine, .. } => engine.in_flight(),
+        })
+    }
+
+    /// The comm's counters as `(name, value)` pairs (engine, QP and device counters).
+    pub fn counters(&self) -> Vec<(&'static str, u64)> {
+        self.lock()
+            .map_or_else(|_| Vec::new(), |g| g.counters(&*self.dev))
+    }
+
     /// Logs the counters and appends them to `VERBSNET_STATS_FILE` if set; called on close.
     pub fn close(self: Box<Self>) {
         if let Ok(g) = self.inner.lock() {
