@@ -17,3 +17,7 @@ pub mod engine;
 pub mod ffi;
 pub mod log;
 pub mod transport;
+
+pub mod comm;
+pub mod conn;
+pub mod net;

@@ -1,1 +1,533 @@
 //! `tracing` events bridged to NCCL's logger (or to stderr outside NCCL).
+//!
+//! The plugin emits with the ordinary `tracing` macros; [`init`] installs one global
+//! subscriber (a cdylib's statics are private to the `.so`, so the plugin is its own
+//! "executable" here) whose layer forwards each enabled event:
+//!
+//! - **with an NCCL logger**: as `NET/verbsnet : <message> <field=value...>` through
+//!   [`crate::ffi::logger::call`] with the format `"%s"`. `ERROR`/`WARN` become
+//!   `NCCL_LOG_WARN` with flags `NCCL_ALL`; `INFO` becomes `NCCL_LOG_INFO` and
+//!   `DEBUG`/`TRACE` `NCCL_LOG_TRACE`, with flags `NCCL_INIT | NCCL_NET` for events whose
+//!   target is [`INIT_TARGET`] (or below it, `verbsnet::init::...`) and `NCCL_NET` otherwise.
+//!   NCCL prints a line only if its level is at most `NCCL_DEBUG` and its flags meet
+//!   `NCCL_DEBUG_SUBSYS` (default `INIT,BOOTSTRAP,ENV`), so setup lines must use
+//!   `info!(target: verbsnet::log::INIT_TARGET, ...)` to be seen by default.
+//! - **without one** (outside NCCL, e.g. the test harness): as `verbsnet <LEVEL> <message>
+//!   <field=value...>` on stderr.
+//!
+//! Fields of the spans the event is inside follow the event's own fields, outermost first.
+//! The level ([`DebugLevel`], from `VERBSNET_DEBUG`) is applied per callsite
+//! (`register_callsite` answers always/never and `max_level_hint` is exact), so a disabled
+//! `trace!` costs one comparison against a global maximum.
+
+use std::collections::HashMap;
+use std::ffi::{CStr, CString};
+use std::fmt::{self, Write as _};
+use std::io::Write as _;
+use std::os::raw::{c_int, c_ulong};
+use std::sync::{Mutex, OnceLock, PoisonError, RwLock};
+
+use tracing::field::{Field, Visit};
+use tracing::level_filters::LevelFilter;
+use tracing::subscriber::Interest;
+use tracing::{span, Event, Level, Metadata, Subscriber};
+use tracing_subscriber::layer::{Context, Layer, SubscriberExt as _};
+use tracing_subscriber::registry::{LookupSpan, Registry};
+
+pub use crate::config::DebugLevel;
+use crate::ffi::abi::{ncclDebugLogLevel, ncclDebugLogSubSys, ncclDebugLogger_t};
+use crate::ffi::logger;
+
+/// The target that marks setup events (`NCCL_INIT | NCCL_NET`):
+/// `info!(target: INIT_TARGET, ...)`. Targets below it (`verbsnet::init::ib`) count too.
+pub const INIT_TARGET: &str = "verbsnet::init";
+
+/// What every line sent to NCCL starts with (NCCL's own transports print `NET/IB : `).
+pub const NCCL_PREFIX: &str = "NET/verbsnet : ";
+
+/// Installs the plugin's logging, once per process.
+///
+/// The first call installs the global subscriber with `level`; NCCL may call `init` again
+/// (each communicator, or after a reload of the net plugin table): a later call only
+/// replaces the logger (`None` sends events to stderr again), and its `level` is ignored
+/// because the configuration is parsed once. If the process already has a global `tracing`
+/// subscriber (the plugin linked as an rlib into a Rust program), that one keeps the events.
+pub fn init(logger: ncclDebugLogger_t, level: DebugLevel) {
+    let mut first = false;
+    let state = STATE.get_or_init(|| {
+        first = true;
+        State {
+            logger: RwLock::new(logger),
+            level,
+        }
+    });
+    if !first {
+        *state.logger.write().unwrap_or_else(PoisonError::into_inner) = logger;
+        return;
+    }
+    let layer = NcclLayer {
+        max: level_filter(level),
+        sink: Sink::Global,
+    };
+    // Fails only if the host already installed one; then its subscriber gets our events.
+    let _ = tracing::subscriber::set_global_default(Registry::default().with(layer));
+}
+
+/// The level the first [`init`] installed, or `None` before it.
+pub fn level() -> Option<DebugLevel> {
+    STATE.get().map(|s| s.level)
+}
+
+/// Process-wide logging state, set by the first [`init`].
+struct State {
+    /// NCCL's logger; replaced by later `init` calls.
+    logger: RwLock<ncclDebugLogger_t>,
+    /// The level of the first `init`.
+    level: DebugLevel,
+}
+
+static STATE: OnceLock<State> = OnceLock::new();
+
+/// `file!()` paths as C strings, leaked once per source file (a bounded set).
+static FILES: OnceLock<Mutex<HashMap<&'static str, &'static CStr>>> = OnceLock::new();
+
+/// The `tracing` level filter for a `VERBSNET_DEBUG` level (`warn` includes `ERROR`).
+fn level_filter(level: DebugLevel) -> LevelFilter {
+    match level {
+        DebugLevel::None => LevelFilter::OFF,
+        DebugLevel::Warn => LevelFilter::WARN,
+        DebugLevel::Info => LevelFilter::INFO,
+        DebugLevel::Debug => LevelFilter::DEBUG,
+        DebugLevel::Trace => LevelFilter::TRACE,
+    }
+}
+
+/// Whether `target` marks a setup event ([`INIT_TARGET`] or below it).
+fn is_init_target(target: &str) -> bool {
+    target
+        .strip_prefix(INIT_TARGET)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with("::"))
+}
+
+/// NCCL's level and subsystem flags for an event.
+fn nccl_level_flags(level: Level, target: &str) -> (ncclDebugLogLevel::Type, c_ulong) {
+    // NCCL_ALL is the C int ~0; widening sign-extends it to all 64 bits.
+    let all = ncclDebugLogSubSys::NCCL_ALL as c_ulong;
+    let net = ncclDebugLogSubSys::NCCL_NET as c_ulong;
+    let subsys = if is_init_target(target) {
+        ncclDebugLogSubSys::NCCL_INIT as c_ulong | net
+    } else {
+        net
+    };
+    match level {
+        Level::ERROR | Level::WARN => (ncclDebugLogLevel::NCCL_LOG_WARN, all),
+        Level::INFO => (ncclDebugLogLevel::NCCL_LOG_INFO, subsys),
+        _ => (ncclDebugLogLevel::NCCL_LOG_TRACE, subsys),
+    }
+}
+
+/// The text sent to NCCL: `NET/verbsnet : <message> <fields>`.
+fn nccl_text(body: &str) -> String {
+    format!("{NCCL_PREFIX}{body}")
+}
+
+/// The stderr line used without a logger: `verbsnet <LEVEL> <message> <fields>`.
+fn stderr_text(level: Level, body: &str) -> String {
+    format!("verbsnet {level} {body}")
+}
+
+/// A C string of `text`; interior NULs (which C would read as the end) become `\0`.
+fn c_string(text: String) -> CString {
+    CString::new(text).unwrap_or_else(|e| {
+        let text = String::from_utf8_lossy(&e.into_vec()).replace('\0', "\\0");
+        // No NUL is left after the replace.
+        CString::new(text).unwrap_or_default()
+    })
+}
+
+/// The C string of a `file!()` path, cached.
+fn c_file(file: Option<&'static str>) -> &'static CStr {
+    let Some(file) = file else {
+        return c"";
+    };
+    let files = FILES.get_or_init(Default::default);
+    let mut files = files.lock().unwrap_or_else(PoisonError::into_inner);
+    files
+        .entry(file)
+        .or_insert_with(|| Box::leak(c_string(file.to_string()).into_boxed_c_str()))
+}
+
+/// The layer: filters by level and hands each event's text to its sink.
+struct NcclLayer {
+    /// The most verbose level forwarded.
+    max: LevelFilter,
+    /// Where lines go.
+    sink: Sink,
+}
+
+/// Where [`NcclLayer`] sends lines.
+enum Sink {
+    /// The process-wide NCCL logger in [`STATE`], or stderr while there is none.
+    Global,
+    /// Tests: keep each line.
+    #[cfg(test)]
+    Capture(std::sync::Arc<Mutex<Vec<tests::Line>>>),
+}
+
+impl Sink {
+    fn emit(&self, meta: &'static Metadata<'static>, body: &str) {
+        let level = *meta.level();
+        match self {
+            Sink::Global => {
+                let nccl = STATE
+                    .get()
+                    .and_then(|s| *s.logger.read().unwrap_or_else(PoisonError::into_inner));
+                if nccl.is_some() {
+                    let (nccl_level, flags) = nccl_level_flags(level, meta.target());
+                    let line = meta.line().map_or(0, |l| c_int::try_from(l).unwrap_or(0));
+                    let text = c_string(nccl_text(body));
+                    logger::call(nccl, nccl_level, flags, c_file(meta.file()), line, &text);
+                } else {
+                    // Nowhere to report a failed stderr write.
+                    let _ = writeln!(std::io::stderr().lock(), "{}", stderr_text(level, body));
+                }
+            }
+            #[cfg(test)]
+            Sink::Capture(lines) => {
+                let (nccl_level, flags) = nccl_level_flags(level, meta.target());
+                lines.lock().unwrap().push(tests::Line {
+                    nccl_level,
+                    flags,
+                    file: c_file(meta.file()),
+                    line: meta.line().unwrap_or(0),
+                    nccl: c_string(nccl_text(body)),
+                    stderr: stderr_text(level, body),
+                });
+            }
+        }
+    }
+}
+
+/// A span's formatted fields, kept in its extensions.
+struct SpanFields(String);
+
+impl<S> Layer<S> for NcclLayer
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    fn register_callsite(&self, meta: &'static Metadata<'static>) -> Interest {
+        if *meta.level() <= self.max {
+            Interest::always()
+        } else {
+            Interest::never()
+        }
+    }
+
+    fn enabled(&self, meta: &Metadata<'_>, _ctx: Context<'_, S>) -> bool {
+        *meta.level() <= self.max
+    }
+
+    fn max_level_hint(&self) -> Option<LevelFilter> {
+        Some(self.max)
+    }
+
+    fn on_new_span(&self, attrs: &span::Attributes<'_>, id: &span::Id, ctx: Context<'_, S>) {
+        let mut fields = Fields::default();
+        attrs.record(&mut fields);
+        if let Some(span) = ctx.span(id) {
+            span.extensions_mut().insert(SpanFields(fields.rest));
+        }
+    }
+
+    fn on_record(&self, id: &span::Id, values: &span::Record<'_>, ctx: Context<'_, S>) {
+        let Some(span) = ctx.span(id) else {
+            return;
+        };
+        let mut extensions = span.extensions_mut();
+        if let Some(SpanFields(text)) = extensions.get_mut::<SpanFields>() {
+            let mut fields = Fields {
+                message: String::new(),
+                rest: std::mem::take(text),
+            };
+            values.record(&mut fields);
+            *text = fields.rest;
+        }
+    }
+
+    fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
+        let mut fields = Fields::default();
+        event.record(&mut fields);
+        let mut body = fields.message;
+        push_field_text(&mut body, &fields.rest);
+        if let Some(scope) = ctx.event_scope(event) {
+            for span in scope.from_root() {
+                if let Some(SpanFields(text)) = span.extensions().get::<SpanFields>() {
+                    push_field_text(&mut body, text);
+                }
+            }
+        }
+        self.sink.emit(event.metadata(), &body);
+    }
+}
+
+/// Appends `text` to `body`, separated by a space.
+fn push_field_text(body: &mut String, text: &str) {
+    if text.is_empty() {
+        return;
+    }
+    if !body.is_empty() {
+        body.push(' ');
+    }
+    body.push_str(text);
+}
+
+/// Collects an event's `message` and its other fields as `name=value name=value`.
+#[derive(Default)]
+struct Fields {
+    message: String,
+    rest: String,
+}
+
+impl Fields {
+    fn push(&mut self, field: &Field, value: fmt::Arguments<'_>) {
+        if field.name() == "message" {
+            let _ = self.message.write_fmt(value);
+            return;
+        }
+        if !self.rest.is_empty() {
+            self.rest.push(' ');
+        }
+        let _ = write!(self.rest, "{}={}", field.name(), value);
+    }
+}
+
+impl Visit for Fields {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        // Quote only what would not read back as one token.
+        if field.name() != "message" && (value.is_empty() || value.contains(char::is_whitespace)) {
+            self.push(field, format_args!("{value:?}"));
+        } else {
+            self.push(field, format_args!("{value}"));
+        }
+    }
+
+    fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
+        let mut text = value.to_string();
+        let mut source = value.source();
+        while let Some(s) = source {
+            let _ = write!(text, ": {s}");
+            source = s.source();
+        }
+        self.push(field, format_args!("{text}"));
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        self.push(field, format_args!("{value:?}"));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use tracing::{debug, error, info, info_span, trace, warn};
+
+    /// One captured line: what the NCCL logger would get, and the stderr form.
+    #[derive(Debug)]
+    pub(super) struct Line {
+        pub nccl_level: ncclDebugLogLevel::Type,
+        pub flags: c_ulong,
+        pub file: &'static CStr,
+        pub line: u32,
+        pub nccl: CString,
+        pub stderr: String,
+    }
+
+    const INIT_NET: c_ulong = 0x11;
+    const NET: c_ulong = 0x10;
+
+    /// Runs `f` with a capturing layer at `level`, returning the lines.
+    fn capture(level: DebugLevel, f: impl FnOnce()) -> Vec<Line> {
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let layer = NcclLayer {
+            max: level_filter(level),
+            sink: Sink::Capture(lines.clone()),
+        };
+        tracing::subscriber::with_default(Registry::default().with(layer), f);
+        let lines = std::mem::take(&mut *lines.lock().unwrap());
+        lines
+    }
+
+    fn text(l: &Line) -> &str {
+        l.nccl.to_str().unwrap()
+    }
+
+    #[test]
+    fn levels_and_flags_map_to_nccl() {
+        let all = c_ulong::MAX;
+        let cases = [
+            (Level::ERROR, "nccl_net_verbsnet::conn", 2, all),
+            (Level::WARN, INIT_TARGET, 2, all),
+            (Level::INFO, INIT_TARGET, 3, INIT_NET),
+            (Level::INFO, "verbsnet::init::ib", 3, INIT_NET),
+            (Level::INFO, "nccl_net_verbsnet::conn", 3, NET),
+            (Level::INFO, "verbsnet::initial", 3, NET),
+            (Level::DEBUG, INIT_TARGET, 5, INIT_NET),
+            (Level::DEBUG, "nccl_net_verbsnet::engine", 5, NET),
+            (Level::TRACE, "nccl_net_verbsnet::engine", 5, NET),
+        ];
+        for (level, target, nccl_level, flags) in cases {
+            assert_eq!(
+                nccl_level_flags(level, target),
+                (nccl_level, flags),
+                "{level} {target}"
+            );
+        }
+    }
+
+    #[test]
+    fn event_is_formatted_with_prefix_and_fields() {
+        let lines = capture(DebugLevel::Trace, || {
+            let dev = "mlx5_0";
+            info!(target: INIT_TARGET, dev, port = 1, "using device");
+            warn!(qp_num = 0x1a2u32, status = ?Some(5), "completion error");
+            debug!(peer = "host a", empty = "", "odd strings");
+        });
+        assert_eq!(lines.len(), 3);
+        assert_eq!(
+            text(&lines[0]),
+            "NET/verbsnet : using device dev=mlx5_0 port=1"
+        );
+        assert_eq!((lines[0].nccl_level, lines[0].flags), (3, INIT_NET));
+        assert_eq!(
+            lines[0].stderr,
+            "verbsnet INFO using device dev=mlx5_0 port=1"
+        );
+        assert_eq!(lines[0].file.to_str().unwrap(), file!());
+        assert!(lines[0].line > 0);
+        assert_eq!(
+            text(&lines[1]),
+            "NET/verbsnet : completion error qp_num=418 status=Some(5)"
+        );
+        assert_eq!((lines[1].nccl_level, lines[1].flags), (2, c_ulong::MAX));
+        assert_eq!(
+            lines[1].stderr,
+            "verbsnet WARN completion error qp_num=418 status=Some(5)"
+        );
+        assert_eq!(
+            text(&lines[2]),
+            r#"NET/verbsnet : odd strings peer="host a" empty="""#
+        );
+        assert_eq!((lines[2].nccl_level, lines[2].flags), (5, NET));
+    }
+
+    #[test]
+    fn span_fields_follow_event_fields() {
+        let lines = capture(DebugLevel::Info, || {
+            let outer = info_span!("comm", comm = 7);
+            let _o = outer.enter();
+            let inner = info_span!("conn", qp_num = tracing::field::Empty);
+            inner.record("qp_num", 99);
+            let _i = inner.enter();
+            info!(bytes = 4096, "posted");
+        });
+        assert_eq!(
+            text(&lines[0]),
+            "NET/verbsnet : posted bytes=4096 comm=7 qp_num=99"
+        );
+    }
+
+    #[test]
+    fn level_filter_drops_verbose_events() {
+        let emit_all = || {
+            error!("e");
+            warn!("w");
+            info!("i");
+            debug!("d");
+            trace!("t");
+        };
+        let names =
+            |lines: Vec<Line>| -> Vec<String> { lines.iter().map(|l| l.stderr.clone()).collect() };
+        assert!(capture(DebugLevel::None, emit_all).is_empty());
+        assert_eq!(
+            names(capture(DebugLevel::Warn, emit_all)),
+            ["verbsnet ERROR e", "verbsnet WARN w"]
+        );
+        assert_eq!(capture(DebugLevel::Info, emit_all).len(), 3);
+        assert_eq!(capture(DebugLevel::Debug, emit_all).len(), 4);
+        assert_eq!(
+            names(capture(DebugLevel::Trace, emit_all)),
+            [
+                "verbsnet ERROR e",
+                "verbsnet WARN w",
+                "verbsnet INFO i",
+                "verbsnet DEBUG d",
+                "verbsnet TRACE t"
+            ]
+        );
+    }
+
+    #[test]
+    fn interior_nul_is_replaced_not_a_panic() {
+        let lines = capture(DebugLevel::Warn, || {
+            let peer = "bad\0name";
+            warn!(peer, "peer {} closed", "x\0y");
+        });
+        assert_eq!(
+            text(&lines[0]),
+            r"NET/verbsnet : peer x\0y closed peer=bad\0name"
+        );
+        assert_eq!(c_string("a\0b\0".into()).as_bytes(), br"a\0b\0");
+    }
+
+    #[test]
+    fn percent_signs_stay_text() {
+        // The format is always "%s"; the message may contain printf directives verbatim.
+        let lines = capture(DebugLevel::Warn, || warn!("100%s done %n"));
+        assert_eq!(text(&lines[0]), "NET/verbsnet : 100%s done %n");
+    }
+
+    #[test]
+    fn errors_show_their_source_chain() {
+        #[derive(Debug)]
+        struct Outer(std::io::Error);
+        impl fmt::Display for Outer {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("ibv_post_send failed")
+            }
+        }
+        impl std::error::Error for Outer {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let e = Outer(std::io::Error::from_raw_os_error(libc::ENOMEM));
+        let lines = capture(DebugLevel::Warn, || {
+            error!(error = &e as &(dyn std::error::Error + 'static), "isend")
+        });
+        let t = text(&lines[0]);
+        assert!(
+            t.starts_with("NET/verbsnet : isend error=ibv_post_send failed: "),
+            "{t}"
+        );
+        assert!(t.contains("(os error 12)"), "{t}");
+    }
+
+    #[test]
+    fn init_is_idempotent_and_keeps_first_level() {
+        init(None, DebugLevel::Warn);
+        init(None, DebugLevel::Trace);
+        assert_eq!(level(), Some(DebugLevel::Warn));
+        let logger = STATE.get().unwrap().logger.read().unwrap();
+        assert!(logger.is_none());
+    }
+
+    #[test]
+    fn file_names_are_cached() {
+        let a = c_file(Some("plugin/log.rs"));
+        let b = c_file(Some("plugin/log.rs"));
+        assert!(std::ptr::eq(a, b));
+        assert_eq!(a.to_str().unwrap(), "plugin/log.rs");
+        assert_eq!(c_file(None).to_bytes(), b"");
+    }
+}

@@ -1,1 +1,337 @@
 //! The protocol engine: a pure state machine with no I/O and no clock reads.
+//!
+//! One [`SendEngine`] drives the sending side of a connection and one [`RecvEngine`] the
+//! receiving side (NCCL comms are one-directional). Time is an argument (`now`, nanoseconds
+//! from any fixed origin). The engines never touch memory: they emit [`Action`]s — bytes to
+//! stage into plugin-owned buffers, WRs to post, bounce-buffer copies — that the comm driver
+//! (`crate::comm`) carries out in order on a transport.
+//!
+//! ## The protocol
+//! - Sends and receives match in posting order (ext-net README: "send/receive operations
+//!   should always match in the order they were posted"); tags only choose a buffer inside a
+//!   grouped receive. Send `s` (0, 1, 2, ...) belongs to the receive whose range
+//!   `[base, base + n)` holds it; both sides apply the same rule — first unused buffer with
+//!   the send's tag — in send order, so they agree without extra messages.
+//! - Every `irecv` RDMA-writes a clear-to-send ([`wire::CtsEntry`]) into the sender's CTS ring.
+//! - **Eager** (size ≤ eager limit): the sender SENDs header + payload into a bounce buffer the
+//!   receiver pre-posted; the receiver copies it into the user buffer when matched. The send
+//!   request completes once the SEND completed *and* its CTS confirmed the buffer is big enough,
+//!   so a too-large send fails on both ends.
+//! - **Rendezvous** (larger): `isend` waits for the CTS (returns "retry later" until then), then
+//!   RDMA-WRITEs straight into the user buffer (zero copy) and RDMA_WRITE_WITH_IMM's an 8-byte
+//!   completion record; the immediate names the send and buffer.
+//! - **RQ batching**: the receiver posts `rq_batch` receive WRs per post call, at start
+//!   `rq_depth`, and refills when fewer than `rq_low_water` remain posted.
+//! - **Credits** (optional): a credit is one posted receive WR at the peer. With gating on the
+//!   sender never issues an operation that consumes one (eager SEND, WRITE_WITH_IMM) without a
+//!   credit; the receiver returns credits as it re-posts, piggybacked on CTS entries or in an
+//!   explicit 8-byte credit write when it has no CTS to send. With gating off the sender relies
+//!   on the QP's RNR retry, as NCCL does.
+
+pub mod recv;
+pub mod send;
+pub mod wire;
+
+#[cfg(test)]
+mod sim;
+
+use std::fmt;
+
+use crate::transport::{RecvWr, SendWr, WcStatus};
+
+pub use recv::{RecvBuf, RecvEngine, RecvParams};
+pub use send::{SendEngine, SendParams};
+
+/// Send request slots per send comm: NCCL may keep `NCCL_NET_MAX_REQUESTS` (32) requests per
+/// comm, times `maxRecvs` (8) on the send side (ext-net README).
+pub const MAX_SEND_REQUESTS: usize = 256;
+/// Receive request slots per receive comm (`NCCL_NET_MAX_REQUESTS`).
+pub const MAX_RECV_REQUESTS: usize = 32;
+/// CTS ring entries per send comm. Must exceed the receives that can be complete at the
+/// receiver while their CTS is unread at the sender: at most [`MAX_SEND_REQUESTS`] (eager sends
+/// wait for their CTS) plus [`MAX_RECV_REQUESTS`] posted ones.
+pub const CTS_RING_ENTRIES: usize = 512;
+/// Staging slots for CTS and credit writes on the receive side.
+pub const CTRL_STAGE_SLOTS: usize = 64;
+
+/// What the comm driver must do, in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Write `bytes` at plugin-owned address `addr` (a staging buffer) before the next post.
+    Stage {
+        /// Destination address inside a plugin-owned registered buffer.
+        addr: u64,
+        /// The bytes.
+        bytes: Vec<u8>,
+    },
+    /// Post one send WR.
+    PostSend(SendWr),
+    /// Post these receive WRs in one call.
+    PostRecv(Vec<RecvWr>),
+    /// Copy `len` bytes from the bounce buffer at `src` into buffer `buf` of receive request
+    /// `req`, at offset 0.
+    Copy {
+        /// Plugin-owned source address.
+        src: u64,
+        /// Receive request.
+        req: ReqId,
+        /// Buffer index inside the grouped receive.
+        buf: usize,
+        /// Bytes.
+        len: u64,
+    },
+}
+
+/// A request handle: slot index plus a generation, so a stale handle is detected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ReqId {
+    /// Slot index.
+    pub slot: u32,
+    /// Generation of the slot when the request was made.
+    pub gen: u32,
+}
+
+/// Why a request failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReqError {
+    /// The send was larger than the matching receive buffer, or its tag matched no buffer
+    /// (→ `ncclInvalidUsage`).
+    Usage(String),
+    /// The peer or path failed (→ `ncclRemoteError`).
+    Remote(String),
+    /// A local failure (→ `ncclSystemError`).
+    Local(String),
+    /// The peer broke the protocol (→ `ncclRemoteError`).
+    Protocol(String),
+}
+
+impl fmt::Display for ReqError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReqError::Usage(m) => write!(f, "invalid usage: {m}"),
+            ReqError::Remote(m) => write!(f, "remote failure: {m}"),
+            ReqError::Local(m) => write!(f, "local failure: {m}"),
+            ReqError::Protocol(m) => write!(f, "protocol violation by the peer: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for ReqError {}
+
+/// Maps an error completion to a request error.
+pub(crate) fn wc_error(status: WcStatus, what: &str) -> ReqError {
+    let m = format!("{what} completed with {status}: {}", status.hint());
+    if status.is_remote() {
+        ReqError::Remote(m)
+    } else {
+        ReqError::Local(m)
+    }
+}
+
+/// Kinds of WR, packed into the top bits of `wr_id`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum WrKind {
+    Eager = 1,
+    RndvData = 2,
+    RndvImm = 3,
+    ErrNotify = 4,
+    Bounce = 5,
+    Cts = 6,
+    Credit = 7,
+}
+
+pub(crate) fn wr_id(kind: WrKind, gen: u32, index: u32) -> u64 {
+    (u64::from(kind as u8) << 56) | (u64::from(gen & 0x00ff_ffff) << 32) | u64::from(index)
+}
+
+pub(crate) fn wr_parse(id: u64) -> Option<(WrKind, u32, u32)> {
+    let kind = match (id >> 56) as u8 {
+        1 => WrKind::Eager,
+        2 => WrKind::RndvData,
+        3 => WrKind::RndvImm,
+        4 => WrKind::ErrNotify,
+        5 => WrKind::Bounce,
+        6 => WrKind::Cts,
+        7 => WrKind::Credit,
+        _ => return None,
+    };
+    Some((kind, ((id >> 32) & 0x00ff_ffff) as u32, id as u32))
+}
+
+/// Counters of one comm, kept by its engine (transport and device counters are added by the
+/// driver). Names are stable: they appear in logs, `--stats` and `--json`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Completed operations (sends or receives).
+    pub ops: u64,
+    /// Payload bytes of completed operations.
+    pub bytes: u64,
+    /// Messages that went eagerly (SEND into a bounce buffer).
+    pub eager: u64,
+    /// Messages that went by rendezvous (CTS, then RDMA WRITE).
+    pub rendezvous: u64,
+    /// `isend` answered "retry later" for want of a credit.
+    pub credit_stalls: u64,
+    /// `isend` answered "retry later" because the clear-to-send had not arrived.
+    pub cts_waits: u64,
+    /// "Retry later" because all request slots were in use.
+    pub slots_full: u64,
+    /// Receive post calls.
+    pub rq_post_calls: u64,
+    /// Receive WRs posted.
+    pub rq_wrs_posted: u64,
+    /// Lowest number of receive WRs posted seen after a consumption (receiver).
+    pub rq_min_level: u64,
+    /// Explicit credit writes sent (receiver).
+    pub credit_msgs: u64,
+    /// CTS entries sent (receiver) or consumed (sender).
+    pub cts: u64,
+    /// Eager messages that arrived before their receive was posted (receiver).
+    pub unexpected: u64,
+    /// Error completions seen.
+    pub error_completions: u64,
+}
+
+impl Stats {
+    /// `(name, value)` pairs in a fixed order.
+    pub fn fields(&self) -> [(&'static str, u64); 14] {
+        [
+            ("ops", self.ops),
+            ("bytes", self.bytes),
+            ("eager", self.eager),
+            ("rendezvous", self.rendezvous),
+            ("credit_stalls", self.credit_stalls),
+            ("cts_waits", self.cts_waits),
+            ("slots_full", self.slots_full),
+            ("rq_post_calls", self.rq_post_calls),
+            ("rq_wrs_posted", self.rq_wrs_posted),
+            ("rq_min_level", self.rq_min_level),
+            ("credit_msgs", self.credit_msgs),
+            ("cts", self.cts),
+            ("unexpected", self.unexpected),
+            ("error_completions", self.error_completions),
+        ]
+    }
+}
+
+/// What a request that made no progress is waiting for (hang watchdog).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stall {
+    /// The request.
+    pub req: ReqId,
+    /// Nanoseconds since it last made progress.
+    pub idle_ns: u64,
+    /// What it waits for, in words an operator can act on.
+    pub waiting_for: String,
+}
+
+/// Request slot table with generations and a free list.
+#[derive(Debug)]
+pub(crate) struct Slots<T> {
+    items: Vec<Option<T>>,
+    gens: Vec<u32>,
+    free: Vec<u32>,
+}
+
+impl<T> Slots<T> {
+    pub(crate) fn new(n: usize) -> Self {
+        Slots {
+            items: (0..n).map(|_| None).collect(),
+            gens: vec![0; n],
+            free: (0..n as u32).rev().collect(),
+        }
+    }
+
+    pub(crate) fn insert(&mut self, v: T) -> Option<ReqId> {
+        let slot = self.free.pop()?;
+        self.items[slot as usize] = Some(v);
+        Some(ReqId {
+            slot,
+            gen: self.gens[slot as usize],
+        })
+    }
+
+    pub(crate) fn get(&self, id: ReqId) -> Option<&T> {
+        (*self.gens.get(id.slot as usize)? == id.gen)
+            .then(|| self.items[id.slot as usize].as_ref())
+            .flatten()
+    }
+
+    pub(crate) fn get_mut(&mut self, id: ReqId) -> Option<&mut T> {
+        if *self.gens.get(id.slot as usize)? != id.gen {
+            return None;
+        }
+        self.items[id.slot as usize].as_mut()
+    }
+
+    /// Looks a request up by the slot and 24-bit generation carried in a `wr_id`.
+    pub(crate) fn by_wr_mut(&mut self, slot: u32, gen24: u32) -> Option<(ReqId, &mut T)> {
+        let gen = *self.gens.get(slot as usize)?;
+        if gen & 0x00ff_ffff != gen24 {
+            return None;
+        }
+        let id = ReqId { slot, gen };
+        self.items[slot as usize].as_mut().map(|v| (id, v))
+    }
+
+    pub(crate) fn remove(&mut self, id: ReqId) -> Option<T> {
+        if *self.gens.get(id.slot as usize)? != id.gen {
+            return None;
+        }
+        let v = self.items[id.slot as usize].take()?;
+        self.gens[id.slot as usize] = self.gens[id.slot as usize].wrapping_add(1);
+        self.free.push(id.slot);
+        Some(v)
+    }
+
+    pub(crate) fn in_use(&self) -> usize {
+        self.items.len() - self.free.len()
+    }
+
+    pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = (ReqId, &mut T)> {
+        let gens = &self.gens;
+        self.items.iter_mut().enumerate().filter_map(move |(i, v)| {
+            v.as_mut().map(|v| {
+                (
+                    ReqId {
+                        slot: i as u32,
+                        gen: gens[i],
+                    },
+                    v,
+                )
+            })
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wr_ids_round_trip() {
+        let id = wr_id(WrKind::RndvImm, 0x0123_4567, 0xdead_beef);
+        assert_eq!(
+            wr_parse(id),
+            Some((WrKind::RndvImm, 0x0023_4567, 0xdead_beef))
+        );
+        assert_eq!(wr_parse(0), None);
+    }
+
+    #[test]
+    fn slots_detect_stale_handles_and_refill() {
+        let mut s: Slots<u8> = Slots::new(2);
+        let a = s.insert(1).unwrap();
+        let b = s.insert(2).unwrap();
+        assert_eq!(s.insert(3), None);
+        assert_eq!(s.in_use(), 2);
+        assert_eq!(s.remove(a), Some(1));
+        assert_eq!(s.get(a), None, "stale handle after removal");
+        let c = s.insert(4).unwrap();
+        assert_eq!(c.slot, a.slot);
+        assert_ne!(c.gen, a.gen);
+        assert_eq!(s.get(c), Some(&4));
+        assert_eq!(s.get(b), Some(&2));
+    }
+}

@@ -1,0 +1,824 @@
+//! Send and receive comms: the driver between the protocol engine and a transport QP.
+//!
+//! A comm owns one QP, its engine, and the plugin-owned registered buffers the protocol needs
+//! (sender: eager-header and record staging, the CTS ring, the credit word; receiver: the
+//! bounce pool, the record ring, control staging). Every entry (`isend`, `irecv`, `test`)
+//! first makes progress: it polls the CQ, reads the CTS ring and credit word, feeds the engine,
+//! and carries out the engine's actions. Nothing blocks.
+//!
+//! Data-path calls on one comm come from one NCCL progress thread; `regMr`/`deregMr` may come
+//! from NCCL's service thread at the same time (ext-net README), so the mutable state sits
+//! behind a mutex that is uncontended on the data path.
+
+use std::fmt;
+use std::io::Write;
+use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+use tracing::{info, warn};
+
+use crate::config::Config;
+use crate::engine::recv::MemRead;
+use crate::engine::wire::{CtsEntry, CTS_ENTRY_LEN, EAGER_HDR_LEN, MAX_RECVS, REC_SLOTS};
+use crate::engine::{
+    Action, RecvBuf, RecvEngine, RecvParams, ReqError, ReqId, SendEngine, SendParams, Stats,
+    CTRL_STAGE_SLOTS, CTS_RING_ENTRIES, MAX_RECV_REQUESTS, MAX_SEND_REQUESTS,
+};
+use crate::ffi::mem::Region;
+use crate::transport::{Device, MemoryRegion, MrKeys, QueuePair, Wc};
+
+/// Nanoseconds since the first call in this process (monotonic).
+pub fn now_ns() -> u64 {
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    BASE.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+/// Errors of comm operations, each mapping to one `ncclResult_t`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Error {
+    /// Bad argument from the caller (→ `ncclInvalidArgument`).
+    InvalidArgument(String),
+    /// Misuse such as a send larger than the receive (→ `ncclInvalidUsage`).
+    Usage(String),
+    /// The peer or path failed (→ `ncclRemoteError`).
+    Remote(String),
+    /// A local system or transport failure (→ `ncclSystemError`).
+    System(String),
+    /// A bug or NCCL misusing the plugin (→ `ncclInternalError`).
+    Internal(String),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::InvalidArgument(m)
+            | Error::Usage(m)
+            | Error::Remote(m)
+            | Error::System(m)
+            | Error::Internal(m) => f.write_str(m),
+        }
+    }
+}
+
+impl From<ReqError> for Error {
+    fn from(e: ReqError) -> Error {
+        match e {
+            ReqError::Usage(_) => Error::Usage(e.to_string()),
+            ReqError::Remote(_) | ReqError::Protocol(_) => Error::Remote(e.to_string()),
+            ReqError::Local(_) => Error::System(e.to_string()),
+        }
+    }
+}
+
+/// A memory registration handed to NCCL as `mhandle`.
+pub struct MrHandle {
+    region: Region,
+    keys: MrKeys,
+    _mr: Arc<dyn MemoryRegion>,
+}
+
+impl MrHandle {
+    /// Registers `region` on `dev`.
+    pub fn register(dev: &dyn Device, region: Region) -> Result<MrHandle, Error> {
+        let mr = dev.reg_mr(region.clone()).map_err(|e| {
+            Error::System(format!(
+                "registering {} bytes at {:#x} failed: {e}",
+                region.len(),
+                region.addr()
+            ))
+        })?;
+        Ok(MrHandle {
+            keys: mr.keys(),
+            region,
+            _mr: mr,
+        })
+    }
+
+    /// The registered range containing `[addr, addr+len)` as a sub-region, or an error naming
+    /// the ranges.
+    fn sub(&self, addr: u64, len: u64) -> Result<Region, Error> {
+        if !self.region.contains(addr, len) {
+            return Err(Error::InvalidArgument(format!(
+                "buffer {addr:#x}+{len} is not inside its memory registration {:#x}+{} (regMr the \
+                 whole buffer first)",
+                self.region.addr(),
+                self.region.len()
+            )));
+        }
+        self.region
+            .slice((addr - self.region.addr()) as usize, len as usize)
+            .map_err(|e| Error::InvalidArgument(e.to_string()))
+    }
+}
+
+/// A plugin-owned registered buffer.
+pub(crate) struct Owned {
+    pub(crate) region: Region,
+    pub(crate) keys: MrKeys,
+    _mr: Arc<dyn MemoryRegion>,
+}
+
+impl Owned {
+    pub(crate) fn alloc(dev: &dyn Device, len: usize) -> Result<Owned, Error> {
+        let region = Region::alloc(len);
+        let mr = dev.reg_mr(region.clone()).map_err(|e| {
+            Error::System(format!(
+                "registering a {len}-byte protocol buffer failed: {e}"
+            ))
+        })?;
+        Ok(Owned {
+            keys: mr.keys(),
+            region,
+            _mr: mr,
+        })
+    }
+
+    fn at(&self) -> (u64, u32) {
+        (self.region.addr(), self.keys.lkey)
+    }
+
+    fn remote(&self) -> (u64, u32) {
+        (self.region.addr(), self.keys.rkey)
+    }
+}
+
+struct Regions<'a>(&'a [&'a Owned]);
+
+impl MemRead for Regions<'_> {
+    fn read(&self, addr: u64, out: &mut [u8]) -> bool {
+        self.0
+            .iter()
+            .find(|o| o.region.contains(addr, out.len() as u64))
+            .is_some_and(|o| {
+                o.region
+                    .read((addr - o.region.addr()) as usize, out)
+                    .is_ok()
+            })
+    }
+}
+
+fn stage(owned: &[&Owned], addr: u64, bytes: &[u8]) -> Result<(), Error> {
+    let o = owned
+        .iter()
+        .find(|o| o.region.contains(addr, bytes.len() as u64))
+        .ok_or_else(|| {
+            Error::Internal(format!("stage address {addr:#x} outside protocol buffers"))
+        })?;
+    o.region
+        .write((addr - o.region.addr()) as usize, bytes)
+        .map_err(|e| Error::Internal(e.to_string()))
+}
+
+/// What the peer announced about its side in the handshake (see `conn::Hello`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PeerParams {
+    /// Sender → receiver: its CTS ring (addr, rkey).
+    pub cts_ring: (u64, u32),
+    /// Sender → receiver: its credit word (addr, rkey).
+    pub credit_word: (u64, u32),
+    /// Sender → receiver: whether it gates on credits.
+    pub credits: bool,
+    /// Receiver → sender: its record ring (addr, rkey).
+    pub rec_ring: (u64, u32),
+    /// Receiver → sender: initial credits (receive WRs posted before the reply).
+    pub initial_credits: u64,
+    /// Receiver → sender: bounce buffer payload size.
+    pub eager_buf_size: u64,
+    /// First sequence number (chosen by the sender).
+    pub first_seq: u64,
+}
+
+/// The sender's protocol buffers, allocated before the handshake so their addresses can be
+/// announced.
+pub(crate) struct SendBuffers {
+    hdr: Owned,
+    rec: Owned,
+    cts_ring: Owned,
+    credit_word: Owned,
+}
+
+impl SendBuffers {
+    pub(crate) fn alloc(dev: &dyn Device) -> Result<SendBuffers, Error> {
+        Ok(SendBuffers {
+            hdr: Owned::alloc(dev, MAX_SEND_REQUESTS * EAGER_HDR_LEN)?,
+            rec: Owned::alloc(dev, MAX_SEND_REQUESTS * 8)?,
+            cts_ring: Owned::alloc(dev, CTS_RING_ENTRIES * CTS_ENTRY_LEN)?,
+            credit_word: Owned::alloc(dev, 8)?,
+        })
+    }
+
+    /// What the receiver needs to know about our buffers.
+    pub(crate) fn announce(&self, cfg: &Config, first_seq: u64) -> PeerParams {
+        PeerParams {
+            cts_ring: self.cts_ring.remote(),
+            credit_word: self.credit_word.remote(),
+            credits: cfg.credits,
+            first_seq,
+            ..PeerParams::default()
+        }
+    }
+}
+
+/// The receiver's protocol buffers and engine, created before the handshake reply so the
+/// receive queue is posted before the peer can send.
+pub(crate) struct RecvBuffers {
+    bounce: Owned,
+    rec_ring: Owned,
+    ctrl: Owned,
+}
+
+impl RecvBuffers {
+    pub(crate) fn alloc(dev: &dyn Device, cfg: &Config) -> Result<RecvBuffers, Error> {
+        let stride = EAGER_HDR_LEN + cfg.eager_buf_size as usize;
+        Ok(RecvBuffers {
+            bounce: Owned::alloc(dev, cfg.rq_depth as usize * stride)?,
+            rec_ring: Owned::alloc(dev, REC_SLOTS * MAX_RECVS * 8)?,
+            ctrl: Owned::alloc(dev, CTRL_STAGE_SLOTS * CTS_ENTRY_LEN)?,
+        })
+    }
+}
+
+/// Watchdog and periodic-stats timers of one comm.
+struct Watch {
+    hang_ns: Option<u64>,
+    stats_ns: Option<u64>,
+    last_check: u64,
+    last_stats: u64,
+    warned_failure: bool,
+    warned_peer: bool,
+}
+
+impl Watch {
+    fn new(cfg: &Config) -> Watch {
+        let now = now_ns();
+        Watch {
+            hang_ns: cfg.hang_timeout.map(|d| d.as_nanos() as u64),
+            stats_ns: cfg.stats_interval.map(|d| d.as_nanos() as u64),
+            last_check: now,
+            last_stats: now,
+            warned_failure: false,
+            warned_peer: false,
+        }
+    }
+}
+
+enum Side {
+    Send {
+        engine: SendEngine,
+        bufs: SendBuffers,
+    },
+    Recv {
+        engine: RecvEngine,
+        bufs: RecvBuffers,
+        dst: Vec<[Option<Region>; MAX_RECVS]>,
+    },
+}
+
+struct Inner {
+    // Drop order: the QP goes before the buffers it may still reference.
+    qp: Box<dyn QueuePair>,
+    side: Side,
+    wcs: Vec<Wc>,
+    watch: Watch,
+    post_errors: u64,
+}
+
+/// A request pointer handed to NCCL: it leads back to its comm.
+pub struct ReqHandle {
+    comm: AtomicPtr<Comm>,
+    slot: u32,
+    gen: AtomicU32,
+}
+
+impl ReqHandle {
+    /// The comm this request belongs to.
+    pub fn comm(&self) -> *const Comm {
+        self.comm.load(Ordering::Acquire)
+    }
+
+    /// The request id.
+    pub fn id(&self) -> ReqId {
+        ReqId {
+            slot: self.slot,
+            gen: self.gen.load(Ordering::Acquire),
+        }
+    }
+}
+
+/// A send or receive comm.
+pub struct Comm {
+    inner: Mutex<Inner>,
+    dev: Arc<dyn Device>,
+    reqs: Box<[ReqHandle]>,
+    label: String,
+    is_send: bool,
+    cfg: Config,
+}
+
+impl Comm {
+    fn boxed(
+        dev: Arc<dyn Device>,
+        inner: Inner,
+        label: String,
+        is_send: bool,
+        cfg: &Config,
+    ) -> Box<Comm> {
+        let n = if is_send {
+            MAX_SEND_REQUESTS
+        } else {
+            MAX_RECV_REQUESTS
+        };
+        let reqs = (0..n as u32)
+            .map(|slot| ReqHandle {
+                comm: AtomicPtr::new(std::ptr::null_mut()),
+                slot,
+                gen: AtomicU32::new(0),
+            })
+            .collect();
+        let mut c = Box::new(Comm {
+            inner: Mutex::new(inner),
+            dev,
+            reqs,
+            label,
+            is_send,
+            cfg: cfg.clone(),
+        });
+        let p: *mut Comm = &mut *c;
+        for r in c.reqs.iter() {
+            r.comm.store(p, Ordering::Release);
+        }
+        c
+    }
+
+    /// A send comm over an established QP.
+    pub(crate) fn new_send(
+        dev: Arc<dyn Device>,
+        qp: Box<dyn QueuePair>,
+        bufs: SendBuffers,
+        peer: &PeerParams,
+        cfg: &Config,
+        label: String,
+    ) -> Box<Comm> {
+        let engine = SendEngine::new(SendParams {
+            eager_limit: u64::from(cfg.eager_limit).min(peer.eager_buf_size),
+            credits: cfg.credits,
+            initial_credits: peer.initial_credits,
+            hdr_stage: bufs.hdr.at(),
+            rec_stage: bufs.rec.at(),
+            peer_rec_ring: peer.rec_ring,
+            first_seq: peer.first_seq,
+        });
+        let inner = Inner {
+            qp,
+            side: Side::Send { engine, bufs },
+            wcs: Vec::new(),
+            watch: Watch::new(cfg),
+            post_errors: 0,
+        };
+        Comm::boxed(dev, inner, label, true, cfg)
+    }
+
+    /// Creates the receive engine and posts its initial receive WRs on `qp` (before the QP can
+    /// receive anything). Returns the engine and the initial credits to announce.
+    pub(crate) fn prepare_recv(
+        qp: &mut dyn QueuePair,
+        bufs: &RecvBuffers,
+        peer: &PeerParams,
+        cfg: &Config,
+    ) -> Result<RecvEngine, Error> {
+        let mut engine = RecvEngine::new(RecvParams {
+            rq_depth: cfg.rq_depth,
+            rq_batch: cfg.rq_batch,
+            rq_low_water: cfg.rq_low_water,
+            eager_buf_size: u64::from(cfg.eager_buf_size),
+            bounce: bufs.bounce.at(),
+            rec_ring: bufs.rec_ring.region.addr(),
+            ctrl_stage: bufs.ctrl.at(),
+            peer_cts_ring: peer.cts_ring,
+            peer_credit_word: peer.credit_word,
+            credits: peer.credits,
+            first_seq: peer.first_seq,
+        });
+        for a in engine.drain_actions() {
+            match a {
+                Action::PostRecv(wrs) => qp.post_recv(&wrs).map_err(|e| {
+                    Error::System(format!("posting the initial receive queue failed: {e}"))
+                })?,
+                other => {
+                    return Err(Error::Internal(format!(
+                        "unexpected initial action {other:?}"
+                    )))
+                }
+            }
+        }
+        Ok(engine)
+    }
+
+    /// What the sender needs to know about a receiver's buffers.
+    pub(crate) fn announce_recv(
+        bufs: &RecvBuffers,
+        engine: &RecvEngine,
+        cfg: &Config,
+    ) -> PeerParams {
+        PeerParams {
+            rec_ring: bufs.rec_ring.remote(),
+            initial_credits: engine.granted(),
+            eager_buf_size: u64::from(cfg.eager_buf_size),
+            ..PeerParams::default()
+        }
+    }
+
+    /// A receive comm over an established QP.
+    pub(crate) fn new_recv(
+        dev: Arc<dyn Device>,
+        qp: Box<dyn QueuePair>,
+        bufs: RecvBuffers,
+        engine: RecvEngine,
+        cfg: &Config,
+        label: String,
+    ) -> Box<Comm> {
+        let dst = (0..MAX_RECV_REQUESTS).map(|_| Default::default()).collect();
+        let inner = Inner {
+            qp,
+            side: Side::Recv { engine, bufs, dst },
+            wcs: Vec::new(),
+            watch: Watch::new(cfg),
+            post_errors: 0,
+        };
+        Comm::boxed(dev, inner, label, false, cfg)
+    }
+
+    /// The device this comm runs on (for `regMr`).
+    pub fn device(&self) -> &Arc<dyn Device> {
+        &self.dev
+    }
+
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Inner>, Error> {
+        self.inner.lock().map_err(|_| {
+            Error::Internal(format!(
+                "{}: state poisoned by an earlier panic",
+                self.label
+            ))
+        })
+    }
+
+    fn handle(&self, id: ReqId) -> &ReqHandle {
+        let h = &self.reqs[id.slot as usize];
+        h.gen.store(id.gen, Ordering::Release);
+        h
+    }
+
+    /// `isend`: `Ok(None)` = retry later.
+    pub fn isend(
+        &self,
+        data: u64,
+        size: u64,
+        tag: i32,
+        mh: &MrHandle,
+    ) -> Result<Option<&ReqHandle>, Error> {
+        if !self.is_send {
+            return Err(Error::Internal("isend on a receive comm".into()));
+        }
+        mh.sub(data, size)?;
+        let mut g = self.lock()?;
+        let now = now_ns();
+        g.progress(now, &self.label, &self.cfg)?;
+        let Side::Send { engine, .. } = &mut g.side else {
+            unreachable!()
+        };
+        let r = engine.isend(now, data, mh.keys.lkey, size, tag);
+        let id = g.after_engine_call(r, &self.label)?;
+        g.execute(&self.label)?;
+        Ok(id.map(|id| self.handle(id)))
+    }
+
+    /// `irecv` of `(addr, capacity, tag, mhandle)` buffers: `Ok(None)` = retry later.
+    pub fn irecv(&self, bufs: &[(u64, u64, i32, &MrHandle)]) -> Result<Option<&ReqHandle>, Error> {
+        if self.is_send {
+            return Err(Error::Internal("irecv on a send comm".into()));
+        }
+        if bufs.is_empty() || bufs.len() > MAX_RECVS {
+            return Err(Error::InvalidArgument(format!(
+                "irecv of {} buffers; maxRecvs is {MAX_RECVS}",
+                bufs.len()
+            )));
+        }
+        let mut regions: [Option<Region>; MAX_RECVS] = Default::default();
+        let mut rb = Vec::with_capacity(bufs.len());
+        for (i, &(addr, cap, tag, mh)) in bufs.iter().enumerate() {
+            regions[i] = Some(mh.sub(addr, cap)?);
+            rb.push(RecvBuf {
+                addr,
+                cap,
+                rkey: mh.keys.rkey,
+                tag,
+            });
+        }
+        let mut g = self.lock()?;
+        let now = now_ns();
+        g.progress(now, &self.label, &self.cfg)?;
+        let Side::Recv { engine, dst, .. } = &mut g.side else {
+            unreachable!()
+        };
+        let r = engine.irecv(now, &rb);
+        if let Ok(Some(id)) = &r {
+            dst[id.slot as usize] = regions;
+        }
+        let id = g.after_engine_call(r, &self.label)?;
+        g.execute(&self.label)?;
+        Ok(id.map(|id| self.handle(id)))
+    }
+
+    /// `test`: `Ok(Some(sizes))` when done (one size for a send, n for a grouped receive).
+    pub fn test(&self, id: ReqId) -> Result<Option<Vec<u64>>, Error> {
+        let mut g = self.lock()?;
+        let now = now_ns();
+        let progressed = g.progress(now, &self.label, &self.cfg);
+        let r = match &mut g.side {
+            Side::Send { engine, .. } => engine.test(id).map(|o| o.map(|s| vec![s])),
+            Side::Recv { engine, dst, .. } => {
+                let r = engine.test(id);
+                if !matches!(r, Ok(None)) {
+                    if let Some(d) = dst.get_mut(id.slot as usize) {
+                        *d = Default::default();
+                    }
+                }
+                r
+            }
+        };
+        progressed?;
+        Ok(r?)
+    }
+
+    /// Logs the counters and appends them to `VERBSNET_STATS_FILE` if set; called on close.
+    pub fn close(self: Box<Self>) {
+        if let Ok(g) = self.inner.lock() {
+            let line = g.stats_line(&self.label, &*self.dev);
+            info!(target: "verbsnet::init", "closing {}: {line}", self.label);
+            if let Some(path) = &self.cfg.stats_file {
+                let json = g.stats_json(self.is_send, &self.label, &*self.dev);
+                let _ = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .and_then(|mut f| writeln!(f, "{json}"));
+            }
+        }
+    }
+}
+
+impl Inner {
+    fn engine_stats(&self) -> &Stats {
+        match &self.side {
+            Side::Send { engine, .. } => engine.stats(),
+            Side::Recv { engine, .. } => engine.stats(),
+        }
+    }
+
+    fn counters(&self, dev: &dyn Device) -> Vec<(&'static str, u64)> {
+        let mut v: Vec<(&'static str, u64)> = self.engine_stats().fields().to_vec();
+        let q = self.qp.counters();
+        v.push(("rnr_naks_received", q.rnr_naks_received));
+        v.push(("rnr_naks_sent", q.rnr_naks_sent));
+        let d = dev.rnr_counters();
+        for (k, val) in [
+            ("dev_rcvd_rnr_err", d.rcvd_rnr_err),
+            ("dev_send_rnr_err", d.send_rnr_err),
+            ("dev_retry_rnr_exceeded_err", d.retry_rnr_exceeded_err),
+        ] {
+            if let Some(val) = val {
+                v.push((k, val));
+            }
+        }
+        v
+    }
+
+    fn stats_line(&self, label: &str, dev: &dyn Device) -> String {
+        let _ = label;
+        self.counters(dev)
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    fn stats_json(&self, is_send: bool, label: &str, dev: &dyn Device) -> String {
+        let mut s = format!(
+            "{{\"side\":\"{}\",\"comm\":\"{}\"",
+            if is_send { "send" } else { "recv" },
+            label.replace(['"', '\\'], "'")
+        );
+        for (k, v) in self.counters(dev) {
+            s.push_str(&format!(",\"{k}\":{v}"));
+        }
+        s.push('}');
+        s
+    }
+
+    fn after_engine_call(
+        &mut self,
+        r: Result<Option<ReqId>, ReqError>,
+        label: &str,
+    ) -> Result<Option<ReqId>, Error> {
+        match r {
+            Ok(v) => Ok(v),
+            Err(e) => {
+                // Carry out actions produced before the error (e.g. a notification to the peer).
+                let _ = self.execute(label);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Polls the CQ, reads the CTS ring and credit word, feeds the engine, executes actions,
+    /// and runs the watchdog.
+    fn progress(&mut self, now: u64, label: &str, cfg: &Config) -> Result<(), Error> {
+        let mut wcs = std::mem::take(&mut self.wcs);
+        wcs.clear();
+        let polled = self.qp.poll_cq(&mut wcs, 64);
+        match &mut self.side {
+            Side::Send { engine, bufs } => {
+                for wc in &wcs {
+                    engine.handle_wc(now, wc);
+                }
+                loop {
+                    let r = engine.expected_cts();
+                    let off = (r % CTS_RING_ENTRIES as u64) as usize * CTS_ENTRY_LEN;
+                    let got = bufs
+                        .cts_ring
+                        .region
+                        .with(off, CTS_ENTRY_LEN, |b| CtsEntry::decode(b, r));
+                    match got {
+                        Ok(Ok(Some(e))) => {
+                            if engine.handle_cts(now, e).is_err() {
+                                break;
+                            }
+                        }
+                        Ok(Ok(None)) => break,
+                        Ok(Err(m)) => {
+                            engine.fail(ReqError::Protocol(m));
+                            break;
+                        }
+                        Err(e) => return Err(Error::Internal(e.to_string())),
+                    }
+                }
+                if let Ok(c) = bufs.credit_word.region.read_u64_volatile(0) {
+                    engine.handle_credit(c);
+                }
+            }
+            Side::Recv { engine, bufs, .. } => {
+                let owned = [&bufs.bounce, &bufs.rec_ring];
+                for wc in &wcs {
+                    engine.handle_wc(now, wc, &Regions(&owned));
+                }
+                engine.flush_credits();
+            }
+        }
+        self.wcs = wcs;
+        if let Err(e) = polled {
+            let err = ReqError::Remote(format!("polling the completion queue failed: {e}"));
+            self.fail(err);
+        }
+        if self.qp.peer_closed() {
+            if !self.watch.warned_peer {
+                self.watch.warned_peer = true;
+                warn!("{label}: the peer closed the connection (process exited or died); outstanding requests fail");
+            }
+            self.fail(ReqError::Remote(format!(
+                "{label}: the peer closed the connection"
+            )));
+        }
+        self.execute(label)?;
+        self.watchdog(now, label);
+        let _ = cfg;
+        Ok(())
+    }
+
+    fn fail(&mut self, e: ReqError) {
+        match &mut self.side {
+            Side::Send { engine, .. } => engine.fail(e),
+            Side::Recv { engine, .. } => engine.fail(e),
+        }
+    }
+
+    fn failure(&self) -> Option<ReqError> {
+        match &self.side {
+            Side::Send { engine, .. } => engine.failure().cloned(),
+            Side::Recv { engine, .. } => engine.failure().cloned(),
+        }
+    }
+
+    /// Carries out the engine's actions in order.
+    fn execute(&mut self, label: &str) -> Result<(), Error> {
+        let actions = match &mut self.side {
+            Side::Send { engine, .. } => engine.drain_actions(),
+            Side::Recv { engine, .. } => engine.drain_actions(),
+        };
+        let mut sends = Vec::new();
+        for a in actions {
+            let res = match a {
+                Action::Stage { addr, bytes } => match &self.side {
+                    Side::Send { bufs, .. } => stage(&[&bufs.hdr, &bufs.rec], addr, &bytes),
+                    Side::Recv { bufs, .. } => stage(&[&bufs.ctrl], addr, &bytes),
+                },
+                Action::PostSend(wr) => {
+                    sends.push(wr);
+                    Ok(())
+                }
+                Action::PostRecv(wrs) => {
+                    self.flush_sends(&mut sends)?;
+                    self.qp
+                        .post_recv(&wrs)
+                        .map_err(|e| Error::System(format!("post_recv: {e}")))
+                }
+                Action::Copy { src, req, buf, len } => match &self.side {
+                    Side::Recv { bufs, dst, .. } => {
+                        let d = dst.get(req.slot as usize).and_then(|d| d[buf].as_ref());
+                        match d {
+                            Some(d) => d
+                                .copy_from(
+                                    0,
+                                    &bufs.bounce.region,
+                                    (src - bufs.bounce.region.addr()) as usize,
+                                    len as usize,
+                                )
+                                .map_err(|e| Error::Internal(format!("eager copy: {e}"))),
+                            None => Err(Error::Internal(format!(
+                                "eager copy into unknown request {req:?}"
+                            ))),
+                        }
+                    }
+                    Side::Send { .. } => Err(Error::Internal("copy on a send comm".into())),
+                },
+            };
+            if let Err(e) = res {
+                self.post_errors += 1;
+                warn!("{label}: {e}");
+                self.fail(ReqError::Local(e.to_string()));
+                return Err(e);
+            }
+        }
+        self.flush_sends(&mut sends)
+    }
+
+    fn flush_sends(&mut self, sends: &mut Vec<crate::transport::SendWr>) -> Result<(), Error> {
+        if sends.is_empty() {
+            return Ok(());
+        }
+        let r = self.qp.post_send(sends);
+        sends.clear();
+        r.map_err(|e| {
+            let m = format!("post_send: {e}");
+            self.fail(ReqError::Local(m.clone()));
+            Error::System(m)
+        })
+    }
+
+    fn watchdog(&mut self, now: u64, label: &str) {
+        if let Some(e) = self.failure() {
+            if !self.watch.warned_failure {
+                self.watch.warned_failure = true;
+                warn!("{label}: {e}");
+            }
+        }
+        if now.saturating_sub(self.watch.last_check) < 1_000_000_000 {
+            return;
+        }
+        self.watch.last_check = now;
+        if let Some(t) = self.watch.hang_ns {
+            let stalls = match &mut self.side {
+                Side::Send { engine, .. } => engine.stalls(now, t),
+                Side::Recv { engine, .. } => engine.stalls(now, t),
+            };
+            for s in stalls {
+                let counters: Vec<String> = self
+                    .engine_stats()
+                    .fields()
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect();
+                warn!(
+                    "{label}: request {} has made no progress for {:.1} s; waiting for {}. \
+                     Counters: {}. (VERBSNET_HANG_TIMEOUT sets this report's delay; 0 turns it off)",
+                    if s.req.slot == u32::MAX { "isend".to_string() } else { format!("slot {}", s.req.slot) },
+                    s.idle_ns as f64 / 1e9,
+                    s.waiting_for,
+                    counters.join(" ")
+                );
+            }
+        }
+        if let Some(iv) = self.watch.stats_ns {
+            if now.saturating_sub(self.watch.last_stats) >= iv {
+                self.watch.last_stats = now;
+                let line: Vec<String> = self
+                    .engine_stats()
+                    .fields()
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect();
+                info!("{label}: stats {}", line.join(" "));
+            }
+        }
+    }
+}

@@ -1,0 +1,808 @@
+//! Connection set-up: the listen handle and the non-blocking connect/accept state machines.
+//!
+//! NCCL's contract (ext-net README): `listen` fills an opaque 128-byte handle that NCCL ships to
+//! the peer; `connect` and `accept` must not block — they return success with a NULL comm
+//! until the connection is ready, and NCCL calls them again with the same handle / listen
+//! comm. We keep the connect state in a box whose address is stored in the handle's last 8
+//! bytes (NCCL IB keeps its state in the handle the same way), and validate that address
+//! against a registry before use.
+//!
+//! ## Handle (128 bytes, little-endian)
+//! | off | size | field |
+//! |----:|-----:|-------|
+//! | 0 | 8 | magic `VNETHDL1` |
+//! | 8 | 8 | nonce (random per listen comm; a connection with another nonce is refused) |
+//! | 16 | 1 | address family (4 or 6) |
+//! | 17 | 1 | transport (1 = ib, 2 = tcp) |
+//! | 18 | 2 | TCP port |
+//! | 20 | 16 | IP address (IPv4 in the first 4 bytes) |
+//! | 120 | 8 | connect state (0 as shipped by `listen`) |
+//!
+//! ## Handshake over the out-of-band TCP stream
+//! 1. sender → receiver: `Hello` (nonce, QP info, CTS ring and credit word addresses/rkeys,
+//!    credit gating, first sequence number);
+//! 2. the receiver creates its QP, **posts its receive queue**, moves the QP to RTR/RTS, and
+//!    replies with its `Hello` (QP info, record ring, initial credits, bounce buffer size);
+//! 3. the sender moves its QP to RTR/RTS and sends `RDY!`; it hands its comm to NCCL;
+//! 4. the receiver reads `RDY!` and hands its comm to NCCL.
+//!
+//! So neither comm exists before both QPs are ready and the receive queue is posted: the
+//! first `isend` can never outrun the peer's receive resources.
+
+use std::collections::HashSet;
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use tracing::{info, warn};
+
+use crate::comm::{Comm, Error, PeerParams, RecvBuffers, SendBuffers};
+use crate::config::Config;
+use crate::engine::RecvEngine;
+use crate::transport::{Device, Kind, QpConfig, QueuePair};
+
+/// Bytes of NCCL's opaque handle (`NCCL_NET_HANDLE_MAXSIZE`).
+pub const HANDLE_SIZE: usize = 128;
+const HANDLE_MAGIC: &[u8; 8] = b"VNETHDL1";
+const STATE_OFF: usize = 120;
+const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"VNHE");
+const HELLO_VERSION: u16 = 1;
+const READY: &[u8; 4] = b"RDY!";
+const MAX_HELLO: usize = 1024;
+
+/// The decoded listen handle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Handle {
+    /// Random nonce of the listen comm.
+    pub nonce: u64,
+    /// Transport the listener runs.
+    pub kind: Kind,
+    /// Where the listener accepts the out-of-band connection.
+    pub addr: SocketAddr,
+}
+
+impl Handle {
+    /// Serializes into the first 120 bytes of `b`; the state word is zeroed.
+    pub fn write(&self, b: &mut [u8; HANDLE_SIZE]) {
+        b.fill(0);
+        b[0..8].copy_from_slice(HANDLE_MAGIC);
+        b[8..16].copy_from_slice(&self.nonce.to_le_bytes());
+        b[17] = match self.kind {
+            Kind::Ib => 1,
+            Kind::Tcp => 2,
+        };
+        b[18..20].copy_from_slice(&self.addr.port().to_le_bytes());
+        match self.addr.ip() {
+            IpAddr::V4(a) => {
+                b[16] = 4;
+                b[20..24].copy_from_slice(&a.octets());
+            }
+            IpAddr::V6(a) => {
+                b[16] = 6;
+                b[20..36].copy_from_slice(&a.octets());
+            }
+        }
+    }
+
+    /// Parses a handle; errors name what is wrong with it.
+    pub fn read(b: &[u8; HANDLE_SIZE]) -> Result<Handle, Error> {
+        if &b[0..8] != HANDLE_MAGIC {
+            return Err(Error::InvalidArgument(
+                "the connect handle was not made by verbsnet's listen (wrong magic): both ranks must \
+                 use the same NCCL net plugin"
+                    .into(),
+            ));
+        }
+        let kind = match b[17] {
+            1 => Kind::Ib,
+            2 => Kind::Tcp,
+            k => {
+                return Err(Error::InvalidArgument(format!(
+                    "connect handle names unknown transport {k}"
+                )))
+            }
+        };
+        let port = u16::from_le_bytes([b[18], b[19]]);
+        let ip = match b[16] {
+            4 => IpAddr::V4(Ipv4Addr::new(b[20], b[21], b[22], b[23])),
+            6 => IpAddr::V6(Ipv6Addr::from(
+                <[u8; 16]>::try_from(&b[20..36]).expect("16 bytes"),
+            )),
+            f => {
+                return Err(Error::InvalidArgument(format!(
+                    "connect handle has address family {f}"
+                )))
+            }
+        };
+        Ok(Handle {
+            nonce: u64::from_le_bytes(b[8..16].try_into().expect("8 bytes")),
+            kind,
+            addr: SocketAddr::new(ip, port),
+        })
+    }
+}
+
+/// One side's handshake message.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Hello {
+    kind: u8,
+    role: u8,
+    nonce: u64,
+    qp_info: Vec<u8>,
+    p: PeerParams,
+}
+
+impl Hello {
+    fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(128 + self.qp_info.len());
+        b.extend_from_slice(&[0; 4]);
+        b.extend_from_slice(&HELLO_MAGIC.to_le_bytes());
+        b.extend_from_slice(&HELLO_VERSION.to_le_bytes());
+        b.push(self.kind);
+        b.push(self.role);
+        b.extend_from_slice(&self.nonce.to_le_bytes());
+        b.extend_from_slice(&(self.qp_info.len() as u16).to_le_bytes());
+        b.extend_from_slice(&self.qp_info);
+        let p = &self.p;
+        for v in [
+            p.cts_ring.0,
+            u64::from(p.cts_ring.1),
+            p.credit_word.0,
+            u64::from(p.credit_word.1),
+            u64::from(p.credits),
+        ] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        for v in [
+            p.first_seq,
+            p.rec_ring.0,
+            u64::from(p.rec_ring.1),
+            p.initial_credits,
+            p.eager_buf_size,
+        ] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        let len = (b.len() - 4) as u32;
+        b[0..4].copy_from_slice(&len.to_le_bytes());
+        b
+    }
+
+    fn decode(b: &[u8]) -> Option<Hello> {
+        let mut c = Cursor(b);
+        if c.u32()? != HELLO_MAGIC || c.u16()? != HELLO_VERSION {
+            return None;
+        }
+        let kind = c.u8()?;
+        let role = c.u8()?;
+        let nonce = c.u64()?;
+        let n = c.u16()? as usize;
+        let qp_info = c.take(n)?.to_vec();
+        let mut v = [0u64; 10];
+        for x in v.iter_mut() {
+            *x = c.u64()?;
+        }
+        Some(Hello {
+            kind,
+            role,
+            nonce,
+            qp_info,
+            p: PeerParams {
+                cts_ring: (v[0], v[1] as u32),
+                credit_word: (v[2], v[3] as u32),
+                credits: v[4] != 0,
+                first_seq: v[5],
+                rec_ring: (v[6], v[7] as u32),
+                initial_credits: v[8],
+                eager_buf_size: v[9],
+            },
+        })
+    }
+}
+
+struct Cursor<'a>(&'a [u8]);
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let (h, t) = (self.0.get(..n)?, self.0.get(n..)?);
+        self.0 = t;
+        Some(h)
+    }
+    fn u8(&mut self) -> Option<u8> {
+        Some(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> Option<u16> {
+        Some(u16::from_le_bytes(self.take(2)?.try_into().ok()?))
+    }
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
+    }
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    }
+}
+
+/// Non-blocking framed I/O on the handshake stream. Reads never go past the current frame,
+/// so the stream can be handed to the tcp transport right after the handshake.
+struct Wire {
+    stream: TcpStream,
+    out: Vec<u8>,
+    inb: Vec<u8>,
+    want: usize,
+}
+
+impl Wire {
+    fn new(stream: TcpStream) -> Wire {
+        Wire {
+            stream,
+            out: Vec::new(),
+            inb: Vec::new(),
+            want: 0,
+        }
+    }
+
+    /// Writes queued bytes; true once all are out.
+    fn flush(&mut self) -> io::Result<bool> {
+        while !self.out.is_empty() {
+            match self.stream.write(&self.out) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    self.out.drain(..n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(true)
+    }
+
+    /// Reads exactly `n` bytes in total across calls; `Some` once complete.
+    fn read_exact_nb(&mut self, n: usize) -> io::Result<Option<Vec<u8>>> {
+        if self.want == 0 {
+            self.want = n;
+            self.inb.clear();
+        }
+        while self.inb.len() < self.want {
+            let mut buf = [0u8; 512];
+            let k = (self.want - self.inb.len()).min(buf.len());
+            match self.stream.read(&mut buf[..k]) {
+                Ok(0) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "the peer closed the connection",
+                    ))
+                }
+                Ok(m) => self.inb.extend_from_slice(&buf[..m]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.want = 0;
+        Ok(Some(std::mem::take(&mut self.inb)))
+    }
+}
+
+/// Reads one length-prefixed hello across calls.
+struct HelloReader {
+    len: Option<usize>,
+}
+
+impl HelloReader {
+    fn poll(&mut self, w: &mut Wire) -> Result<Option<Hello>, String> {
+        if self.len.is_none() {
+            match w.read_exact_nb(4).map_err(|e| e.to_string())? {
+                None => return Ok(None),
+                Some(b) => {
+                    let n = u32::from_le_bytes(b[..4].try_into().expect("4 bytes")) as usize;
+                    if n == 0 || n > MAX_HELLO {
+                        return Err(format!("handshake message of {n} bytes"));
+                    }
+                    self.len = Some(n);
+                }
+            }
+        }
+        let n = self.len.expect("set");
+        match w.read_exact_nb(n).map_err(|e| e.to_string())? {
+            None => Ok(None),
+            Some(b) => Hello::decode(&b)
+                .map(Some)
+                .ok_or_else(|| "malformed handshake message".to_string()),
+        }
+    }
+}
+
+pub(crate) fn qp_config(cfg: &Config) -> QpConfig {
+    // Sender: data WRs (2 per rendezvous) for every request slot; receiver: CTS and credit writes.
+    QpConfig {
+        max_recv_wr: cfg.rq_depth,
+        max_send_wr: 2 * crate::engine::MAX_SEND_REQUESTS as u32
+            + crate::engine::CTRL_STAGE_SLOTS as u32,
+        min_rnr_timer: cfg.rnr_timer,
+        rnr_retry: cfg.rnr_retry,
+        timeout: cfg.ib_timeout,
+        retry_cnt: cfg.ib_retry_cnt,
+    }
+}
+
+/// A listen comm.
+pub struct Listen {
+    listener: TcpListener,
+    handle: Handle,
+    dev: Arc<dyn Device>,
+    dev_name: String,
+    cfg: Config,
+    pending: Vec<Accepting>,
+}
+
+struct Accepting {
+    wire: Wire,
+    peer: SocketAddr,
+    reader: HelloReader,
+    stage: AcceptStage,
+}
+
+enum AcceptStage {
+    Hello,
+    Reply {
+        qp: Box<dyn QueuePair>,
+        bufs: RecvBuffers,
+        engine: RecvEngine,
+    },
+    Done,
+}
+
+fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(crate::comm::now_ns());
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
+impl Listen {
+    /// Opens a non-blocking listener on `ip` (port chosen by the OS) and writes the handle.
+    pub fn new(
+        dev: Arc<dyn Device>,
+        dev_name: String,
+        kind: Kind,
+        ip: IpAddr,
+        cfg: &Config,
+        out: &mut [u8; HANDLE_SIZE],
+    ) -> Result<Listen, Error> {
+        let listener = TcpListener::bind(SocketAddr::new(ip, 0)).map_err(|e| {
+            Error::System(format!(
+                "cannot listen on {ip}: {e} (set VERBSNET_SOCKET_ADDR or VERBSNET_SOCKET_IFNAME to a \
+                 local address)"
+            ))
+        })?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| Error::System(format!("listener: {e}")))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| Error::System(format!("listener: {e}")))?;
+        let handle = Handle {
+            nonce: random_u64(),
+            kind,
+            addr,
+        };
+        handle.write(out);
+        Ok(Listen {
+            listener,
+            handle,
+            dev,
+            dev_name,
+            cfg: cfg.clone(),
+            pending: Vec::new(),
+        })
+    }
+
+    /// One non-blocking step of `accept`: `Ok(Some(comm))` once a connection completed.
+    pub fn accept(&mut self) -> Result<Option<Box<Comm>>, Error> {
+        loop {
+            match self.listener.accept() {
+                Ok((s, peer)) => {
+                    s.set_nonblocking(true)
+                        .map_err(|e| Error::System(format!("accept: {e}")))?;
+                    let _ = s.set_nodelay(true);
+                    self.pending.push(Accepting {
+                        wire: Wire::new(s),
+                        peer,
+                        reader: HelloReader { len: None },
+                        stage: AcceptStage::Hello,
+                    });
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    return Err(Error::System(format!(
+                        "accept on {}: {e}",
+                        self.handle.addr
+                    )))
+                }
+            }
+        }
+        let mut i = 0;
+        while i < self.pending.len() {
+            match self.step(i) {
+                Ok(Some(c)) => {
+                    self.pending.swap_remove(i);
+                    return Ok(Some(c));
+                }
+                Ok(None) => i += 1,
+                Err(e) => {
+                    let a = self.pending.swap_remove(i);
+                    warn!(
+                        "refused connection from {} on {}: {e}",
+                        a.peer, self.handle.addr
+                    );
+                    if let Error::System(_) = e {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    fn step(&mut self, i: usize) -> Result<Option<Box<Comm>>, Error> {
+        let kind_byte = self.handle_kind_byte();
+        let a = &mut self.pending[i];
+        if let AcceptStage::Hello = a.stage {
+            let Some(h) = a.reader.poll(&mut a.wire).map_err(Error::Remote)? else {
+                return Ok(None);
+            };
+            if h.nonce != self.handle.nonce || h.role != 1 {
+                return Err(Error::Remote(format!(
+                    "wrong nonce {:#x} (expected {:#x}): a stale or foreign handle",
+                    h.nonce, self.handle.nonce
+                )));
+            }
+            if h.kind != kind_byte {
+                return Err(Error::Remote(format!(
+                    "the peer runs transport {} but this listener runs {}: set the same \
+                     VERBSNET_TRANSPORT on every rank",
+                    h.kind,
+                    self.handle.kind.as_str()
+                )));
+            }
+            let mut qp = self
+                .dev
+                .create_qp(&qp_config(&self.cfg))
+                .map_err(|e| Error::System(format!("creating a QP on {}: {e}", self.dev_name)))?;
+            let bufs = RecvBuffers::alloc(&*self.dev, &self.cfg)?;
+            let engine = Comm::prepare_recv(&mut *qp, &bufs, &h.p, &self.cfg)?;
+            let oob = a
+                .wire
+                .stream
+                .try_clone()
+                .map_err(|e| Error::System(format!("dup socket: {e}")))?;
+            qp.establish(&h.qp_info, oob)
+                .map_err(|e| Error::System(format!("connecting the QP to {}: {e}", a.peer)))?;
+            let reply = Hello {
+                kind: h.kind,
+                role: 2,
+                nonce: h.nonce,
+                qp_info: qp.local_info(),
+                p: Comm::announce_recv(&bufs, &engine, &self.cfg),
+            };
+            a.wire.out.extend_from_slice(&reply.encode());
+            a.stage = AcceptStage::Reply { qp, bufs, engine };
+        }
+        if let AcceptStage::Reply { .. } = a.stage {
+            if !a.wire.flush().map_err(|e| Error::Remote(e.to_string()))? {
+                return Ok(None);
+            }
+            let Some(b) = a
+                .wire
+                .read_exact_nb(READY.len())
+                .map_err(|e| Error::Remote(e.to_string()))?
+            else {
+                return Ok(None);
+            };
+            if b != READY {
+                return Err(Error::Remote("bad ready message".into()));
+            }
+            let AcceptStage::Reply { qp, bufs, engine } =
+                std::mem::replace(&mut a.stage, AcceptStage::Done)
+            else {
+                unreachable!()
+            };
+            let label = format!(
+                "recv comm {} <- {} ({})",
+                self.handle.addr, a.peer, self.dev_name
+            );
+            info!(
+                target: "verbsnet::init",
+                "{label}: connected; RQ depth {} posted in batches of {}, low-water {}, credits {} granted \
+                 initially, credit gating requested by sender",
+                self.cfg.rq_depth,
+                self.cfg.rq_batch,
+                self.cfg.rq_low_water,
+                engine.granted()
+            );
+            return Ok(Some(Comm::new_recv(
+                self.dev.clone(),
+                qp,
+                bufs,
+                engine,
+                &self.cfg,
+                label,
+            )));
+        }
+        Ok(None)
+    }
+
+    fn handle_kind_byte(&self) -> u8 {
+        match self.handle.kind {
+            Kind::Ib => 1,
+            Kind::Tcp => 2,
+        }
+    }
+}
+
+/// State of one `connect` in progress.
+pub struct Connecting {
+    handle: Handle,
+    stage: ConnectStage,
+}
+
+enum ConnectStage {
+    Connecting(socket2::Socket),
+    Hello {
+        wire: Wire,
+        reader: HelloReader,
+        qp: Box<dyn QueuePair>,
+        bufs: SendBuffers,
+        first_seq: u64,
+    },
+    Ready {
+        wire: Wire,
+        qp: Box<dyn QueuePair>,
+        bufs: SendBuffers,
+        peer: PeerParams,
+    },
+    Done,
+}
+
+fn registry() -> &'static Mutex<HashSet<usize>> {
+    static R: OnceLock<Mutex<HashSet<usize>>> = OnceLock::new();
+    R.get_or_init(Default::default)
+}
+
+impl Connecting {
+    /// Finds the connect state stored in `handle`, or starts a new one there.
+    pub fn resume_or_start(handle: &mut [u8; HANDLE_SIZE]) -> Result<Box<Connecting>, Error> {
+        let ptr = u64::from_le_bytes(handle[STATE_OFF..].try_into().expect("8 bytes")) as usize;
+        if ptr != 0 {
+            let known = registry()
+                .lock()
+                .map(|mut r| r.remove(&ptr))
+                .unwrap_or(false);
+            if known {
+                // SAFETY-free: we own this box; it was leaked by `park` and registered there.
+                return Ok(crate::ffi::unpark_connecting(ptr));
+            }
+        }
+        let h = Handle::read(handle)?;
+        let sock = socket2::Socket::new(
+            socket2::Domain::for_address(h.addr),
+            socket2::Type::STREAM,
+            None,
+        )
+        .map_err(|e| Error::System(format!("socket: {e}")))?;
+        sock.set_nonblocking(true)
+            .map_err(|e| Error::System(format!("socket: {e}")))?;
+        match sock.connect(&h.addr.into()) {
+            Ok(()) => {}
+            Err(e)
+                if e.raw_os_error() == Some(libc::EINPROGRESS)
+                    || e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(connect_error(h.addr, e)),
+        }
+        Ok(Box::new(Connecting {
+            handle: h,
+            stage: ConnectStage::Connecting(sock),
+        }))
+    }
+
+    /// Stores this state's address in `handle` for the next call.
+    pub fn park(self: Box<Self>, handle: &mut [u8; HANDLE_SIZE]) {
+        let ptr = crate::ffi::park_connecting(self);
+        if let Ok(mut r) = registry().lock() {
+            r.insert(ptr);
+        }
+        handle[STATE_OFF..].copy_from_slice(&(ptr as u64).to_le_bytes());
+    }
+
+    /// Clears the state word of `handle` (done or failed).
+    pub fn clear(handle: &mut [u8; HANDLE_SIZE]) {
+        handle[STATE_OFF..].fill(0);
+    }
+
+    /// One non-blocking step: `Ok(Some(comm))` once connected.
+    pub fn step(
+        &mut self,
+        dev: &Arc<dyn Device>,
+        dev_name: &str,
+        cfg: &Config,
+    ) -> Result<Option<Box<Comm>>, Error> {
+        if let ConnectStage::Connecting(sock) = &self.stage {
+            if let Some(e) = sock
+                .take_error()
+                .map_err(|e| Error::System(e.to_string()))?
+            {
+                return Err(connect_error(self.handle.addr, e));
+            }
+            if sock.peer_addr().is_err() {
+                return Ok(None);
+            }
+            let ConnectStage::Connecting(sock) =
+                std::mem::replace(&mut self.stage, ConnectStage::Done)
+            else {
+                unreachable!()
+            };
+            let stream: TcpStream = sock.into();
+            let _ = stream.set_nodelay(true);
+            let qp = dev
+                .create_qp(&qp_config(cfg))
+                .map_err(|e| Error::System(format!("creating a QP on {dev_name}: {e}")))?;
+            let bufs = SendBuffers::alloc(&**dev)?;
+            let first_seq = 0;
+            let hello = Hello {
+                kind: match self.handle.kind {
+                    Kind::Ib => 1,
+                    Kind::Tcp => 2,
+                },
+                role: 1,
+                nonce: self.handle.nonce,
+                qp_info: qp.local_info(),
+                p: bufs.announce(cfg, first_seq),
+            };
+            let mut wire = Wire::new(stream);
+            wire.out.extend_from_slice(&hello.encode());
+            self.stage = ConnectStage::Hello {
+                wire,
+                reader: HelloReader { len: None },
+                qp,
+                bufs,
+                first_seq,
+            };
+        }
+        let addr = self.handle.addr;
+        let remote = move |m: String| Error::Remote(format!("handshake with {addr} failed: {m}"));
+        if let ConnectStage::Hello { wire, reader, .. } = &mut self.stage {
+            wire.flush().map_err(|e| remote(e.to_string()))?;
+            let Some(h) = reader.poll(wire).map_err(remote)? else {
+                return Ok(None);
+            };
+            if h.nonce != self.handle.nonce || h.role != 2 {
+                return Err(remote("the reply carries another nonce".into()));
+            }
+            let ConnectStage::Hello {
+                wire,
+                mut qp,
+                bufs,
+                first_seq,
+                ..
+            } = std::mem::replace(&mut self.stage, ConnectStage::Done)
+            else {
+                unreachable!()
+            };
+            let oob = wire
+                .stream
+                .try_clone()
+                .map_err(|e| Error::System(format!("dup socket: {e}")))?;
+            qp.establish(&h.qp_info, oob).map_err(|e| {
+                Error::System(format!("connecting the QP to {}: {e}", self.handle.addr))
+            })?;
+            let mut wire = wire;
+            wire.out.extend_from_slice(READY);
+            let peer = PeerParams { first_seq, ..h.p };
+            self.stage = ConnectStage::Ready {
+                wire,
+                qp,
+                bufs,
+                peer,
+            };
+        }
+        if let ConnectStage::Ready { wire, .. } = &mut self.stage {
+            if !wire.flush().map_err(|e| remote(e.to_string()))? {
+                return Ok(None);
+            }
+            let ConnectStage::Ready {
+                qp,
+                bufs,
+                peer,
+                wire,
+            } = std::mem::replace(&mut self.stage, ConnectStage::Done)
+            else {
+                unreachable!()
+            };
+            let local = wire
+                .stream
+                .local_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_default();
+            let label = format!("send comm {local} -> {} ({dev_name})", self.handle.addr);
+            info!(
+                target: "verbsnet::init",
+                "{label}: connected; eager limit {} B, credit gating {}, {} initial credits",
+                u64::from(cfg.eager_limit).min(peer.eager_buf_size),
+                if cfg.credits { "on" } else { "off" },
+                peer.initial_credits
+            );
+            return Ok(Some(Comm::new_send(
+                dev.clone(),
+                qp,
+                bufs,
+                &peer,
+                cfg,
+                label,
+            )));
+        }
+        Ok(None)
+    }
+}
+
+fn connect_error(addr: SocketAddr, e: io::Error) -> Error {
+    Error::Remote(format!(
+        "cannot reach the listener at {addr}: {e} (is the peer alive? is the address reachable? \
+         set VERBSNET_SOCKET_ADDR / VERBSNET_SOCKET_IFNAME on the listening rank)"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handle_round_trips_and_rejects_foreign_bytes() {
+        let h = Handle {
+            nonce: 0x1234_5678_9abc_def0,
+            kind: Kind::Tcp,
+            addr: "127.0.0.1:4567".parse().unwrap(),
+        };
+        let mut b = [0u8; HANDLE_SIZE];
+        h.write(&mut b);
+        assert_eq!(Handle::read(&b).unwrap(), h);
+        let h6 = Handle {
+            nonce: 1,
+            kind: Kind::Ib,
+            addr: "[::1]:99".parse().unwrap(),
+        };
+        h6.write(&mut b);
+        assert_eq!(Handle::read(&b).unwrap(), h6);
+        b[0] = b'X';
+        assert!(
+            matches!(Handle::read(&b), Err(Error::InvalidArgument(m)) if m.contains("same NCCL net plugin"))
+        );
+    }
+
+    #[test]
+    fn hello_round_trips_and_rejects_truncation() {
+        let h = Hello {
+            kind: 2,
+            role: 1,
+            nonce: 77,
+            qp_info: vec![1, 2, 3],
+            p: PeerParams {
+                cts_ring: (0x1000, 5),
+                credit_word: (0x2000, 6),
+                credits: true,
+                rec_ring: (0x3000, 7),
+                initial_credits: 128,
+                eager_buf_size: 8192,
+                first_seq: 9,
+            },
+        };
+        let b = h.encode();
+        assert_eq!(
+            u32::from_le_bytes(b[..4].try_into().unwrap()) as usize,
+            b.len() - 4
+        );
+        assert_eq!(Hello::decode(&b[4..]), Some(h));
+        assert_eq!(Hello::decode(&b[4..b.len() - 1]), None);
+    }
+}

@@ -1,0 +1,609 @@
+//! The receiving side of a connection.
+
+use std::collections::VecDeque;
+
+use super::wire::{
+    self, CtsBuf, CtsEntry, EagerHeader, CTS_ENTRY_LEN, EAGER_HDR_LEN, MAX_RECVS, REC_SLOTS,
+    REC_TOO_BIG,
+};
+use super::{
+    wc_error, wr_id, wr_parse, Action, ReqError, ReqId, Slots, Stall, Stats, WrKind,
+    CTRL_STAGE_SLOTS, CTS_RING_ENTRIES, MAX_RECV_REQUESTS,
+};
+use crate::transport::{RecvWr, SendOpcode, SendWr, Sge, Wc, WcOpcode, WcStatus};
+
+/// Fixed parameters of a receive engine, agreed in the connection handshake.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecvParams {
+    /// Receive WRs (and bounce buffers) per connection.
+    pub rq_depth: u32,
+    /// Receive WRs per post call.
+    pub rq_batch: u32,
+    /// Refill when fewer than this many receive WRs are posted.
+    pub rq_low_water: u32,
+    /// Payload capacity of one bounce buffer; each buffer is `EAGER_HDR_LEN + eager_buf_size`
+    /// bytes.
+    pub eager_buf_size: u64,
+    /// Bounce pool: `rq_depth` buffers back to back (addr, lkey).
+    pub bounce: (u64, u32),
+    /// Our record ring (`REC_SLOTS * MAX_RECVS * 8` bytes), read on rendezvous arrivals.
+    pub rec_ring: u64,
+    /// Staging for CTS and credit writes: `CTRL_STAGE_SLOTS * CTS_ENTRY_LEN` bytes (addr, lkey).
+    pub ctrl_stage: (u64, u32),
+    /// The sender's CTS ring: `CTS_RING_ENTRIES * CTS_ENTRY_LEN` bytes (addr, rkey).
+    pub peer_cts_ring: (u64, u32),
+    /// The sender's credit word, 8 bytes (addr, rkey).
+    pub peer_credit_word: (u64, u32),
+    /// The sender gates on credits: send credit updates.
+    pub credits: bool,
+    /// First send/receive sequence number (as the sender's).
+    pub first_seq: u64,
+}
+
+/// One buffer of a (grouped) receive.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecvBuf {
+    /// Virtual address of the user buffer.
+    pub addr: u64,
+    /// Capacity in bytes.
+    pub cap: u64,
+    /// Remote key the sender may write with.
+    pub rkey: u32,
+    /// Tag expected for this buffer.
+    pub tag: i32,
+}
+
+#[derive(Debug)]
+struct RecvReq {
+    base: u64,
+    r: u64,
+    n: u32,
+    bufs: [RecvBuf; MAX_RECVS],
+    used: u8,
+    sizes: [u64; MAX_RECVS],
+    arrived: u32,
+    error: Option<ReqError>,
+    progress_ns: u64,
+    stall_reported: bool,
+}
+
+/// An eager message that arrived before its receive was posted.
+#[derive(Clone, Copy, Debug)]
+struct Unexpected {
+    s: u64,
+    tag: i32,
+    size: u64,
+    bounce: u32,
+}
+
+/// Reads plugin-owned memory for the engine (bounce headers, records).
+pub trait MemRead {
+    /// Fills `out` from `addr`; false if the range is not readable.
+    fn read(&self, addr: u64, out: &mut [u8]) -> bool;
+}
+
+/// The receive engine. See the module docs of [`crate::engine`] for the protocol.
+#[derive(Debug)]
+pub struct RecvEngine {
+    p: RecvParams,
+    reqs: Slots<RecvReq>,
+    order: VecDeque<ReqId>,
+    next_r: u64,
+    next_base: u64,
+    next_arrival: u64,
+    unexpected: VecDeque<Unexpected>,
+    posted: u32,
+    free_bufs: Vec<u32>,
+    granted: u64,
+    consumed: u64,
+    last_credit_sent: u64,
+    ctrl_seq: u64,
+    ctrl_outstanding: u32,
+    failed: Option<ReqError>,
+    actions: Vec<Action>,
+    stats: Stats,
+}
+
+impl RecvEngine {
+    /// A receive engine; its first actions post the initial receive WRs (before the QP can
+    /// receive anything). `initial_credits()` is then what the handshake announces.
+    pub fn new(p: RecvParams) -> RecvEngine {
+        let mut e = RecvEngine {
+            reqs: Slots::new(MAX_RECV_REQUESTS),
+            order: VecDeque::new(),
+            next_r: p.first_seq,
+            next_base: p.first_seq,
+            next_arrival: p.first_seq,
+            unexpected: VecDeque::new(),
+            posted: 0,
+            free_bufs: (0..p.rq_depth).rev().collect(),
+            granted: 0,
+            consumed: 0,
+            last_credit_sent: 0,
+            ctrl_seq: 0,
+            ctrl_outstanding: 0,
+            failed: None,
+            actions: Vec::new(),
+            stats: Stats {
+                rq_min_level: u64::from(p.rq_depth),
+                ..Stats::default()
+            },
+            p,
+        };
+        while e.posted < e.p.rq_depth && e.post_batch(e.p.rq_batch.min(e.p.rq_depth - e.posted)) {}
+        e.last_credit_sent = e.granted;
+        e
+    }
+
+    /// Receive WRs granted so far (the sender's initial credits right after `new`).
+    pub fn granted(&self) -> u64 {
+        self.granted
+    }
+
+    /// Receive WRs posted now.
+    pub fn posted(&self) -> u32 {
+        self.posted
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Requests in use.
+    pub fn in_flight(&self) -> usize {
+        self.reqs.in_use()
+    }
+
+    /// The first fatal error of this comm, if any.
+    pub fn failure(&self) -> Option<&ReqError> {
+        self.failed.as_ref()
+    }
+
+    /// Takes the actions produced so far.
+    pub fn drain_actions(&mut self) -> Vec<Action> {
+        std::mem::take(&mut self.actions)
+    }
+
+    fn bounce_stride(&self) -> u64 {
+        EAGER_HDR_LEN as u64 + self.p.eager_buf_size
+    }
+
+    /// Posts up to `max_k` receive WRs (bounded by free bounce buffers) in one post call.
+    fn post_batch(&mut self, max_k: u32) -> bool {
+        let k = max_k.min(self.free_bufs.len() as u32);
+        if k == 0 {
+            return false;
+        }
+        let stride = self.bounce_stride();
+        let wrs: Vec<RecvWr> = (0..k)
+            .map(|_| {
+                let b = self.free_bufs.pop().expect("counted");
+                RecvWr {
+                    wr_id: wr_id(WrKind::Bounce, 0, b),
+                    sge: Sge {
+                        addr: self.p.bounce.0 + u64::from(b) * stride,
+                        length: stride as u32,
+                        lkey: self.p.bounce.1,
+                    },
+                }
+            })
+            .collect();
+        self.posted += k;
+        self.granted += u64::from(k);
+        self.stats.rq_post_calls += 1;
+        self.stats.rq_wrs_posted += u64::from(k);
+        self.actions.push(Action::PostRecv(wrs));
+        true
+    }
+
+    /// Below the low-water mark, posts whole batches while they fit; if nothing at all is
+    /// posted (bounce buffers held by unmatched eager messages), posts what is free so the
+    /// sender is never left without a receive WR.
+    fn refill(&mut self) {
+        let batch = self.p.rq_batch;
+        if self.posted < self.p.rq_low_water {
+            while self.posted + batch <= self.p.rq_depth && self.free_bufs.len() as u32 >= batch {
+                self.post_batch(batch);
+            }
+        }
+        if self.posted == 0 {
+            self.post_batch(batch);
+        }
+    }
+
+    /// Sends an explicit credit update when the sender may be short of credits.
+    pub fn flush_credits(&mut self) {
+        if !self.p.credits || self.failed.is_some() {
+            return;
+        }
+        let delta = self.granted - self.last_credit_sent;
+        let sender_view = self.last_credit_sent.saturating_sub(self.consumed);
+        if delta == 0
+            || (sender_view >= u64::from(self.p.rq_batch) && delta < u64::from(self.p.rq_batch))
+        {
+            return;
+        }
+        let Some(stage) = self.ctrl_slot() else {
+            return;
+        };
+        self.actions.push(Action::Stage {
+            addr: stage,
+            bytes: self.granted.to_le_bytes().to_vec(),
+        });
+        self.actions.push(Action::PostSend(SendWr {
+            wr_id: wr_id(WrKind::Credit, 0, 0),
+            sgl: [
+                Sge {
+                    addr: stage,
+                    length: 8,
+                    lkey: self.p.ctrl_stage.1,
+                },
+                Sge::default(),
+            ],
+            num_sge: 1,
+            opcode: SendOpcode::RdmaWrite {
+                remote_addr: self.p.peer_credit_word.0,
+                rkey: self.p.peer_credit_word.1,
+            },
+            signaled: true,
+        }));
+        self.last_credit_sent = self.granted;
+        self.stats.credit_msgs += 1;
+    }
+
+    fn ctrl_slot(&mut self) -> Option<u64> {
+        if self.ctrl_outstanding as usize >= CTRL_STAGE_SLOTS {
+            return None;
+        }
+        let slot = self.ctrl_seq % CTRL_STAGE_SLOTS as u64;
+        self.ctrl_seq += 1;
+        self.ctrl_outstanding += 1;
+        Some(self.p.ctrl_stage.0 + slot * CTS_ENTRY_LEN as u64)
+    }
+
+    /// Posts a (grouped) receive of `bufs` (1..=8 buffers). `Ok(None)` = "retry later" (request
+    /// slots or control staging full). Sends the clear-to-send.
+    pub fn irecv(&mut self, now: u64, bufs: &[RecvBuf]) -> Result<Option<ReqId>, ReqError> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        if bufs.is_empty() || bufs.len() > MAX_RECVS {
+            return Err(ReqError::Usage(format!(
+                "irecv of {} buffers (1..={MAX_RECVS})",
+                bufs.len()
+            )));
+        }
+        if self.reqs.in_use() == MAX_RECV_REQUESTS
+            || self.ctrl_outstanding as usize >= CTRL_STAGE_SLOTS
+        {
+            self.stats.slots_full += 1;
+            return Ok(None);
+        }
+        let n = bufs.len() as u32;
+        let mut b = [RecvBuf::default(); MAX_RECVS];
+        b[..bufs.len()].copy_from_slice(bufs);
+        let r = self.next_r;
+        let base = self.next_base;
+        let req = RecvReq {
+            base,
+            r,
+            n,
+            bufs: b,
+            used: 0,
+            sizes: [0; MAX_RECVS],
+            arrived: 0,
+            error: None,
+            progress_ns: now,
+            stall_reported: false,
+        };
+        let id = self.reqs.insert(req).expect("slot checked");
+        self.order.push_back(id);
+        self.next_r = r.wrapping_add(1);
+        self.next_base = base.wrapping_add(u64::from(n));
+
+        let mut cb = [CtsBuf::default(); MAX_RECVS];
+        for (c, u) in cb.iter_mut().zip(bufs) {
+            *c = CtsBuf {
+                addr: u.addr,
+                cap: u.cap,
+                rkey: u.rkey,
+                tag: u.tag,
+            };
+        }
+        let entry = CtsEntry {
+            r,
+            credits: self.granted,
+            base,
+            n,
+            bufs: cb,
+        };
+        let stage = self.ctrl_slot().expect("checked above");
+        self.actions.push(Action::Stage {
+            addr: stage,
+            bytes: entry.encode().to_vec(),
+        });
+        self.actions.push(Action::PostSend(SendWr {
+            wr_id: wr_id(WrKind::Cts, 0, 0),
+            sgl: [
+                Sge {
+                    addr: stage,
+                    length: CTS_ENTRY_LEN as u32,
+                    lkey: self.p.ctrl_stage.1,
+                },
+                Sge::default(),
+            ],
+            num_sge: 1,
+            opcode: SendOpcode::RdmaWrite {
+                remote_addr: self.p.peer_cts_ring.0
+                    + (r % CTS_RING_ENTRIES as u64) * CTS_ENTRY_LEN as u64,
+                rkey: self.p.peer_cts_ring.1,
+            },
+            signaled: true,
+        }));
+        self.last_credit_sent = self.granted;
+        self.stats.cts += 1;
+
+        // Eager messages that arrived first.
+        while let Some(u) = self.unexpected.front().copied() {
+            if u.s.wrapping_sub(base) >= u64::from(n) {
+                break;
+            }
+            self.unexpected.pop_front();
+            self.deliver_eager(now, id, u);
+        }
+        self.refill();
+        Ok(Some(id))
+    }
+
+    fn covering(&self, s: u64) -> Option<ReqId> {
+        self.order.iter().copied().find(|&id| {
+            self.reqs
+                .get(id)
+                .is_some_and(|r| s.wrapping_sub(r.base) < u64::from(r.n))
+        })
+    }
+
+    fn free_bounce(&mut self, b: u32) {
+        self.free_bufs.push(b);
+    }
+
+    fn deliver_eager(&mut self, now: u64, id: ReqId, u: Unexpected) {
+        let stride = self.bounce_stride();
+        let src = self.p.bounce.0 + u64::from(u.bounce) * stride + EAGER_HDR_LEN as u64;
+        let Some(req) = self.reqs.get_mut(id) else {
+            self.free_bounce(u.bounce);
+            return;
+        };
+        req.progress_ns = now;
+        let n = req.n as usize;
+        let pick = (0..n).find(|&i| req.used & (1 << i) == 0 && req.bufs[i].tag == u.tag);
+        let i = match pick {
+            Some(i) => i,
+            None => {
+                let i = (0..n).find(|&i| req.used & (1 << i) == 0).unwrap_or(0);
+                let tags: Vec<i32> = req.bufs[..n].iter().map(|b| b.tag).collect();
+                req.error.get_or_insert(ReqError::Usage(format!(
+                    "send {} has tag {} but receive {} has no unused buffer with that tag (tags {tags:?})",
+                    u.s, u.tag, req.r
+                )));
+                i
+            }
+        };
+        req.used |= 1 << i;
+        req.arrived += 1;
+        if u.size > req.bufs[i].cap {
+            req.error.get_or_insert(ReqError::Usage(format!(
+                "the peer sent {} bytes into a receive buffer of {} bytes (receive {}, buffer {i}); \
+                 nothing was written",
+                u.size, req.bufs[i].cap, req.r
+            )));
+        } else if req.error.is_none() {
+            req.sizes[i] = u.size;
+            self.stats.eager += 1;
+            if u.size > 0 {
+                self.actions.push(Action::Copy {
+                    src,
+                    req: id,
+                    buf: i,
+                    len: u.size,
+                });
+            }
+        }
+        self.free_bounce(u.bounce);
+    }
+
+    /// Feeds one completion of our QP. `mem` reads bounce headers and records.
+    pub fn handle_wc(&mut self, now: u64, wc: &Wc, mem: &dyn MemRead) {
+        let Some((kind, _, index)) = wr_parse(wc.wr_id) else {
+            self.fail(ReqError::Local(format!(
+                "completion with unknown wr_id {:#x}",
+                wc.wr_id
+            )));
+            return;
+        };
+        if matches!(kind, WrKind::Cts | WrKind::Credit) {
+            self.ctrl_outstanding = self.ctrl_outstanding.saturating_sub(1);
+        }
+        if wc.status != WcStatus::Success {
+            self.stats.error_completions += 1;
+            if kind == WrKind::Bounce {
+                self.posted = self.posted.saturating_sub(1);
+            }
+            let what = match kind {
+                WrKind::Bounce => "receive WR",
+                WrKind::Cts => "clear-to-send RDMA WRITE",
+                _ => "credit RDMA WRITE",
+            };
+            if wc.status != WcStatus::WrFlush || self.failed.is_none() {
+                self.fail(wc_error(wc.status, what));
+            }
+            return;
+        }
+        if kind != WrKind::Bounce {
+            return;
+        }
+        if index >= self.p.rq_depth {
+            self.fail(ReqError::Local(format!(
+                "receive completion for bounce buffer {index}"
+            )));
+            return;
+        }
+        self.posted = self.posted.saturating_sub(1);
+        self.consumed += 1;
+        self.stats.rq_min_level = self.stats.rq_min_level.min(u64::from(self.posted));
+        let s = self.next_arrival;
+        match wc.opcode {
+            WcOpcode::Recv => {
+                let mut hb = [0u8; EAGER_HDR_LEN];
+                let at = self.p.bounce.0 + u64::from(index) * self.bounce_stride();
+                let hdr = if mem.read(at, &mut hb) {
+                    EagerHeader::decode(&hb)
+                } else {
+                    None
+                };
+                let Some(h) = hdr else {
+                    self.free_bounce(index);
+                    self.fail(ReqError::Protocol("malformed eager header".into()));
+                    return;
+                };
+                if h.seq != s || u64::from(wc.byte_len) != EAGER_HDR_LEN as u64 + h.size {
+                    self.free_bounce(index);
+                    self.fail(ReqError::Protocol(format!(
+                        "eager message {} of {} bytes (WC {} bytes) arrived, expected send {s}",
+                        h.seq, h.size, wc.byte_len
+                    )));
+                    return;
+                }
+                self.next_arrival = s.wrapping_add(1);
+                let u = Unexpected {
+                    s,
+                    tag: h.tag,
+                    size: h.size,
+                    bounce: index,
+                };
+                match self.covering(s) {
+                    Some(id) => self.deliver_eager(now, id, u),
+                    None => {
+                        self.stats.unexpected += 1;
+                        self.unexpected.push_back(u);
+                    }
+                }
+            }
+            WcOpcode::RecvRdmaWithImm => {
+                self.free_bounce(index);
+                let (low, i) = wire::imm_decode(wc.imm.unwrap_or(0));
+                let Some(id) = self
+                    .covering(s)
+                    .filter(|_| wc.imm.is_some() && wire::imm_matches(low, s))
+                else {
+                    self.fail(ReqError::Protocol(format!(
+                        "rendezvous completion (imm {:?}) for no posted receive, expected send {s}",
+                        wc.imm
+                    )));
+                    return;
+                };
+                self.next_arrival = s.wrapping_add(1);
+                let rec_ring = self.p.rec_ring;
+                let req = self.reqs.get_mut(id).expect("covering");
+                req.progress_ns = now;
+                if i >= req.n as usize || req.used & (1 << i) != 0 {
+                    let r = req.r;
+                    self.fail(ReqError::Protocol(format!(
+                        "rendezvous into buffer {i} of receive {r}"
+                    )));
+                    return;
+                }
+                req.used |= 1 << i;
+                req.arrived += 1;
+                let slot = (req.r % REC_SLOTS as u64) as usize * MAX_RECVS + i;
+                let mut rb = [0u8; 8];
+                let rec = mem
+                    .read(rec_ring + slot as u64 * 8, &mut rb)
+                    .then(|| u64::from_le_bytes(rb));
+                match rec {
+                    Some(v) if v & REC_TOO_BIG != 0 => {
+                        let size = v & !REC_TOO_BIG;
+                        req.error.get_or_insert(ReqError::Usage(format!(
+                            "the peer tried to send {size} bytes into a receive buffer of {} bytes \
+                             (receive {}, buffer {i}); nothing was written",
+                            req.bufs[i].cap, req.r
+                        )));
+                    }
+                    Some(v) if v <= req.bufs[i].cap => {
+                        req.sizes[i] = v;
+                        self.stats.rendezvous += 1;
+                    }
+                    _ => {
+                        self.fail(ReqError::Protocol(format!("bad rendezvous record {rec:?}")));
+                        return;
+                    }
+                }
+            }
+            _ => {}
+        }
+        self.refill();
+    }
+
+    /// Marks the comm failed; every outstanding request reports `e`.
+    pub fn fail(&mut self, e: ReqError) {
+        if self.failed.is_none() {
+            self.failed = Some(e.clone());
+        }
+        for (_, r) in self.reqs.iter_mut() {
+            if r.error.is_none() && r.arrived < r.n {
+                r.error = Some(e.clone());
+            }
+        }
+    }
+
+    /// Polls request `id`: `Ok(Some(sizes))` once every buffer received its send (the slot is
+    /// then free; `sizes[i]` = bytes received into buffer `i`), `Ok(None)` while in progress.
+    pub fn test(&mut self, id: ReqId) -> Result<Option<Vec<u64>>, ReqError> {
+        let Some(req) = self.reqs.get(id) else {
+            return Err(ReqError::Local(format!(
+                "test of an unknown or finished receive request {id:?}"
+            )));
+        };
+        if let Some(e) = req.error.clone() {
+            // A usage error leaves the send/receive pairing undefined: the comm is done.
+            self.reqs.remove(id);
+            self.order.retain(|&o| o != id);
+            self.fail(e.clone());
+            return Err(e);
+        }
+        if req.arrived < req.n {
+            return Ok(None);
+        }
+        let sizes = req.sizes[..req.n as usize].to_vec();
+        self.reqs.remove(id);
+        self.order.retain(|&o| o != id);
+        self.stats.ops += 1;
+        self.stats.bytes += sizes.iter().sum::<u64>();
+        Ok(Some(sizes))
+    }
+
+    /// Requests idle for at least `timeout_ns`, each reported once.
+    pub fn stalls(&mut self, now: u64, timeout_ns: u64) -> Vec<Stall> {
+        let mut out = Vec::new();
+        for (id, r) in self.reqs.iter_mut() {
+            if r.stall_reported
+                || r.error.is_some()
+                || now.saturating_sub(r.progress_ns) < timeout_ns
+            {
+                continue;
+            }
+            r.stall_reported = true;
+            out.push(Stall {
+                req: id,
+                idle_ns: now - r.progress_ns,
+                waiting_for: format!(
+                    "data from the sender: receive {} has {} of {} buffers filled (the peer has not \
+                     issued the matching isend, or cannot: check its log for credit or CTS waits)",
+                    r.r, r.arrived, r.n
+                ),
+            });
+        }
+        out
+    }
+}

@@ -1,0 +1,734 @@
+//! The sending side of a connection.
+
+use std::collections::VecDeque;
+
+use super::wire::{
+    self, CtsBuf, CtsEntry, EagerHeader, EAGER_HDR_LEN, MAX_RECVS, REC_SLOTS, REC_TOO_BIG,
+};
+use super::{
+    wc_error, wr_id, wr_parse, Action, ReqError, ReqId, Slots, Stall, Stats, WrKind,
+    MAX_SEND_REQUESTS,
+};
+use crate::transport::{SendOpcode, SendWr, Sge, Wc, WcStatus};
+
+/// Fixed parameters of a send engine, agreed in the connection handshake.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SendParams {
+    /// Largest payload sent eagerly: min(our `VERBSNET_EAGER_LIMIT`, the receiver's bounce
+    /// buffer size).
+    pub eager_limit: u64,
+    /// Credit gating on.
+    pub credits: bool,
+    /// Receive WRs the receiver posted before the handshake finished (initial credits).
+    pub initial_credits: u64,
+    /// Our staging area for eager headers: `MAX_SEND_REQUESTS * EAGER_HDR_LEN` bytes (addr, lkey).
+    pub hdr_stage: (u64, u32),
+    /// Our staging area for completion records: `MAX_SEND_REQUESTS * 8` bytes (addr, lkey).
+    pub rec_stage: (u64, u32),
+    /// The receiver's record ring: `REC_SLOTS * MAX_RECVS * 8` bytes (addr, rkey).
+    pub peer_rec_ring: (u64, u32),
+    /// Sequence number of the first send and the first receive (0 in production; tests start
+    /// near wrap points).
+    pub first_seq: u64,
+}
+
+#[derive(Debug)]
+struct SendReq {
+    s: u64,
+    size: u64,
+    tag: i32,
+    wc_done: bool,
+    matched: bool,
+    error: Option<ReqError>,
+    progress_ns: u64,
+    stall_reported: bool,
+}
+
+#[derive(Debug)]
+struct Group {
+    r: u64,
+    base: u64,
+    n: u32,
+    bufs: [CtsBuf; MAX_RECVS],
+    used: u8,
+    assigned: u32,
+}
+
+/// Why `isend` last answered "retry later".
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Refusal {
+    Credit,
+    Cts,
+    Slots,
+}
+
+/// The send engine. See the module docs of [`crate::engine`] for the protocol.
+#[derive(Debug)]
+pub struct SendEngine {
+    p: SendParams,
+    reqs: Slots<SendReq>,
+    next_s: u64,
+    next_r: u64,
+    next_base: u64,
+    groups: VecDeque<Group>,
+    /// Eager sends issued before their CTS arrived, in send order.
+    unassigned: VecDeque<ReqId>,
+    credits_granted: u64,
+    credits_used: u64,
+    failed: Option<ReqError>,
+    actions: Vec<Action>,
+    stats: Stats,
+    refusing: Option<(u64, Refusal, bool)>,
+}
+
+impl SendEngine {
+    /// A send engine for a freshly connected comm.
+    pub fn new(p: SendParams) -> SendEngine {
+        SendEngine {
+            next_s: p.first_seq,
+            next_r: p.first_seq,
+            next_base: p.first_seq,
+            credits_granted: p.initial_credits,
+            credits_used: 0,
+            reqs: Slots::new(MAX_SEND_REQUESTS),
+            groups: VecDeque::new(),
+            unassigned: VecDeque::new(),
+            failed: None,
+            actions: Vec::new(),
+            stats: Stats::default(),
+            refusing: None,
+            p,
+        }
+    }
+
+    /// The receive sequence number whose CTS is expected next (the driver reads CTS ring slot
+    /// `r % CTS_RING_ENTRIES`).
+    pub fn expected_cts(&self) -> u64 {
+        self.next_r
+    }
+
+    /// Credits available now (granted minus used); meaningful with gating on.
+    pub fn credits_available(&self) -> u64 {
+        self.credits_granted.saturating_sub(self.credits_used)
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Requests in use.
+    pub fn in_flight(&self) -> usize {
+        self.reqs.in_use()
+    }
+
+    /// The first fatal error of this comm, if any.
+    pub fn failure(&self) -> Option<&ReqError> {
+        self.failed.as_ref()
+    }
+
+    /// Takes the actions produced so far.
+    pub fn drain_actions(&mut self) -> Vec<Action> {
+        std::mem::take(&mut self.actions)
+    }
+
+    /// Starts sending `size` bytes at `addr` (covered by `lkey`) with `tag`.
+    ///
+    /// `Ok(None)` = "retry later" (no request slot, no credit, or — for rendezvous — no
+    /// clear-to-send yet): not an error (ext-net README). `Err(Usage)` when the matching receive
+    /// buffer is known to be too small or has no buffer with this tag: the receiver is told,
+    /// and nothing is written into its buffer.
+    pub fn isend(
+        &mut self,
+        now: u64,
+        addr: u64,
+        lkey: u32,
+        size: u64,
+        tag: i32,
+    ) -> Result<Option<ReqId>, ReqError> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        if self.reqs.in_use() == MAX_SEND_REQUESTS {
+            return Ok(self.refuse(now, Refusal::Slots));
+        }
+        let eager = size <= self.p.eager_limit;
+        let cts_ready = self.unassigned.is_empty() && self.front_covers(self.next_s);
+        if !eager && !cts_ready {
+            return Ok(self.refuse(now, Refusal::Cts));
+        }
+        if self.p.credits && self.credits_available() == 0 {
+            return Ok(self.refuse(now, Refusal::Credit));
+        }
+        self.refusing = None;
+        let s = self.next_s;
+        let req = SendReq {
+            s,
+            size,
+            tag,
+            wc_done: false,
+            matched: false,
+            error: None,
+            progress_ns: now,
+            stall_reported: false,
+        };
+        let Some(id) = self.reqs.insert(req) else {
+            return Ok(None);
+        };
+        self.next_s = s.wrapping_add(1);
+        self.credits_used += 1;
+        let target = if cts_ready {
+            Some(self.assign(s, tag, size))
+        } else {
+            None
+        };
+        match target {
+            Some(Err((e, group_r, buf_idx))) => {
+                // Tell the receiver, so its request fails too instead of waiting forever.
+                self.post_record(
+                    id,
+                    group_r,
+                    buf_idx,
+                    s,
+                    REC_TOO_BIG | size,
+                    WrKind::ErrNotify,
+                );
+                self.reqs.remove(id);
+                Err(e)
+            }
+            Some(Ok((group_r, buf_idx, buf))) if !eager => {
+                self.stats.rendezvous += 1;
+                let r = self.reqs.get_mut(id).expect("just inserted");
+                r.matched = true;
+                self.actions.push(Action::PostSend(SendWr {
+                    wr_id: wr_id(WrKind::RndvData, id.gen, id.slot),
+                    sgl: [
+                        Sge {
+                            addr,
+                            length: size as u32,
+                            lkey,
+                        },
+                        Sge::default(),
+                    ],
+                    num_sge: 1,
+                    opcode: SendOpcode::RdmaWrite {
+                        remote_addr: buf.addr,
+                        rkey: buf.rkey,
+                    },
+                    signaled: false,
+                }));
+                self.post_record(id, group_r, buf_idx, s, size, WrKind::RndvImm);
+                Ok(Some(id))
+            }
+            other => {
+                if let Some(Ok(_)) = other {
+                    self.reqs.get_mut(id).expect("just inserted").matched = true;
+                } else {
+                    self.unassigned.push_back(id);
+                }
+                self.stats.eager += 1;
+                let hdr_addr = self.p.hdr_stage.0 + u64::from(id.slot) * EAGER_HDR_LEN as u64;
+                self.actions.push(Action::Stage {
+                    addr: hdr_addr,
+                    bytes: EagerHeader { tag, seq: s, size }.encode().to_vec(),
+                });
+                self.actions.push(Action::PostSend(SendWr {
+                    wr_id: wr_id(WrKind::Eager, id.gen, id.slot),
+                    sgl: [
+                        Sge {
+                            addr: hdr_addr,
+                            length: EAGER_HDR_LEN as u32,
+                            lkey: self.p.hdr_stage.1,
+                        },
+                        Sge {
+                            addr,
+                            length: size as u32,
+                            lkey,
+                        },
+                    ],
+                    num_sge: if size == 0 { 1 } else { 2 },
+                    opcode: SendOpcode::Send,
+                    signaled: true,
+                }));
+                Ok(Some(id))
+            }
+        }
+    }
+
+    fn refuse(&mut self, now: u64, why: Refusal) -> Option<ReqId> {
+        match why {
+            Refusal::Credit => self.stats.credit_stalls += 1,
+            Refusal::Cts => self.stats.cts_waits += 1,
+            Refusal::Slots => self.stats.slots_full += 1,
+        }
+        match &mut self.refusing {
+            Some((_, w, _)) if *w == why => {}
+            _ => self.refusing = Some((now, why, false)),
+        }
+        None
+    }
+
+    /// Stages the 8-byte record for `s` and posts the WRITE_WITH_IMM that delivers it.
+    fn post_record(
+        &mut self,
+        id: ReqId,
+        group_r: u64,
+        buf_idx: usize,
+        s: u64,
+        value: u64,
+        kind: WrKind,
+    ) {
+        let stage = self.p.rec_stage.0 + u64::from(id.slot) * 8;
+        let slot = (group_r % REC_SLOTS as u64) as usize * MAX_RECVS + buf_idx;
+        self.actions.push(Action::Stage {
+            addr: stage,
+            bytes: value.to_le_bytes().to_vec(),
+        });
+        self.actions.push(Action::PostSend(SendWr {
+            wr_id: wr_id(kind, id.gen, id.slot),
+            sgl: [
+                Sge {
+                    addr: stage,
+                    length: 8,
+                    lkey: self.p.rec_stage.1,
+                },
+                Sge::default(),
+            ],
+            num_sge: 1,
+            opcode: SendOpcode::RdmaWriteWithImm {
+                remote_addr: self.p.peer_rec_ring.0 + slot as u64 * 8,
+                rkey: self.p.peer_rec_ring.1,
+                imm: wire::imm_encode(s, buf_idx),
+            },
+            signaled: kind == WrKind::RndvImm,
+        }));
+    }
+
+    fn front_covers(&self, s: u64) -> bool {
+        self.groups
+            .front()
+            .is_some_and(|g| s.wrapping_sub(g.base) < u64::from(g.n))
+    }
+
+    /// Assigns send `s` to the first unused buffer with its tag in the front group.
+    /// Errors carry the group and buffer to notify.
+    fn assign(
+        &mut self,
+        s: u64,
+        tag: i32,
+        size: u64,
+    ) -> Result<(u64, usize, CtsBuf), (ReqError, u64, usize)> {
+        let g = self
+            .groups
+            .front_mut()
+            .expect("caller checked front_covers");
+        debug_assert!(s.wrapping_sub(g.base) < u64::from(g.n));
+        let n = g.n as usize;
+        let found = (0..n).find(|&i| g.used & (1 << i) == 0 && g.bufs[i].tag == tag);
+        let r = g.r;
+        let result = match found {
+            None => {
+                // No buffer with this tag: take the first unused one so both sides stay in
+                // step, and fail the send.
+                let i = (0..n).find(|&i| g.used & (1 << i) == 0).unwrap_or(0);
+                g.used |= 1 << i;
+                let tags: Vec<i32> = g.bufs[..n].iter().map(|b| b.tag).collect();
+                Err((
+                    ReqError::Usage(format!(
+                        "send {s} has tag {tag} but the matching receive {r} has no unused buffer \
+                         with that tag (tags {tags:?})"
+                    )),
+                    r,
+                    i,
+                ))
+            }
+            Some(i) => {
+                g.used |= 1 << i;
+                let buf = g.bufs[i];
+                if size > buf.cap {
+                    Err((
+                        ReqError::Usage(format!(
+                            "send of {size} bytes is larger than the matching receive buffer of \
+                             {} bytes (receive {r}, buffer {i}); nothing was written",
+                            buf.cap
+                        )),
+                        r,
+                        i,
+                    ))
+                } else {
+                    Ok((r, i, buf))
+                }
+            }
+        };
+        let g = self.groups.front_mut().expect("still there");
+        g.assigned += 1;
+        if g.assigned == g.n {
+            self.groups.pop_front();
+        }
+        result
+    }
+
+    /// Feeds a clear-to-send read from our CTS ring. Errors: the entry is out of sequence
+    /// (a protocol violation; the comm fails).
+    pub fn handle_cts(&mut self, now: u64, e: CtsEntry) -> Result<(), ReqError> {
+        if e.r != self.next_r || e.base != self.next_base {
+            let err = ReqError::Protocol(format!(
+                "CTS for receive {} with base {} arrived, expected receive {} with base {}",
+                e.r, e.base, self.next_r, self.next_base
+            ));
+            self.fail(err.clone());
+            return Err(err);
+        }
+        self.stats.cts += 1;
+        self.next_r = self.next_r.wrapping_add(1);
+        self.next_base = self.next_base.wrapping_add(u64::from(e.n));
+        self.credits_granted = self.credits_granted.max(e.credits);
+        self.groups.push_back(Group {
+            r: e.r,
+            base: e.base,
+            n: e.n,
+            bufs: e.bufs,
+            used: 0,
+            assigned: 0,
+        });
+        // Assign eager sends that went out before this CTS arrived.
+        while let Some(&id) = self.unassigned.front() {
+            let Some(req) = self.reqs.get(id) else {
+                self.unassigned.pop_front();
+                continue;
+            };
+            let (s, tag, size) = (req.s, req.tag, req.size);
+            if !self.front_covers(s) {
+                break;
+            }
+            self.unassigned.pop_front();
+            let res = self.assign(s, tag, size);
+            if let Some(req) = self.reqs.get_mut(id) {
+                req.progress_ns = now;
+                match res {
+                    // The receiver sees the same mismatch when the data arrives and fails its
+                    // request itself; no notification needed.
+                    Err((e, _, _)) => req.error = Some(e),
+                    Ok(_) => req.matched = true,
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Feeds the credit word (cumulative credits granted) read from our memory.
+    pub fn handle_credit(&mut self, granted: u64) {
+        self.credits_granted = self.credits_granted.max(granted);
+    }
+
+    /// Feeds one completion of our QP.
+    pub fn handle_wc(&mut self, now: u64, wc: &Wc) {
+        let Some((kind, gen, slot)) = wr_parse(wc.wr_id) else {
+            self.fail(ReqError::Local(format!(
+                "completion with unknown wr_id {:#x}",
+                wc.wr_id
+            )));
+            return;
+        };
+        if wc.status != WcStatus::Success {
+            self.stats.error_completions += 1;
+            let what = match kind {
+                WrKind::Eager => "eager SEND",
+                WrKind::RndvData => "rendezvous RDMA WRITE",
+                WrKind::RndvImm => "rendezvous RDMA WRITE WITH IMM",
+                _ => "send-side WR",
+            };
+            if wc.status != WcStatus::WrFlush || self.failed.is_none() {
+                self.fail(wc_error(wc.status, what));
+            }
+            return;
+        }
+        if let Some((_, req)) = self.reqs.by_wr_mut(slot, gen) {
+            if matches!(kind, WrKind::Eager | WrKind::RndvImm) {
+                req.wc_done = true;
+                req.progress_ns = now;
+            }
+        }
+    }
+
+    /// Marks the comm failed; every outstanding request reports `e`.
+    pub fn fail(&mut self, e: ReqError) {
+        if self.failed.is_none() {
+            self.failed = Some(e.clone());
+        }
+        for (_, r) in self.reqs.iter_mut() {
+            if r.error.is_none() && !(r.wc_done && r.matched) {
+                r.error = Some(e.clone());
+            }
+        }
+    }
+
+    /// Polls request `id`: `Ok(Some(size))` once done (the slot is then free), `Ok(None)`
+    /// while in progress.
+    pub fn test(&mut self, id: ReqId) -> Result<Option<u64>, ReqError> {
+        let Some(req) = self.reqs.get(id) else {
+            return Err(ReqError::Local(format!(
+                "test of an unknown or finished send request {id:?}"
+            )));
+        };
+        if let Some(e) = req.error.clone() {
+            self.reqs.remove(id);
+            return Err(e);
+        }
+        if req.wc_done && req.matched {
+            let size = req.size;
+            self.reqs.remove(id);
+            self.stats.ops += 1;
+            self.stats.bytes += size;
+            return Ok(Some(size));
+        }
+        Ok(None)
+    }
+
+    /// Requests (and a refusal streak) idle for at least `timeout_ns`, each reported once.
+    pub fn stalls(&mut self, now: u64, timeout_ns: u64) -> Vec<Stall> {
+        let mut out = Vec::new();
+        for (id, r) in self.reqs.iter_mut() {
+            if r.stall_reported
+                || r.error.is_some()
+                || now.saturating_sub(r.progress_ns) < timeout_ns
+            {
+                continue;
+            }
+            r.stall_reported = true;
+            let waiting_for = if !r.wc_done {
+                "the completion of a posted send: the peer has not acknowledged it (it may be \
+                 dead, or not polling; with credits off it may have no receive posted)"
+                    .to_string()
+            } else {
+                format!(
+                    "the receiver's clear-to-send for send {} (the peer has not posted the \
+                     matching irecv)",
+                    r.s
+                )
+            };
+            out.push(Stall {
+                req: id,
+                idle_ns: now - r.progress_ns,
+                waiting_for,
+            });
+        }
+        if let Some((since, why, reported)) = &mut self.refusing {
+            if !*reported && now.saturating_sub(*since) >= timeout_ns {
+                *reported = true;
+                let waiting_for = match why {
+                    Refusal::Credit => {
+                        "a credit: isend keeps answering 'retry later' because the \
+                                        receiver has re-posted no receive WRs (it is not calling \
+                                        irecv/test, or VERBSNET_RQ_DEPTH is too small)"
+                    }
+                    Refusal::Cts => {
+                        "a clear-to-send: isend keeps answering 'retry later' because \
+                                     the peer has not posted the matching irecv"
+                    }
+                    Refusal::Slots => {
+                        "a free request slot: the caller is not testing its \
+                                       outstanding send requests"
+                    }
+                };
+                out.push(Stall {
+                    req: ReqId {
+                        slot: u32::MAX,
+                        gen: 0,
+                    },
+                    idle_ns: now - *since,
+                    waiting_for: waiting_for.to_string(),
+                });
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(credits: bool, initial: u64) -> SendParams {
+        SendParams {
+            eager_limit: 64,
+            credits,
+            initial_credits: initial,
+            hdr_stage: (0x10_0000, 1),
+            rec_stage: (0x20_0000, 2),
+            peer_rec_ring: (0x30_0000, 3),
+            first_seq: 0,
+        }
+    }
+
+    fn cts(r: u64, base: u64, credits: u64, bufs: &[(u64, i32)]) -> CtsEntry {
+        let mut b = [CtsBuf::default(); MAX_RECVS];
+        for (i, &(cap, tag)) in bufs.iter().enumerate() {
+            b[i] = CtsBuf {
+                addr: 0x4000_0000 + i as u64 * 0x1000,
+                cap,
+                rkey: 77,
+                tag,
+            };
+        }
+        CtsEntry {
+            r,
+            credits,
+            base,
+            n: bufs.len() as u32,
+            bufs: b,
+        }
+    }
+
+    #[test]
+    fn credit_gating_refuses_at_zero_and_resumes_on_credit() {
+        let mut e = SendEngine::new(params(true, 2));
+        assert!(e.isend(0, 0x1000, 5, 8, 0).unwrap().is_some());
+        assert!(e.isend(0, 0x1000, 5, 8, 0).unwrap().is_some());
+        assert_eq!(e.isend(0, 0x1000, 5, 8, 0).unwrap(), None);
+        assert_eq!(e.stats().credit_stalls, 1);
+        e.handle_credit(3);
+        assert!(e.isend(0, 0x1000, 5, 8, 0).unwrap().is_some());
+        assert_eq!(e.credits_available(), 0);
+    }
+
+    #[test]
+    fn credits_off_never_refuses_for_credit() {
+        let mut e = SendEngine::new(params(false, 0));
+        for _ in 0..10 {
+            assert!(e.isend(0, 0x1000, 5, 8, 0).unwrap().is_some());
+        }
+        assert_eq!(e.stats().credit_stalls, 0);
+    }
+
+    #[test]
+    fn rendezvous_waits_for_cts_then_writes_data_and_record() {
+        let mut e = SendEngine::new(params(true, 8));
+        assert_eq!(e.isend(0, 0x1000, 5, 1000, 9).unwrap(), None);
+        assert_eq!(e.stats().cts_waits, 1);
+        e.handle_cts(1, cts(0, 0, 8, &[(4096, 9)])).unwrap();
+        let id = e.isend(2, 0x1000, 5, 1000, 9).unwrap().unwrap();
+        let acts = e.drain_actions();
+        assert_eq!(acts.len(), 3, "{acts:?}");
+        match &acts[0] {
+            Action::PostSend(wr) => {
+                assert_eq!(
+                    wr.opcode,
+                    SendOpcode::RdmaWrite {
+                        remote_addr: 0x4000_0000,
+                        rkey: 77
+                    }
+                );
+                assert_eq!(wr.sges()[0].length, 1000);
+                assert!(!wr.signaled);
+            }
+            a => panic!("{a:?}"),
+        }
+        assert_eq!(
+            acts[1],
+            Action::Stage {
+                addr: 0x20_0000 + 8 * u64::from(id.slot),
+                bytes: 1000u64.to_le_bytes().to_vec()
+            }
+        );
+        match &acts[2] {
+            Action::PostSend(wr) => {
+                assert_eq!(
+                    wr.opcode,
+                    SendOpcode::RdmaWriteWithImm {
+                        remote_addr: 0x30_0000,
+                        rkey: 3,
+                        imm: wire::imm_encode(0, 0)
+                    }
+                );
+                assert!(wr.signaled);
+            }
+            a => panic!("{a:?}"),
+        }
+        assert_eq!(e.test(id).unwrap(), None);
+        e.handle_wc(
+            3,
+            &Wc {
+                wr_id: wr_id(WrKind::RndvImm, id.gen, id.slot),
+                status: WcStatus::Success,
+                opcode: crate::transport::WcOpcode::RdmaWrite,
+                byte_len: 0,
+                imm: None,
+            },
+        );
+        assert_eq!(e.test(id).unwrap(), Some(1000));
+        assert_eq!(e.stats().rendezvous, 1);
+    }
+
+    #[test]
+    fn too_large_send_fails_and_notifies_receiver() {
+        let mut e = SendEngine::new(params(true, 8));
+        e.handle_cts(0, cts(0, 0, 8, &[(100, 0)])).unwrap();
+        let err = e.isend(0, 0x1000, 5, 1000, 0).unwrap_err();
+        assert!(
+            matches!(err, ReqError::Usage(ref m) if m.contains("1000 bytes") && m.contains("100 bytes")),
+            "{err}"
+        );
+        let acts = e.drain_actions();
+        assert_eq!(acts.len(), 2);
+        assert_eq!(
+            acts[0],
+            Action::Stage {
+                addr: 0x20_0000,
+                bytes: (REC_TOO_BIG | 1000).to_le_bytes().to_vec()
+            }
+        );
+        assert_eq!(e.in_flight(), 0);
+    }
+
+    #[test]
+    fn eager_before_cts_completes_only_after_cts_validates_it() {
+        let mut e = SendEngine::new(params(true, 8));
+        let id = e.isend(0, 0x1000, 5, 60, 4).unwrap().unwrap();
+        e.handle_wc(
+            1,
+            &Wc {
+                wr_id: wr_id(WrKind::Eager, id.gen, id.slot),
+                status: WcStatus::Success,
+                opcode: crate::transport::WcOpcode::Send,
+                byte_len: 0,
+                imm: None,
+            },
+        );
+        assert_eq!(e.test(id).unwrap(), None, "no CTS yet");
+        e.handle_cts(2, cts(0, 0, 8, &[(50, 4)])).unwrap();
+        assert!(matches!(e.test(id), Err(ReqError::Usage(_))), "60 > 50");
+    }
+
+    #[test]
+    fn out_of_sequence_cts_fails_the_comm() {
+        let mut e = SendEngine::new(params(true, 8));
+        assert!(e.handle_cts(0, cts(1, 0, 8, &[(50, 4)])).is_err());
+        assert!(matches!(e.isend(0, 0, 0, 1, 0), Err(ReqError::Protocol(_))));
+    }
+
+    #[test]
+    fn slot_limit_returns_none_then_recovers() {
+        let mut e = SendEngine::new(params(false, 0));
+        let mut ids = Vec::new();
+        for _ in 0..MAX_SEND_REQUESTS {
+            ids.push(e.isend(0, 0x1000, 5, 8, 0).unwrap().unwrap());
+        }
+        assert_eq!(e.isend(0, 0x1000, 5, 8, 0).unwrap(), None);
+        assert_eq!(e.stats().slots_full, 1);
+        let id = ids[0];
+        e.handle_wc(
+            0,
+            &Wc {
+                wr_id: wr_id(WrKind::Eager, id.gen, id.slot),
+                status: WcStatus::Success,
+                opcode: crate::transport::WcOpcode::Send,
+                byte_len: 0,
+                imm: None,
+            },
+        );
+        e.handle_cts(0, cts(0, 0, 0, &[(8, 0)])).unwrap();
+        assert_eq!(e.test(id).unwrap(), Some(8));
+        assert!(e.isend(0, 0x1000, 5, 8, 0).unwrap().is_some());
+    }
+}
