@@ -180,6 +180,14 @@ pub struct Args {
     /// Local mode: kill all ranks after this many seconds (0 = never).
     #[arg(short = 'T', long, default_value_t = 0)]
     pub timeout: u64,
+
+    /// Test hook: this rank damages its result before each check.
+    #[arg(long, hide = true)]
+    pub debug_corrupt_rank: Option<usize>,
+
+    /// Test hook: this rank fails at start-up (before the rendezvous).
+    #[arg(long, hide = true)]
+    pub debug_fail_rank: Option<usize>,
 }
 
 impl Args {

@@ -287,9 +287,20 @@ impl Job<'_> {
             let seed = u64::from(c) + 1;
             self.init(&mut b, seed);
             self.call(ring, &mut b)?;
+            if args.debug_corrupt_rank == Some(self.rank) {
+                corrupt(&mut b.output);
+            }
             *wrong.get_or_insert(0) += self.check(&b, seed);
         }
         Ok((time_us, wrong))
+    }
+}
+
+/// Test hook: damages one byte in every 8 of a result buffer (so the rank's own block of an
+/// in-place reduce-scatter is hit too).
+fn corrupt(out: &mut [u8]) {
+    for b in out.iter_mut().step_by(8) {
+        *b ^= 0x5A;
     }
 }
 
@@ -410,6 +421,9 @@ pub fn run(args: &Args) -> Result<i32> {
     let place = bootstrap::placement(args.rank, args.nranks, args.master.as_deref(), |k| {
         env::var(k).ok()
     })?;
+    if args.debug_fail_rank == Some(place.rank) {
+        return Err("failing on purpose (--debug-fail-rank)".into());
+    }
     // Everything the plugin reads from the environment is set before it is loaded.
     if let Some(t) = args.transport {
         env::set_var("VERBSNET_TRANSPORT", t.env_value());
