@@ -537,7 +537,7 @@ pub fn run(args: &Args) -> Result<i32> {
         for r in &ranks {
             writeln!(
                 o,
-                "#  Rank {:>3} Pid {:>7} on {:>10} device {} ({}) plugin {}",
+                "#  Rank {:>3} Pid {:>7} on {} device {} ({}) plugin {}",
                 r["rank"],
                 r["pid"],
                 r["host"].as_str().unwrap_or("?"),

@@ -376,7 +376,8 @@ impl Net {
         check("connect", unsafe {
             f(dev, handle.0.as_mut_ptr().cast(), &mut comm, &mut dev_comm)
         })?;
-        Ok((!comm.is_null()).then_some(SendComm {
+        // `then`, not `then_some`: a comm wrapper must never exist for NULL (its drop closes it).
+        Ok((!comm.is_null()).then(|| SendComm {
             ptr: comm,
             net: self,
         }))
@@ -393,7 +394,7 @@ impl Net {
         let mut dev_comm = ptr::null_mut();
         // SAFETY: `listen.ptr` is a live listen comm of this plugin; out-pointers are valid.
         check("accept", unsafe { f(listen.ptr, &mut comm, &mut dev_comm) })?;
-        Ok((!comm.is_null()).then_some(RecvComm {
+        Ok((!comm.is_null()).then(|| RecvComm {
             ptr: comm,
             net: self,
         }))

@@ -55,10 +55,9 @@ pub fn bandwidths(coll: Collective, nranks: usize, size: u64, m: &Measure) -> (f
 /// The column headings (three `#` lines).
 pub fn table_header() -> String {
     let mut s = String::new();
-    s.push_str(&format!(
-        "#{:51}  {:^31}  {:^31}\n",
-        "", "out-of-place", "in-place"
-    ));
+    let spans = format!("#{:51}  {:^31}  {:^31}", "", "out-of-place", "in-place");
+    s.push_str(spans.trim_end());
+    s.push('\n');
     s.push_str(&format!(
         "#{:>11} {:>13} {:>9} {:>7} {:>7}  {:>8} {:>7} {:>7} {:>6}  {:>8} {:>7} {:>7} {:>6}\n",
         "size",
