@@ -356,7 +356,8 @@ mod tests {
 
     #[test]
     fn launcher_variables_are_detected_in_order() {
-        let cases: [(&[(&str, &str)], (usize, usize, &str)); 5] = [
+        type Case<'a> = (&'a [(&'a str, &'a str)], (usize, usize, &'a str));
+        let cases: [Case; 5] = [
             (
                 &[("OMPI_COMM_WORLD_RANK", "2"), ("OMPI_COMM_WORLD_SIZE", "4")],
                 (2, 4, "Open MPI"),

@@ -106,31 +106,36 @@ pub struct Args {
     pub collective: Collective,
 
     /// Smallest size in bytes.
-    #[arg(short = 'b', long = "minbytes", default_value = "32M", value_parser = parse_size)]
+    #[arg(short = 'b', long = "minbytes", value_name = "SIZE", default_value = "32M", value_parser = parse_size)]
     pub min_bytes: u64,
 
     /// Largest size in bytes [default: minbytes].
-    #[arg(short = 'e', long = "maxbytes", value_parser = parse_size)]
+    #[arg(short = 'e', long = "maxbytes", value_name = "SIZE", value_parser = parse_size)]
     pub max_bytes: Option<u64>,
 
     /// Multiply the size by this factor between steps [default: 2].
-    #[arg(short = 'f', long = "stepfactor")]
+    #[arg(short = 'f', long = "stepfactor", value_name = "FACTOR")]
     pub step_factor: Option<u64>,
 
     /// Add this many bytes between steps (used when -f is not given).
-    #[arg(short = 'i', long = "stepbytes", value_parser = parse_size)]
+    #[arg(short = 'i', long = "stepbytes", value_name = "SIZE", value_parser = parse_size)]
     pub step_bytes: Option<u64>,
 
     /// Timed iterations per size.
-    #[arg(short = 'n', long = "iters", default_value_t = 20)]
+    #[arg(short = 'n', long = "iters", value_name = "N", default_value_t = 20)]
     pub iters: u32,
 
     /// Untimed warm-up iterations per size.
-    #[arg(short = 'w', long = "warmup_iters", default_value_t = 1)]
+    #[arg(
+        short = 'w',
+        long = "warmup_iters",
+        value_name = "N",
+        default_value_t = 1
+    )]
     pub warmup_iters: u32,
 
     /// Data-checked iterations per size (0 = no check).
-    #[arg(short = 'c', long = "check", default_value_t = 1)]
+    #[arg(short = 'c', long = "check", value_name = "N", default_value_t = 1)]
     pub check: u32,
 
     /// Reduction operator.
@@ -142,23 +147,23 @@ pub struct Args {
     pub datatype: DataType,
 
     /// Bytes per proxy slot (NCCL SIMPLE step: NCCL_BUFFSIZE 4 MiB / 8 steps).
-    #[arg(long, default_value = "512K", value_parser = parse_size)]
+    #[arg(long, value_name = "SIZE", default_value = "512K", value_parser = parse_size)]
     pub chunk: u64,
 
     /// Local mode: spawn this many ranks of this program on 127.0.0.1.
-    #[arg(long, conflicts_with_all = ["rank", "nranks", "master"])]
+    #[arg(long, value_name = "N", conflicts_with_all = ["rank", "nranks", "master"])]
     pub ranks: Option<usize>,
 
     /// This process's rank (with --nranks; overrides launcher variables).
-    #[arg(long, requires = "nranks")]
+    #[arg(long, value_name = "R", requires = "nranks")]
     pub rank: Option<usize>,
 
     /// Number of ranks (with --rank).
-    #[arg(long, requires = "rank")]
+    #[arg(long, value_name = "N", requires = "rank")]
     pub nranks: Option<usize>,
 
     /// host:port of the rendezvous served by rank 0 [default: MASTER_ADDR:MASTER_PORT].
-    #[arg(long)]
+    #[arg(long, value_name = "HOST:PORT")]
     pub master: Option<String>,
 
     /// Plugin transport; sets VERBSNET_TRANSPORT for the ranks [default: leave it as is].
@@ -178,7 +183,7 @@ pub struct Args {
     pub stats: bool,
 
     /// Local mode: kill all ranks after this many seconds (0 = never).
-    #[arg(short = 'T', long, default_value_t = 0)]
+    #[arg(short = 'T', long, value_name = "SECONDS", default_value_t = 0)]
     pub timeout: u64,
 
     /// Test hook: this rank damages its result before each check.
@@ -209,7 +214,7 @@ impl Args {
         if self.step_factor.is_none() && self.step_bytes == Some(0) {
             return Err("stepbytes must be positive".into());
         }
-        if self.chunk == 0 || self.chunk % 8 != 0 || self.chunk > (1 << 30) {
+        if self.chunk == 0 || self.chunk & 7 != 0 || self.chunk > (1 << 30) {
             return Err(format!(
                 "chunk must be a multiple of 8 bytes, at most 1G, not {}",
                 self.chunk

@@ -360,7 +360,7 @@ impl<'n> Ring<'n> {
             // Fill the next send slot once its data is there.
             if staged.is_none() && next_send < plan.sends.len() && sends_in_flight.len() < SLOTS {
                 let s = plan.sends[next_send];
-                if s.after.is_none_or(|i| i < recvs_done) {
+                if !matches!(s.after, Some(i) if i >= recvs_done) {
                     let src: &[u8] = match s.src {
                         Src::Input => input,
                         Src::Work => work,
@@ -401,7 +401,7 @@ impl<'n> Ring<'n> {
                 idle = 0;
             } else {
                 idle += 1;
-                if idle % 1024 == 0 && last_progress.elapsed() > STALL_TIMEOUT {
+                if idle & 1023 == 0 && last_progress.elapsed() > STALL_TIMEOUT {
                     return Err(format!(
                         "rank {}: no progress for {STALL_TIMEOUT:?}: sends {sends_done}/{} done \
                          ({} in flight, staged {}), receives {recvs_done}/{} done ({} posted)",
