@@ -368,6 +368,7 @@ impl Comm {
             rec_stage: bufs.rec.at(),
             peer_rec_ring: peer.rec_ring,
             first_seq: peer.first_seq,
+            first_gen: cfg.test_first_gen,
         });
         let inner = Inner {
             qp,

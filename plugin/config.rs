@@ -99,6 +99,16 @@ pub struct Config {
     /// `VERBSNET_DEBUG`: how much the plugin logs. Default `warn`, or `info` when
     /// `NCCL_DEBUG` is `INFO` or `TRACE` and `VERBSNET_DEBUG` is unset.
     pub debug: DebugLevel,
+    /// Tests only, never read from the environment: the sequence number of a send comm's first
+    /// send and receive (production: 0). Tests start near the 29-bit immediate wrap, the CTS
+    /// ring's and record ring's slot wrap, to exercise them without 2^29 messages.
+    #[doc(hidden)]
+    pub test_first_seq: u64,
+    /// Tests only, never read from the environment: the generation every send request slot
+    /// starts at (production: 0), so a test crosses the 24-bit generation field of `wr_id`s
+    /// and the 32-bit wrap of request handles without 2^24 reuses of a slot.
+    #[doc(hidden)]
+    pub test_first_gen: u32,
 }
 
 impl Default for Config {
@@ -123,6 +133,8 @@ impl Default for Config {
             stats_interval: None,
             stats_file: None,
             debug: DebugLevel::Warn,
+            test_first_seq: 0,
+            test_first_gen: 0,
         }
     }
 }

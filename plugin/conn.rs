@@ -649,7 +649,8 @@ impl Connecting {
                 .create_qp(&qp_config(cfg))
                 .map_err(|e| Error::System(format!("creating a QP on {dev_name}: {e}")))?;
             let bufs = SendBuffers::alloc(&**dev)?;
-            let first_seq = 0;
+            // 0 in production; tests start near the wrap points (`Config::test_first_seq`).
+            let first_seq = cfg.test_first_seq;
             let hello = Hello {
                 kind: match self.handle.kind {
                     Kind::Ib => 1,

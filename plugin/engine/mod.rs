@@ -237,9 +237,14 @@ pub(crate) struct Slots<T> {
 
 impl<T> Slots<T> {
     pub(crate) fn new(n: usize) -> Self {
+        Slots::with_first_gen(n, 0)
+    }
+
+    /// Slots whose generations start at `gen` (tests start near the wrap points).
+    pub(crate) fn with_first_gen(n: usize, gen: u32) -> Self {
         Slots {
             items: (0..n).map(|_| None).collect(),
-            gens: vec![0; n],
+            gens: vec![gen; n],
             free: (0..n as u32).rev().collect(),
         }
     }

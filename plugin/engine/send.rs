@@ -30,6 +30,9 @@ pub struct SendParams {
     /// Sequence number of the first send and the first receive (0 in production; tests start
     /// near wrap points).
     pub first_seq: u64,
+    /// Generation of every request slot's first use (0 in production; tests start near the
+    /// 24-bit `wr_id` generation wrap).
+    pub first_gen: u32,
 }
 
 #[derive(Debug)]
@@ -90,7 +93,7 @@ impl SendEngine {
             next_base: p.first_seq,
             credits_granted: p.initial_credits,
             credits_used: 0,
-            reqs: Slots::new(MAX_SEND_REQUESTS),
+            reqs: Slots::with_first_gen(MAX_SEND_REQUESTS, p.first_gen),
             groups: VecDeque::new(),
             unassigned: VecDeque::new(),
             failed: None,
@@ -558,6 +561,7 @@ mod tests {
             rec_stage: (0x20_0000, 2),
             peer_rec_ring: (0x30_0000, 3),
             first_seq: 0,
+            first_gen: 0,
         }
     }
 

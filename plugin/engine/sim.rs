@@ -196,6 +196,7 @@ impl Pair {
             rec_stage: (S_REC, 4),
             peer_rec_ring: (R_REC, RKEY_REC),
             first_seq: c.first_seq,
+            first_gen: 0,
         });
         let mut p = Pair {
             snd,
