@@ -26,7 +26,7 @@ use crate::engine::{
     CTRL_STAGE_SLOTS, CTS_RING_ENTRIES, MAX_RECV_REQUESTS, MAX_SEND_REQUESTS,
 };
 use crate::ffi::mem::Region;
-use crate::transport::{Device, MemoryRegion, MrKeys, QueuePair, Wc};
+use crate::transport::{Device, DeviceRnrCounters, MemoryRegion, MrKeys, QueuePair, Wc};
 
 /// Nanoseconds since the first call in this process (monotonic).
 pub fn now_ns() -> u64 {
@@ -282,6 +282,11 @@ struct Inner {
     wcs: Vec<Wc>,
     watch: Watch,
     post_errors: u64,
+    /// For the device RNR counters in watchdog reports.
+    dev: Arc<dyn Device>,
+    /// The device RNR counters when this comm was created: they are device-wide and
+    /// cumulative, so a comm reports how much they moved during its lifetime.
+    dev_base: DeviceRnrCounters,
 }
 
 /// A request pointer handed to NCCL: it leads back to its comm.
@@ -376,6 +381,8 @@ impl Comm {
             wcs: Vec::new(),
             watch: Watch::new(cfg),
             post_errors: 0,
+            dev_base: dev.rnr_counters(),
+            dev: dev.clone(),
         };
         Comm::boxed(dev, inner, label, true, cfg)
     }
@@ -446,6 +453,8 @@ impl Comm {
             wcs: Vec::new(),
             watch: Watch::new(cfg),
             post_errors: 0,
+            dev_base: dev.rnr_counters(),
+            dev: dev.clone(),
         };
         Comm::boxed(dev, inner, label, false, cfg)
     }
@@ -568,7 +577,8 @@ impl Comm {
         })
     }
 
-    /// The comm's counters as `(name, value)` pairs (engine, QP and device counters).
+    /// The comm's counters as `(name, value)` pairs: engine, QP, and device counters (`dev_*`,
+    /// where the device has them: device-wide, as moved since this comm was created).
     pub fn counters(&self) -> Vec<(&'static str, u64)> {
         self.lock()
             .map_or_else(|_| Vec::new(), |g| g.counters(&*self.dev))
@@ -604,14 +614,20 @@ impl Inner {
         let q = self.qp.counters();
         v.push(("rnr_naks_received", q.rnr_naks_received));
         v.push(("rnr_naks_sent", q.rnr_naks_sent));
+        // Device-wide counters (every QP of the port), as moved since this comm was created.
         let d = dev.rnr_counters();
-        for (k, val) in [
-            ("dev_rcvd_rnr_err", d.rcvd_rnr_err),
-            ("dev_send_rnr_err", d.send_rnr_err),
-            ("dev_retry_rnr_exceeded_err", d.retry_rnr_exceeded_err),
+        let b = &self.dev_base;
+        for (k, val, base) in [
+            ("dev_rcvd_rnr_err", d.rcvd_rnr_err, b.rcvd_rnr_err),
+            ("dev_send_rnr_err", d.send_rnr_err, b.send_rnr_err),
+            (
+                "dev_retry_rnr_exceeded_err",
+                d.retry_rnr_exceeded_err,
+                b.retry_rnr_exceeded_err,
+            ),
         ] {
             if let Some(val) = val {
-                v.push((k, val));
+                v.push((k, val.saturating_sub(base.unwrap_or(0))));
             }
         }
         v
@@ -815,16 +831,20 @@ impl Inner {
                 Side::Recv { engine, .. } => engine.stalls(now, t),
             };
             for s in stalls {
-                let counters: Vec<String> = self
-                    .engine_stats()
-                    .fields()
+                // Engine, QP and device counters (RNR NAKs tell a credits-off RNR stall apart
+                // from a dead peer), and on the send side the credits in hand.
+                let mut counters: Vec<String> = self
+                    .counters(&*self.dev)
                     .iter()
                     .map(|(k, v)| format!("{k}={v}"))
                     .collect();
+                if let Side::Send { engine, .. } = &self.side {
+                    counters.push(format!("credits_available={}", engine.credits_available()));
+                }
                 warn!(
-                    "{label}: request {} has made no progress for {:.1} s; waiting for {}. \
-                     Counters: {}. (VERBSNET_HANG_TIMEOUT sets this report's delay; 0 turns it off)",
-                    if s.req.slot == u32::MAX { "isend".to_string() } else { format!("slot {}", s.req.slot) },
+                    "{label}: {} has made no progress for {:.1} s; waiting for {}. Counters: {}. \
+                     (VERBSNET_HANG_TIMEOUT sets this report's delay; 0 turns it off)",
+                    s.what,
                     s.idle_ns as f64 / 1e9,
                     s.waiting_for,
                     counters.join(" ")

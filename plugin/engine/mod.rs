@@ -219,8 +219,11 @@ impl Stats {
 /// What a request that made no progress is waiting for (hang watchdog).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Stall {
-    /// The request.
+    /// The request (`slot` `u32::MAX` for a streak of `isend` refusals).
     pub req: ReqId,
+    /// What stalled, in the peer's terms: `send 4 (512 bytes, tag 7)`, `receive 2 (1 buffer)`,
+    /// or `isend (answering 'retry later')`.
+    pub what: String,
     /// Nanoseconds since it last made progress.
     pub idle_ns: u64,
     /// What it waits for, in words an operator can act on.
