@@ -91,16 +91,22 @@ vn_check_nccl_log() {
 
     # Lines that prove a failure or a fallback, whatever else the log says.
     local -a bad_patterns=(
-        'Failed to initialize NET plugin'
+        "Failed to initialize NET plugin ${netre}([^[:alnum:]_]|$)"
         'Failed to initialize any NET plugin'
         'Error: network .* not found'
-        'External network plugin .* is unsupported'
-        'NET/Plugin: Could not find'
-        'NET/Plugin ?: Plugin load .*failed'
         'Duplicate GPU detected'
         'Multiple Ranks are using the same GPU'
         'No transport found for rank'
     )
+    if [[ "$external" == 1 ]]; then
+        # Only when we asked for an external plugin: without one, NCCL before 2.28 looks for
+        # libnccl-net.so and harmlessly logs that it is not there.
+        bad_patterns+=(
+            'External network plugin .* is unsupported'
+            'NET/Plugin: Could not find'
+            'NET/Plugin ?: Plugin load .*returned'
+        )
+    fi
     local pat
     for pat in "${bad_patterns[@]}"; do
         line="$(grep -m1 -E "$pat" "$file")"
@@ -700,7 +706,7 @@ vn_run_torch() {
         fails=$((fails + 1))
         case "$rc" in
             124 | 137) reasons+="killed after ${t}s by timeout (hang?); " ;;
-            *) reasons+="torch_allreduce.py exit $rc ($(grep -m1 -E 'FAIL' "$dir/parent.log" | cut -c1-200)); " ;;
+            *) reasons+="torch_allreduce.py exit $rc ($(grep -m1 -E '^torch-check: FAIL' "$dir/parent.log" | cut -c1-300)); " ;;
         esac
     fi
     for r in 0 1; do

@@ -252,14 +252,20 @@ def main(argv=None):
         print("torch-check: PASS: %d ranks, sizes %s, no wrong element"
               % (args.world_size, ",".join(str(s) for s in args.sizes)), flush=True)
         return 0
+    reason = ""
     for r in range(args.world_size):
         path = os.path.join(args.log_dir, "rank%d.log" % r)
-        if os.path.exists(path):
-            with open(path, errors="replace") as f:
-                lines = [ln for ln in f if "FAILED" in ln or "Error" in ln or "WARN" in ln]
-            for ln in lines[:3]:
-                print("torch-check: rank %d: %s" % (r, ln.rstrip()), flush=True)
-    print("torch-check: FAIL: exit codes %s" % codes, flush=True)
+        if not os.path.exists(path):
+            continue
+        with open(path, errors="replace") as f:
+            lines = [ln.rstrip() for ln in f
+                     if ("FAILED" in ln and not ln.rstrip().endswith("exception:"))
+                     or "Error" in ln or "NCCL WARN" in ln]
+        for ln in lines[:3]:
+            print("torch-check: rank %d: %s" % (r, ln), flush=True)
+        if lines and not reason:
+            reason = "; rank %d: %s" % (r, lines[-1][:200])
+    print("torch-check: FAIL: exit codes %s%s" % (codes, reason), flush=True)
     return 1
 
 
