@@ -691,8 +691,8 @@ vn_run_torch() {
     local pid=$!
     VN_PIDS+=("$pid")
     wait "$pid"
-    local rc=$? fails=0
-    VN_PIDS=() reasons="" combined="$VN_OUT/torch-verbsnet.log"
+    local rc=$? fails=0 reasons="" combined="$VN_OUT/torch-verbsnet.log"
+    VN_PIDS=()
     {
         echo "===== torch parent: exit $rc ====="
         cat "$dir/parent.log"
@@ -778,7 +778,7 @@ vn_main() {
         vn_write_summary
         return 1
     fi
-    vn_step PASS preflight "NCCL ${VN_NCCL_VERSION:-(fake)}, plugin present"
+    vn_step PASS preflight "NCCL ${VN_NCCL_VERSION:-$([[ $VN_FAKE == 1 ]] && echo "(fake)" || echo "(version unknown)")}, plugin present"
 
     if ! vn_build; then
         vn_write_summary
