@@ -1769,3 +1769,66 @@ fn error_drops_data_frames_not_yet_begun() {
         );
     }
 }
+
+#[test]
+fn destination_deregistered_mid_write_stops_writing() {
+    let dev = TcpDevice::new(0);
+    let src = Buf::filled(&dev, UNBUFFERABLE, 24);
+    let Buf { region: dst, mr } = Buf::new(&dev, UNBUFFERABLE);
+    let rkey = mr.keys().rkey;
+    let mut p = Pair::new(&dev, &dev);
+    p.a.post_send(&[send_wr(
+        1,
+        &[src.sge(0, UNBUFFERABLE as u32)],
+        SendOpcode::RdmaWrite {
+            remote_addr: dst.addr(),
+            rkey,
+        },
+        true,
+    )])
+    .expect("post_send");
+    let landed = |dst: &Region| dst.with(0, 1, |s| s[0]).expect("read") != 0;
+    p.drive("the first bytes", |_| landed(&dst));
+    drop(mr);
+    let snapshot = {
+        let mut v = vec![0; UNBUFFERABLE];
+        dst.read(0, &mut v).expect("read");
+        v
+    };
+    assert!(snapshot[UNBUFFERABLE - 1] == 0, "still in flight");
+    p.drive_to(1, 0);
+    p.settle();
+    assert_eq!(p.wa, [err(1, WcStatus::RemoteAccess, WcOpcode::RdmaWrite)]);
+    let mut after = vec![0; UNBUFFERABLE];
+    dst.read(0, &mut after).expect("read");
+    assert!(after == snapshot, "nothing written after deregistration");
+}
+
+#[test]
+fn source_deregistered_mid_send_fails_locally_and_closes() {
+    let dev = TcpDevice::new(0);
+    let Buf { region: src, mr } = Buf::filled(&dev, UNBUFFERABLE, 25);
+    let lkey = mr.keys().lkey;
+    let dst = Buf::new(&dev, UNBUFFERABLE);
+    let mut p = Pair::new(&dev, &dev);
+    p.b.post_recv(&[recv(0xb, dst.sge(0, UNBUFFERABLE as u32))])
+        .expect("post_recv");
+    p.a.post_send(&[send(
+        1,
+        &[Sge {
+            addr: src.addr(),
+            length: UNBUFFERABLE as u32,
+            lkey,
+        }],
+    )])
+    .expect("post_send");
+    p.poll();
+    p.poll();
+    assert!(p.wa.is_empty() && p.wb.is_empty(), "still in flight");
+    drop(mr);
+    p.drive_to(1, 1);
+    assert_eq!(p.wa, [err(1, WcStatus::LocalProtection, WcOpcode::Send)]);
+    assert_eq!(p.wb, [err(0xb, WcStatus::WrFlush, WcOpcode::Recv)]);
+    assert!(p.b.peer_closed());
+    assert!(!p.a.peer_closed());
+}
