@@ -974,7 +974,11 @@ mod tests {
     #[test]
     fn every_knob_rejects_garbage_with_its_registry_text() {
         // Free-form knobs accept any non-empty text.
-        let free = ["VERBSNET_IB_HCA", "VERBSNET_SOCKET_IFNAME", "VERBSNET_STATS_FILE"];
+        let free = [
+            "VERBSNET_IB_HCA",
+            "VERBSNET_SOCKET_IFNAME",
+            "VERBSNET_STATS_FILE",
+        ];
         for k in KNOBS.iter().filter(|k| !free.contains(&k.var)) {
             let e = parse(&[(k.var, "bogus?")]).expect_err(k.var);
             assert_eq!(e.var, k.var);

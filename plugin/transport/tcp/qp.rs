@@ -37,6 +37,8 @@ pub(super) struct TcpQp {
     stream: Option<TcpStream>,
     /// The stream failed or hit EOF: no more I/O on it.
     io_dead: bool,
+    /// `post_send` starts transmitting at once (off only in white-box tests that stage by hand).
+    doorbell: bool,
     /// The peer closed the connection or the stream failed (`peer_closed()`).
     peer_closed: bool,
 
@@ -216,6 +218,7 @@ impl TcpQp {
             state: QpState::Init,
             stream: None,
             io_dead: false,
+            doorbell: true,
             peer_closed: false,
             sq: VecDeque::new(),
             next_psn: initial_psn,
@@ -1216,6 +1219,11 @@ impl QueuePair for TcpQp {
             });
             self.next_psn = self.next_psn.wrapping_add(1);
         }
+        // Ring the doorbell: start transmitting now, as a NIC does, instead of waiting for
+        // the next poll_cq (a CTS or a send would otherwise sit queued until the caller polls).
+        if self.doorbell && self.stream.is_some() && !self.io_dead {
+            self.flush_tx();
+        }
         Ok(())
     }
 
@@ -1325,6 +1333,7 @@ mod tests {
             retry_cnt: 7,
         };
         let mut qp = TcpQp::new(1, 100, cfg, Arc::clone(&registry));
+        qp.doorbell = false;
         let region = Region::alloc(64 << 10);
         let lkey = registry.insert(region.clone()).expect("register");
         let l = TcpListener::bind("127.0.0.1:0").expect("bind");
