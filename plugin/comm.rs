@@ -493,7 +493,7 @@ impl Comm {
         mh.sub(data, size)?;
         let mut g = self.lock()?;
         let now = now_ns();
-        g.progress(now, &self.label, &self.cfg)?;
+        g.progress(now, &self.label)?;
         let Side::Send { engine, .. } = &mut g.side else {
             unreachable!()
         };
@@ -527,7 +527,7 @@ impl Comm {
         }
         let mut g = self.lock()?;
         let now = now_ns();
-        g.progress(now, &self.label, &self.cfg)?;
+        g.progress(now, &self.label)?;
         let Side::Recv { engine, dst, .. } = &mut g.side else {
             unreachable!()
         };
@@ -544,7 +544,7 @@ impl Comm {
     pub fn test(&self, id: ReqId) -> Result<Option<Vec<u64>>, Error> {
         let mut g = self.lock()?;
         let now = now_ns();
-        let progressed = g.progress(now, &self.label, &self.cfg);
+        let progressed = g.progress(now, &self.label);
         let r = match &mut g.side {
             Side::Send { engine, .. } => engine.test(id).map(|o| o.map(|s| vec![s])),
             Side::Recv { engine, dst, .. } => {
@@ -566,7 +566,7 @@ impl Comm {
     /// side of a pair.
     pub fn progress(&self) -> Result<(), Error> {
         let mut g = self.lock()?;
-        g.progress(now_ns(), &self.label, &self.cfg)
+        g.progress(now_ns(), &self.label)
     }
 
     /// Requests in use (the pool returns to 0 when every request was tested to completion).
@@ -587,7 +587,7 @@ impl Comm {
     /// Logs the counters and appends them to `VERBSNET_STATS_FILE` if set; called on close.
     pub fn close(self: Box<Self>) {
         if let Ok(g) = self.inner.lock() {
-            let line = g.stats_line(&self.label, &*self.dev);
+            let line = g.stats_line(&*self.dev);
             info!(target: "verbsnet::init", "closing {}: {line}", self.label);
             if let Some(path) = &self.cfg.stats_file {
                 let json = g.stats_json(self.is_send, &self.label, &*self.dev);
@@ -633,8 +633,7 @@ impl Inner {
         v
     }
 
-    fn stats_line(&self, label: &str, dev: &dyn Device) -> String {
-        let _ = label;
+    fn stats_line(&self, dev: &dyn Device) -> String {
         self.counters(dev)
             .iter()
             .map(|(k, v)| format!("{k}={v}"))
@@ -672,7 +671,7 @@ impl Inner {
 
     /// Polls the CQ, reads the CTS ring and credit word, feeds the engine, executes actions,
     /// and runs the watchdog.
-    fn progress(&mut self, now: u64, label: &str, cfg: &Config) -> Result<(), Error> {
+    fn progress(&mut self, now: u64, label: &str) -> Result<(), Error> {
         let mut wcs = std::mem::take(&mut self.wcs);
         wcs.clear();
         let polled = self.qp.poll_cq(&mut wcs, 64);
@@ -730,7 +729,6 @@ impl Inner {
         }
         self.execute(label)?;
         self.watchdog(now, label);
-        let _ = cfg;
         Ok(())
     }
 

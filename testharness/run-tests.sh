@@ -4,7 +4,8 @@
 #  2. host tests: engine (simulated pair), config, logging, wire formats, the tcp transport,
 #     plugin-level pair and scenario tests over tcp, and the harness's multi-process runs of
 #     verbsnet-perf through the real .so;
-#  3. the soft-RoCE VM suite: the ib transport and the plugin on rdma_rxe (QEMU, Debian kernel).
+#  3. the GPU check's CPU self-test (the check itself needs a GPU machine: docs/gpu-check.md);
+#  4. the soft-RoCE VM suite: the ib transport and the plugin on rdma_rxe (QEMU, Debian kernel).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -13,6 +14,8 @@ echo "== build (release: the plugin .so and verbsnet-perf)"
 cargo build --release --workspace
 echo "== host tests"
 cargo test --release --workspace
+echo "== GPU check self-test (CPU only: scripts, log assertions, fake-NCCL runs)"
+bash testharness/gpu/selftest.sh
 echo "== soft-RoCE VM suite"
 if [ -x testharness/softroce/vm-suite.sh ]; then
   CARGO_PROFILE_ARGS=--release testharness/softroce/vm-suite.sh

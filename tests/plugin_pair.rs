@@ -9,12 +9,14 @@ use nccl_net_verbsnet::testkit::{connect, open_device, wait, wait_with, Buf, Lin
 const POLLS: u64 = 20_000_000;
 
 fn cfg() -> Option<Config> {
-    let mut c = Config::default();
-    c.transport = match std::env::var("VERBSNET_TEST_TRANSPORT").as_deref() {
+    let transport = match std::env::var("VERBSNET_TEST_TRANSPORT").as_deref() {
         Ok("ib") => TransportChoice::Ib,
         _ => TransportChoice::Tcp,
     };
-    Some(c)
+    Some(Config {
+        transport,
+        ..Config::default()
+    })
 }
 
 fn link(send_cfg: &Config, recv_cfg: &Config) -> Option<Link> {

@@ -553,7 +553,6 @@ impl Pair {
     }
 }
 /// Deterministic test bytes for message `seed`.
-
 pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| (seed.wrapping_mul(31).wrapping_add(i as u64 * 7) % 251) as u8)

@@ -11,13 +11,22 @@
 //! - **Keys.** One key per registration, used as both lkey and rkey, unique and nonzero on the
 //!   device, not reused until the 32-bit space wraps. Dropping the [`MemoryRegion`] handle
 //!   deregisters it (from any thread, also while a QP polls).
+//! - **Deregistration.** A QP reads or writes registered memory only while holding the
+//!   registry's read lock and after checking that the key is still registered, so once the
+//!   drop of a [`MemoryRegion`] has returned, no QP touches that memory again (a drop waits for
+//!   at most one non-blocking socket call). A destination deregistered while a message lands
+//!   is treated like a bad rkey (NAK, nothing more written); a source deregistered while its
+//!   WR is being sent (an application bug) fails that WR with `LocalProtection` and shuts the
+//!   connection down, because the frame can be neither finished nor cut short.
 //! - **Sending.** `post_send` only queues. Each WR gets the next message sequence number (PSN,
 //!   `u32`, wrapping; the first is random and travels in `local_info`). `poll_cq` resolves its
 //!   SGEs in the registry when it puts the message on the wire (an SGE outside every registered
 //!   region: `LocalProtection`; more than 1 GiB in all: `LocalLength`), and writes the payload
 //!   straight from registered memory (payloads up to 16 KiB are copied with their header into
 //!   one write). A signaled WR completes when the peer acknowledges it; an unsignaled one
-//!   completes only on error. Completions appear in posting order.
+//!   completes only on error. Completions appear in posting order. The peer acknowledges
+//!   inside its own `poll_cq` (after carrying a message out; ACKs are cumulative and
+//!   coalesced), so a send completes only while the peer polls.
 //! - **Receiving.** A SEND or RDMA WRITE with immediate consumes the oldest posted receive WR.
 //!   SEND data goes to the receive WR's buffer (`byte_len` = message length, opcode `Recv`);
 //!   WRITE-with-immediate data goes to `remote_addr` (rkey and bounds checked), and the receive
@@ -39,7 +48,8 @@
 //!   | WRITE outside a registered region / bad rkey | (none consumed) | `RemoteAccess` |
 //!   | WRITE_IMM outside a registered region | `LocalProtection` | `RemoteAccess` |
 //!
-//!   Zero-length writes check neither rkey nor address (as in IB).
+//!   Zero-length writes check neither rkey nor address (as in IB), and a zero-length SEND does
+//!   not look at the receive WR's SGE.
 //! - **Error state.** Entered on the first failed WR, a responder error, a malformed frame, or
 //!   a lost connection. The failing WR completes with its status, every other outstanding or
 //!   later WR with `WrFlush`. A malformed or out-of-protocol frame (bad magic, version, opcode,

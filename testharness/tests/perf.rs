@@ -32,8 +32,14 @@ fn plugin() -> PathBuf {
         } else {
             ""
         };
+        let dangling = if so.symlink_metadata().is_ok() {
+            " (the symlink is there but its target is not: cargo copies a dependency's cdylib \
+             into target/<profile> only when that package itself is built)"
+        } else {
+            ""
+        };
         panic!(
-            "{} is missing: build the plugin first with `cargo build{flag} -p verbsnet`",
+            "{} is missing{dangling}: build the plugin first with `cargo build{flag} -p verbsnet`",
             so.display()
         );
     }

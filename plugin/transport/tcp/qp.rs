@@ -37,6 +37,8 @@ pub(super) struct TcpQp {
     stream: Option<TcpStream>,
     /// The stream failed or hit EOF: no more I/O on it.
     io_dead: bool,
+    /// `post_send` starts transmitting at once (off only in white-box tests that stage by hand).
+    doorbell: bool,
     /// The peer closed the connection or the stream failed (`peer_closed()`).
     peer_closed: bool,
 
@@ -122,7 +124,8 @@ struct Staged {
 struct TxPayload {
     /// The message it belongs to: that WR must not complete while this is in flight.
     psn: u32,
-    segs: Vec<Region>,
+    /// Each gathered range with the key that registers it.
+    segs: Vec<(u32, Region)>,
     seg: usize,
     off: usize,
 }
@@ -143,9 +146,11 @@ enum RxState {
 /// Where payload bytes go.
 enum Sink {
     Discard,
-    /// The destination range (exactly the payload's length) and bytes written so far.
+    /// The destination range (exactly the payload's length), the key that registers it, and
+    /// bytes written so far.
     Memory {
         region: Region,
+        key: u32,
         off: usize,
     },
 }
@@ -192,6 +197,8 @@ enum TxStep {
     Wrote(usize),
     Blocked,
     Failed(String),
+    /// The payload's memory was deregistered before its frame was out.
+    SourceGone(u32),
 }
 
 impl TcpQp {
@@ -211,6 +218,7 @@ impl TcpQp {
             state: QpState::Init,
             stream: None,
             io_dead: false,
+            doorbell: true,
             peer_closed: false,
             sq: VecDeque::new(),
             next_psn: initial_psn,
@@ -249,7 +257,12 @@ impl TcpQp {
                     }
                 }
                 TxStep::Blocked => return,
-                TxStep::Failed(why) => return self.connection_lost(why),
+                TxStep::Failed(why) => {
+                    // Take in what the peer sent before it went (its last ACKs) first.
+                    self.read_rx();
+                    return self.connection_lost(why);
+                }
+                TxStep::SourceGone(psn) => return self.source_gone(psn),
                 TxStep::Idle => {
                     if !self.stage_frames() {
                         return;
@@ -279,14 +292,18 @@ impl TcpQp {
         let Some(p) = self.tx_payload.as_mut() else {
             return TxStep::Idle;
         };
-        let Some(seg) = p.segs.get(p.seg) else {
+        let Some((key, seg)) = p.segs.get(p.seg) else {
             self.tx_payload = None;
             return TxStep::Wrote(0);
         };
         let rest = seg.len().saturating_sub(p.off);
-        let step = match seg.with(p.off, rest, |s| stream.write(s)) {
-            Ok(r) => classify_write(r),
-            Err(e) => TxStep::Failed(format!("internal: send payload range: {e}")),
+        let step = match self
+            .registry
+            .while_registered(*key, || seg.with(p.off, rest, |s| stream.write(s)))
+        {
+            None => return TxStep::SourceGone(p.psn),
+            Some(Ok(r)) => classify_write(r),
+            Some(Err(e)) => TxStep::Failed(format!("internal: send payload range: {e}")),
         };
         if let TxStep::Wrote(n) = step {
             p.off += n;
@@ -361,7 +378,7 @@ impl TcpQp {
         let mut segs = Vec::with_capacity(MAX_SEND_SGE);
         for sge in entry.wr.sges().iter().filter(|s| s.length > 0) {
             match self.registry.resolve(sge.lkey, sge.addr, sge.length) {
-                Some(r) => segs.push(r),
+                Some(r) => segs.push((sge.lkey, r)),
                 None => {
                     debug!(
                         qp_num = self.qp_num,
@@ -400,11 +417,14 @@ impl TcpQp {
         let start = self.tx_buf.len();
         self.tx_buf.extend_from_slice(&frame.encode());
         if len as usize <= INLINE_MAX {
-            for r in &segs {
+            for (key, r) in &segs {
                 let tx_buf = &mut self.tx_buf;
-                if r.with(0, r.len(), |s| tx_buf.extend_from_slice(s)).is_err() {
-                    // Unreachable (each region is exactly the range), but never send a short
-                    // frame: drop it and fail the WR instead.
+                let copied = self
+                    .registry
+                    .while_registered(*key, || r.with(0, r.len(), |s| tx_buf.extend_from_slice(s)));
+                if !matches!(copied, Some(Ok(()))) {
+                    // Deregistered since `resolve` (or, unreachable, out of range): never send
+                    // a short frame; drop it and fail the WR instead.
                     self.tx_buf.truncate(start);
                     entry.status = Some(WcStatus::LocalProtection);
                     return false;
@@ -496,20 +516,29 @@ impl TcpQp {
             let r = match &mut self.rx {
                 RxState::Payload {
                     remaining,
-                    sink: Sink::Memory { region, off },
+                    sink: Sink::Memory { region, key, off },
                     ..
                 } if buffered == 0 && *remaining >= DIRECT_READ_MIN => {
                     // Large payload: straight from the socket into the destination.
                     let want = (*remaining).min(budget);
-                    match region.with_mut(*off, want, |b| stream.read(b)) {
-                        Ok(Ok(0)) => Ok(0),
-                        Ok(Ok(n)) => {
+                    let r = self
+                        .registry
+                        .while_registered(*key, || region.with_mut(*off, want, |b| stream.read(b)));
+                    match r {
+                        None => {
+                            self.sink_gone();
+                            continue;
+                        }
+                        Some(Ok(Ok(0))) => Ok(0),
+                        Some(Ok(Ok(n))) => {
                             *off += n;
                             *remaining -= n;
                             Ok(n)
                         }
-                        Ok(Err(e)) => Err(e),
-                        Err(e) => Err(io::Error::other(format!("internal: receive range: {e}"))),
+                        Some(Ok(Err(e))) => Err(e),
+                        Some(Err(e)) => {
+                            Err(io::Error::other(format!("internal: receive range: {e}")))
+                        }
                     }
                 }
                 _ => {
@@ -570,12 +599,21 @@ impl TcpQp {
                             return;
                         }
                         let src = &self.rx_buf[self.rx_start..self.rx_start + n];
-                        if let Sink::Memory { region, off } = sink {
-                            if let Err(e) = region.write(*off, src) {
-                                return self
-                                    .protocol_error(format!("internal: receive range: {e}"));
+                        if let Sink::Memory { region, key, off } = sink {
+                            match self
+                                .registry
+                                .while_registered(*key, || region.write(*off, src))
+                            {
+                                None => {
+                                    self.sink_gone();
+                                    continue;
+                                }
+                                Some(Err(e)) => {
+                                    return self
+                                        .protocol_error(format!("internal: receive range: {e}"));
+                                }
+                                Some(Ok(())) => *off += n,
                             }
-                            *off += n;
                         }
                         self.rx_start += n;
                         *remaining -= n;
@@ -683,7 +721,16 @@ impl TcpQp {
                     .and_then(|r| r.slice(0, n).ok());
                 match dest {
                     Some(region) => {
-                        self.expect_payload(n, Sink::Memory { region, off: 0 }, done);
+                        let key = wr.sge.lkey;
+                        self.expect_payload(
+                            n,
+                            Sink::Memory {
+                                region,
+                                key,
+                                off: 0,
+                            },
+                            done,
+                        );
                     }
                     None => self.refuse_recv(
                         wr.wr_id,
@@ -704,9 +751,15 @@ impl TcpQp {
                     return self.expect_payload(0, Sink::Discard, Done::Ack(psn));
                 }
                 match self.registry.resolve(rkey, remote_addr, len) {
-                    Some(region) => {
-                        self.expect_payload(n, Sink::Memory { region, off: 0 }, Done::Ack(psn))
-                    }
+                    Some(region) => self.expect_payload(
+                        n,
+                        Sink::Memory {
+                            region,
+                            key: rkey,
+                            off: 0,
+                        },
+                        Done::Ack(psn),
+                    ),
                     None => self.refuse(
                         psn,
                         NakCode::Access,
@@ -735,7 +788,15 @@ impl TcpQp {
                     return self.expect_payload(0, Sink::Discard, done);
                 }
                 match self.registry.resolve(rkey, remote_addr, len) {
-                    Some(region) => self.expect_payload(n, Sink::Memory { region, off: 0 }, done),
+                    Some(region) => self.expect_payload(
+                        n,
+                        Sink::Memory {
+                            region,
+                            key: rkey,
+                            off: 0,
+                        },
+                        done,
+                    ),
                     None => self.refuse_recv(
                         wr.wr_id,
                         WcStatus::LocalProtection,
@@ -797,6 +858,54 @@ impl TcpQp {
                 self.push_ack(psn);
             }
         }
+    }
+
+    /// The destination of the payload being received was deregistered mid-message (IB: the
+    /// MR was invalidated): refuse the message, writing nothing more.
+    fn sink_gone(&mut self) {
+        let RxState::Payload { done, .. } = std::mem::replace(&mut self.rx, RxState::Header) else {
+            return;
+        };
+        let why = "its destination was deregistered while it arrived".to_string();
+        match done {
+            Done::Recv { wr_id, psn, .. } => self.refuse_recv(
+                wr_id,
+                WcStatus::LocalProtection,
+                psn,
+                NakCode::Operation,
+                why,
+            ),
+            Done::RecvImm { wr_id, psn, .. } => {
+                self.refuse_recv(wr_id, WcStatus::LocalProtection, psn, NakCode::Access, why)
+            }
+            Done::Ack(psn) => self.refuse(psn, NakCode::Access, why),
+            Done::Nothing => self.enter_error(Cause::Local, "internal: discarded payload"),
+        }
+    }
+
+    /// The source of the payload being sent was deregistered before its frame was out (a
+    /// use-after-dereg by the application). The frame cannot be finished from memory, and a
+    /// short frame would desynchronise the stream: the WR completes `LocalProtection` and the
+    /// connection is shut down (the peer sees it close).
+    fn source_gone(&mut self, psn: u32) {
+        if let Some(e) = self.entry_mut(psn) {
+            if e.status.is_none() || e.status == Some(WcStatus::Success) {
+                e.status = Some(WcStatus::LocalProtection);
+            }
+        }
+        self.io_dead = true;
+        self.tx_buf.clear();
+        self.tx_frames.clear();
+        self.tx_off = 0;
+        self.tx_payload = None;
+        self.ctrl.clear();
+        if let Some(s) = &self.stream {
+            let _ = s.shutdown(Shutdown::Both); // nothing more can be sent on it
+        }
+        self.enter_error(
+            Cause::Local,
+            &format!("the memory of message {psn:#x} was deregistered while it was being sent"),
+        );
     }
 
     /// Responder error that consumed a receive WR: complete it with `status`, then
@@ -1110,6 +1219,11 @@ impl QueuePair for TcpQp {
             });
             self.next_psn = self.next_psn.wrapping_add(1);
         }
+        // Ring the doorbell: start transmitting now, as a NIC does, instead of waiting for
+        // the next poll_cq (a CTS or a send would otherwise sit queued until the caller polls).
+        if self.doorbell && self.stream.is_some() && !self.io_dead {
+            self.flush_tx();
+        }
         Ok(())
     }
 
@@ -1219,6 +1333,7 @@ mod tests {
             retry_cnt: 7,
         };
         let mut qp = TcpQp::new(1, 100, cfg, Arc::clone(&registry));
+        qp.doorbell = false;
         let region = Region::alloc(64 << 10);
         let lkey = registry.insert(region.clone()).expect("register");
         let l = TcpListener::bind("127.0.0.1:0").expect("bind");

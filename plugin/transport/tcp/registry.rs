@@ -65,6 +65,17 @@ impl Registry {
         region.slice(offset, usize::try_from(len).ok()?).ok()
     }
 
+    /// Runs `f` while `key` stays registered: deregistration waits until `f` returns, so
+    /// memory is only touched while registered. `None` (and `f` not run) when `key` is not
+    /// registered. `f` must not call into the registry.
+    pub(super) fn while_registered<R>(&self, key: u32, f: impl FnOnce() -> R) -> Option<R> {
+        let inner = self.read();
+        if !inner.regions.contains_key(&key) {
+            return None;
+        }
+        Some(f())
+    }
+
     /// Registered regions (tests).
     #[cfg(test)]
     pub(super) fn len(&self) -> usize {

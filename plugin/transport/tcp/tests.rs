@@ -1769,3 +1769,152 @@ fn error_drops_data_frames_not_yet_begun() {
         );
     }
 }
+
+#[test]
+fn destination_deregistered_mid_write_stops_writing() {
+    let dev = TcpDevice::new(0);
+    let src = Buf::filled(&dev, UNBUFFERABLE, 24);
+    let Buf { region: dst, mr } = Buf::new(&dev, UNBUFFERABLE);
+    let rkey = mr.keys().rkey;
+    let mut p = Pair::new(&dev, &dev);
+    p.a.post_send(&[send_wr(
+        1,
+        &[src.sge(0, UNBUFFERABLE as u32)],
+        SendOpcode::RdmaWrite {
+            remote_addr: dst.addr(),
+            rkey,
+        },
+        true,
+    )])
+    .expect("post_send");
+    let landed = |dst: &Region| dst.with(0, 1, |s| s[0]).expect("read") != 0;
+    p.drive("the first bytes", |_| landed(&dst));
+    drop(mr);
+    let snapshot = {
+        let mut v = vec![0; UNBUFFERABLE];
+        dst.read(0, &mut v).expect("read");
+        v
+    };
+    assert!(snapshot[UNBUFFERABLE - 1] == 0, "still in flight");
+    p.drive_to(1, 0);
+    p.settle();
+    assert_eq!(p.wa, [err(1, WcStatus::RemoteAccess, WcOpcode::RdmaWrite)]);
+    let mut after = vec![0; UNBUFFERABLE];
+    dst.read(0, &mut after).expect("read");
+    assert!(after == snapshot, "nothing written after deregistration");
+}
+
+#[test]
+fn source_deregistered_mid_send_fails_locally_and_closes() {
+    let dev = TcpDevice::new(0);
+    let Buf { region: src, mr } = Buf::filled(&dev, UNBUFFERABLE, 25);
+    let lkey = mr.keys().lkey;
+    let dst = Buf::new(&dev, UNBUFFERABLE);
+    let mut p = Pair::new(&dev, &dev);
+    p.b.post_recv(&[recv(0xb, dst.sge(0, UNBUFFERABLE as u32))])
+        .expect("post_recv");
+    p.a.post_send(&[send(
+        1,
+        &[Sge {
+            addr: src.addr(),
+            length: UNBUFFERABLE as u32,
+            lkey,
+        }],
+    )])
+    .expect("post_send");
+    // One round moves at most a few socket buffers' worth (autotuning has barely started).
+    p.poll();
+    assert!(p.wa.is_empty() && p.wb.is_empty(), "still in flight");
+    drop(mr);
+    p.drive_to(1, 1);
+    assert_eq!(p.wa, [err(1, WcStatus::LocalProtection, WcOpcode::Send)]);
+    assert_eq!(p.wb, [err(0xb, WcStatus::WrFlush, WcOpcode::Recv)]);
+    assert!(p.b.peer_closed());
+    assert!(!p.a.peer_closed());
+}
+
+#[test]
+fn hostile_peer_fuzz_never_panics_and_completes_every_wr_once() {
+    let mut x: u64 = 0x1234_5678_9abc_def1;
+    let mut rnd = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for round in 0..300 {
+        let mut raw = Raw::new();
+        let psn0 = raw.initial_psn();
+        let region_addr = raw.buf.addr(0);
+        let mut bytes = Vec::new();
+        for _ in 0..rnd() % 6 + 1 {
+            let psn = if rnd() % 4 == 0 {
+                rnd() as u32
+            } else {
+                RAW_PSN + (rnd() % 3) as u32
+            };
+            let len = (rnd() % 300) as u32;
+            let rkey = if rnd() % 2 == 0 {
+                raw.buf.rkey()
+            } else {
+                rnd() as u32
+            };
+            let remote_addr = region_addr.wrapping_add(rnd() % 400).wrapping_sub(50);
+            let ours = psn0.wrapping_add((rnd() % 3) as u32).wrapping_sub(1);
+            let f = match rnd() % 6 {
+                0 => Frame::Send { psn, len },
+                1 => Frame::Write {
+                    psn,
+                    len,
+                    remote_addr,
+                    rkey,
+                },
+                2 => Frame::WriteImm {
+                    psn,
+                    len,
+                    remote_addr,
+                    rkey,
+                    imm: rnd() as u32,
+                },
+                3 => Frame::Ack { psn: ours },
+                4 => Frame::RnrNak {
+                    psn: ours,
+                    timer: (rnd() % 32) as u8,
+                },
+                _ => Frame::Nak {
+                    psn: ours,
+                    code: NakCode::Access,
+                },
+            };
+            let mut h = f.encode();
+            if rnd() % 5 == 0 {
+                h[(rnd() % 32) as usize] ^= 1 << (rnd() % 8);
+            }
+            bytes.extend_from_slice(&h);
+            if matches!(
+                f,
+                Frame::Send { .. } | Frame::Write { .. } | Frame::WriteImm { .. }
+            ) {
+                bytes.extend((0..len).map(|_| rnd() as u8));
+            }
+        }
+        if rnd() % 4 == 0 {
+            bytes.truncate(rnd() as usize % (bytes.len() + 1));
+        }
+        raw.inject(&bytes);
+        for _ in 0..20 {
+            raw.qp.poll_cq(&mut raw.wc, 16).expect("poll");
+        }
+        raw.peer
+            .shutdown(std::net::Shutdown::Both)
+            .expect("shutdown");
+        raw.poll_until(3);
+        for _ in 0..20 {
+            raw.qp.poll_cq(&mut raw.wc, 16).expect("poll");
+        }
+        let mut ids: Vec<u64> = raw.wc.iter().map(|w| w.wr_id).collect();
+        ids.sort_unstable();
+        assert_eq!(ids, [0x51, 0xe1, 0xe2], "round {round}: {:?}", raw.wc);
+        assert!(raw.qp.peer_closed(), "round {round}");
+    }
+}
