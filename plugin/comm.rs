@@ -723,9 +723,10 @@ impl Inner {
                 self.watch.warned_peer = true;
                 warn!("{label}: the peer closed the connection (process exited or died); outstanding requests fail");
             }
-            self.fail(ReqError::Remote(format!(
-                "{label}: the peer closed the connection"
-            )));
+            // The WARN lines carry the label already.
+            self.fail(ReqError::Remote(
+                "the peer closed the connection (its process exited or died)".into(),
+            ));
         }
         self.execute(label)?;
         self.watchdog(now, label);

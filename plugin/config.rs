@@ -101,7 +101,9 @@ pub struct Config {
     pub debug: DebugLevel,
     /// Tests only, never read from the environment: the sequence number of a send comm's first
     /// send and receive (production: 0). Tests start near the 29-bit immediate wrap, the CTS
-    /// ring's and record ring's slot wrap, to exercise them without 2^29 messages.
+    /// ring's and record ring's slot wrap, to exercise them without 2^29 messages. Keep it more
+    /// than a few thousand below 2^64: a CTS entry's sequence word is `r + 1`, which is 0 (read
+    /// as "not written yet") for `r = 2^64 - 1` — unreachable from 0 in practice.
     #[doc(hidden)]
     pub test_first_seq: u64,
     /// Tests only, never read from the environment: the generation every send request slot

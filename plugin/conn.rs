@@ -518,11 +518,12 @@ impl Listen {
             info!(
                 target: "verbsnet::init",
                 "{label}: connected; RQ depth {} posted in batches of {}, low-water {}, credits {} granted \
-                 initially, credit gating requested by sender",
+                 initially, credit gating {} (the sender's VERBSNET_CREDITS)",
                 self.cfg.rq_depth,
                 self.cfg.rq_batch,
                 self.cfg.rq_low_water,
-                engine.granted()
+                engine.granted(),
+                if engine.credits() { "on" } else { "off" }
             );
             return Ok(Some(Comm::new_recv(
                 self.dev.clone(),

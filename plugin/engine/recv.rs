@@ -140,6 +140,11 @@ impl RecvEngine {
         self.granted
     }
 
+    /// Whether the sender gates on credits (it asked for credit updates in the handshake).
+    pub fn credits(&self) -> bool {
+        self.p.credits
+    }
+
     /// Receive WRs posted now.
     pub fn posted(&self) -> u32 {
         self.posted
