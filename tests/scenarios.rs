@@ -490,10 +490,10 @@ fn connect_then(
         if recv.is_none() {
             recv = listen.accept().expect("accept");
         }
-        if send.is_some() && recv.is_some() {
+        if let (Some(_), Some(_)) = (&send, &recv) {
             let l = Link {
-                send: send.unwrap(),
-                recv: recv.unwrap(),
+                send: send.take().expect("checked"),
+                recv: recv.take().expect("checked"),
                 dev: dev.clone(),
             };
             return (l, recv_first);
@@ -1096,12 +1096,7 @@ fn sequence_ring_and_generation_wraps_deliver_every_message_in_place() {
 fn json_num(line: &str, key: &str) -> Option<u64> {
     let pat = format!("\"{key}\":");
     let at = line.find(&pat)? + pat.len();
-    line[at..]
-        .split(|c: char| c == ',' || c == '}')
-        .next()?
-        .trim()
-        .parse()
-        .ok()
+    line[at..].split([',', '}']).next()?.trim().parse().ok()
 }
 
 fn stats_lines(path: &std::path::Path) -> (String, String) {
