@@ -26,7 +26,7 @@ use crate::engine::{
     CTRL_STAGE_SLOTS, CTS_RING_ENTRIES, MAX_RECV_REQUESTS, MAX_SEND_REQUESTS,
 };
 use crate::ffi::mem::Region;
-use crate::transport::{Device, MemoryRegion, MrKeys, QueuePair, Wc};
+use crate::transport::{Device, DeviceRnrCounters, MemoryRegion, MrKeys, QueuePair, Wc};
 
 /// Nanoseconds since the first call in this process (monotonic).
 pub fn now_ns() -> u64 {
@@ -282,6 +282,11 @@ struct Inner {
     wcs: Vec<Wc>,
     watch: Watch,
     post_errors: u64,
+    /// For the device RNR counters in watchdog reports.
+    dev: Arc<dyn Device>,
+    /// The device RNR counters when this comm was created: they are device-wide and
+    /// cumulative, so a comm reports how much they moved during its lifetime.
+    dev_base: DeviceRnrCounters,
 }
 
 /// A request pointer handed to NCCL: it leads back to its comm.
@@ -368,6 +373,7 @@ impl Comm {
             rec_stage: bufs.rec.at(),
             peer_rec_ring: peer.rec_ring,
             first_seq: peer.first_seq,
+            first_gen: cfg.test_first_gen,
         });
         let inner = Inner {
             qp,
@@ -375,6 +381,8 @@ impl Comm {
             wcs: Vec::new(),
             watch: Watch::new(cfg),
             post_errors: 0,
+            dev_base: dev.rnr_counters(),
+            dev: dev.clone(),
         };
         Comm::boxed(dev, inner, label, true, cfg)
     }
@@ -445,6 +453,8 @@ impl Comm {
             wcs: Vec::new(),
             watch: Watch::new(cfg),
             post_errors: 0,
+            dev_base: dev.rnr_counters(),
+            dev: dev.clone(),
         };
         Comm::boxed(dev, inner, label, false, cfg)
     }
@@ -483,7 +493,7 @@ impl Comm {
         mh.sub(data, size)?;
         let mut g = self.lock()?;
         let now = now_ns();
-        g.progress(now, &self.label, &self.cfg)?;
+        g.progress(now, &self.label)?;
         let Side::Send { engine, .. } = &mut g.side else {
             unreachable!()
         };
@@ -517,7 +527,7 @@ impl Comm {
         }
         let mut g = self.lock()?;
         let now = now_ns();
-        g.progress(now, &self.label, &self.cfg)?;
+        g.progress(now, &self.label)?;
         let Side::Recv { engine, dst, .. } = &mut g.side else {
             unreachable!()
         };
@@ -534,7 +544,7 @@ impl Comm {
     pub fn test(&self, id: ReqId) -> Result<Option<Vec<u64>>, Error> {
         let mut g = self.lock()?;
         let now = now_ns();
-        let progressed = g.progress(now, &self.label, &self.cfg);
+        let progressed = g.progress(now, &self.label);
         let r = match &mut g.side {
             Side::Send { engine, .. } => engine.test(id).map(|o| o.map(|s| vec![s])),
             Side::Recv { engine, dst, .. } => {
@@ -551,10 +561,33 @@ impl Comm {
         Ok(r?)
     }
 
+    /// Makes progress without starting anything (polls the CQ, reads the CTS ring, posts what
+    /// the engine queued). The plugin calls this inside every entry; tests use it to pump one
+    /// side of a pair.
+    pub fn progress(&self) -> Result<(), Error> {
+        let mut g = self.lock()?;
+        g.progress(now_ns(), &self.label)
+    }
+
+    /// Requests in use (the pool returns to 0 when every request was tested to completion).
+    pub fn in_flight(&self) -> usize {
+        self.lock().map_or(0, |g| match &g.side {
+            Side::Send { engine, .. } => engine.in_flight(),
+            Side::Recv { engine, .. } => engine.in_flight(),
+        })
+    }
+
+    /// The comm's counters as `(name, value)` pairs: engine, QP, and device counters (`dev_*`,
+    /// where the device has them: device-wide, as moved since this comm was created).
+    pub fn counters(&self) -> Vec<(&'static str, u64)> {
+        self.lock()
+            .map_or_else(|_| Vec::new(), |g| g.counters(&*self.dev))
+    }
+
     /// Logs the counters and appends them to `VERBSNET_STATS_FILE` if set; called on close.
     pub fn close(self: Box<Self>) {
         if let Ok(g) = self.inner.lock() {
-            let line = g.stats_line(&self.label, &*self.dev);
+            let line = g.stats_line(&*self.dev);
             info!(target: "verbsnet::init", "closing {}: {line}", self.label);
             if let Some(path) = &self.cfg.stats_file {
                 let json = g.stats_json(self.is_send, &self.label, &*self.dev);
@@ -581,21 +614,26 @@ impl Inner {
         let q = self.qp.counters();
         v.push(("rnr_naks_received", q.rnr_naks_received));
         v.push(("rnr_naks_sent", q.rnr_naks_sent));
+        // Device-wide counters (every QP of the port), as moved since this comm was created.
         let d = dev.rnr_counters();
-        for (k, val) in [
-            ("dev_rcvd_rnr_err", d.rcvd_rnr_err),
-            ("dev_send_rnr_err", d.send_rnr_err),
-            ("dev_retry_rnr_exceeded_err", d.retry_rnr_exceeded_err),
+        let b = &self.dev_base;
+        for (k, val, base) in [
+            ("dev_rcvd_rnr_err", d.rcvd_rnr_err, b.rcvd_rnr_err),
+            ("dev_send_rnr_err", d.send_rnr_err, b.send_rnr_err),
+            (
+                "dev_retry_rnr_exceeded_err",
+                d.retry_rnr_exceeded_err,
+                b.retry_rnr_exceeded_err,
+            ),
         ] {
             if let Some(val) = val {
-                v.push((k, val));
+                v.push((k, val.saturating_sub(base.unwrap_or(0))));
             }
         }
         v
     }
 
-    fn stats_line(&self, label: &str, dev: &dyn Device) -> String {
-        let _ = label;
+    fn stats_line(&self, dev: &dyn Device) -> String {
         self.counters(dev)
             .iter()
             .map(|(k, v)| format!("{k}={v}"))
@@ -633,7 +671,7 @@ impl Inner {
 
     /// Polls the CQ, reads the CTS ring and credit word, feeds the engine, executes actions,
     /// and runs the watchdog.
-    fn progress(&mut self, now: u64, label: &str, cfg: &Config) -> Result<(), Error> {
+    fn progress(&mut self, now: u64, label: &str) -> Result<(), Error> {
         let mut wcs = std::mem::take(&mut self.wcs);
         wcs.clear();
         let polled = self.qp.poll_cq(&mut wcs, 64);
@@ -685,13 +723,13 @@ impl Inner {
                 self.watch.warned_peer = true;
                 warn!("{label}: the peer closed the connection (process exited or died); outstanding requests fail");
             }
-            self.fail(ReqError::Remote(format!(
-                "{label}: the peer closed the connection"
-            )));
+            // The WARN lines carry the label already.
+            self.fail(ReqError::Remote(
+                "the peer closed the connection (its process exited or died)".into(),
+            ));
         }
         self.execute(label)?;
         self.watchdog(now, label);
-        let _ = cfg;
         Ok(())
     }
 
@@ -792,16 +830,20 @@ impl Inner {
                 Side::Recv { engine, .. } => engine.stalls(now, t),
             };
             for s in stalls {
-                let counters: Vec<String> = self
-                    .engine_stats()
-                    .fields()
+                // Engine, QP and device counters (RNR NAKs tell a credits-off RNR stall apart
+                // from a dead peer), and on the send side the credits in hand.
+                let mut counters: Vec<String> = self
+                    .counters(&*self.dev)
                     .iter()
                     .map(|(k, v)| format!("{k}={v}"))
                     .collect();
+                if let Side::Send { engine, .. } = &self.side {
+                    counters.push(format!("credits_available={}", engine.credits_available()));
+                }
                 warn!(
-                    "{label}: request {} has made no progress for {:.1} s; waiting for {}. \
-                     Counters: {}. (VERBSNET_HANG_TIMEOUT sets this report's delay; 0 turns it off)",
-                    if s.req.slot == u32::MAX { "isend".to_string() } else { format!("slot {}", s.req.slot) },
+                    "{label}: {} has made no progress for {:.1} s; waiting for {}. Counters: {}. \
+                     (VERBSNET_HANG_TIMEOUT sets this report's delay; 0 turns it off)",
+                    s.what,
                     s.idle_ns as f64 / 1e9,
                     s.waiting_for,
                     counters.join(" ")

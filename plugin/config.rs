@@ -99,6 +99,18 @@ pub struct Config {
     /// `VERBSNET_DEBUG`: how much the plugin logs. Default `warn`, or `info` when
     /// `NCCL_DEBUG` is `INFO` or `TRACE` and `VERBSNET_DEBUG` is unset.
     pub debug: DebugLevel,
+    /// Tests only, never read from the environment: the sequence number of a send comm's first
+    /// send and receive (production: 0). Tests start near the 29-bit immediate wrap, the CTS
+    /// ring's and record ring's slot wrap, to exercise them without 2^29 messages. Keep it more
+    /// than a few thousand below 2^64: a CTS entry's sequence word is `r + 1`, which is 0 (read
+    /// as "not written yet") for `r = 2^64 - 1` — unreachable from 0 in practice.
+    #[doc(hidden)]
+    pub test_first_seq: u64,
+    /// Tests only, never read from the environment: the generation every send request slot
+    /// starts at (production: 0), so a test crosses the 24-bit generation field of `wr_id`s
+    /// and the 32-bit wrap of request handles without 2^24 reuses of a slot.
+    #[doc(hidden)]
+    pub test_first_gen: u32,
 }
 
 impl Default for Config {
@@ -123,6 +135,8 @@ impl Default for Config {
             stats_interval: None,
             stats_file: None,
             debug: DebugLevel::Warn,
+            test_first_seq: 0,
+            test_first_gen: 0,
         }
     }
 }
@@ -959,7 +973,7 @@ mod tests {
 
     #[test]
     fn registry_is_complete_and_unique() {
-        assert_eq!(KNOBS.len(), 18);
+        assert_eq!(KNOBS.len(), 19);
         for (i, k) in KNOBS.iter().enumerate() {
             assert!(k.var.starts_with("VERBSNET_"), "{}", k.var);
             assert_eq!(k.var, format!("VERBSNET_{}", k.key.to_ascii_uppercase()));
@@ -974,7 +988,11 @@ mod tests {
     #[test]
     fn every_knob_rejects_garbage_with_its_registry_text() {
         // Free-form knobs accept any non-empty text.
-        let free = ["VERBSNET_IB_HCA", "VERBSNET_SOCKET_IFNAME"];
+        let free = [
+            "VERBSNET_IB_HCA",
+            "VERBSNET_SOCKET_IFNAME",
+            "VERBSNET_STATS_FILE",
+        ];
         for k in KNOBS.iter().filter(|k| !free.contains(&k.var)) {
             let e = parse(&[(k.var, "bogus?")]).expect_err(k.var);
             assert_eq!(e.var, k.var);

@@ -342,6 +342,8 @@ struct Accepting {
     stage: AcceptStage,
 }
 
+// One accept in progress at a time per listen comm in practice: size does not matter.
+#[allow(clippy::large_enum_variant)]
 enum AcceptStage {
     Hello,
     Reply {
@@ -516,11 +518,12 @@ impl Listen {
             info!(
                 target: "verbsnet::init",
                 "{label}: connected; RQ depth {} posted in batches of {}, low-water {}, credits {} granted \
-                 initially, credit gating requested by sender",
+                 initially, credit gating {} (the sender's VERBSNET_CREDITS)",
                 self.cfg.rq_depth,
                 self.cfg.rq_batch,
                 self.cfg.rq_low_water,
-                engine.granted()
+                engine.granted(),
+                if engine.credits() { "on" } else { "off" }
             );
             return Ok(Some(Comm::new_recv(
                 self.dev.clone(),
@@ -649,7 +652,8 @@ impl Connecting {
                 .create_qp(&qp_config(cfg))
                 .map_err(|e| Error::System(format!("creating a QP on {dev_name}: {e}")))?;
             let bufs = SendBuffers::alloc(&**dev)?;
-            let first_seq = 0;
+            // 0 in production; tests start near the wrap points (`Config::test_first_seq`).
+            let first_seq = cfg.test_first_seq;
             let hello = Hello {
                 kind: match self.handle.kind {
                     Kind::Ib => 1,

@@ -58,8 +58,8 @@ pub fn init(logger: crate::ffi::abi::ncclDebugLogger_t) -> Result<(), Error> {
     let cfg = match Config::from_env() {
         Ok(c) => c,
         Err(e) => {
+            // The shim's guard logs the error as one WARN once the logger is set up.
             crate::log::init(logger, crate::config::DebugLevel::Warn);
-            warn!("{e}");
             return Err(Error::Usage(e.to_string()));
         }
     };

@@ -135,6 +135,27 @@ impl Buf {
     }
 }
 
+/// Polls `test` on `req` until done or an error, at most `max_polls` times, calling `pump`
+/// between polls (e.g. to let the other comm of the pair make progress: a userspace transport
+/// moves data only inside plugin calls, as NCCL's proxy threads make them).
+pub fn wait_with(
+    comm: &Comm,
+    req: &ReqHandle,
+    max_polls: u64,
+    mut pump: impl FnMut(),
+) -> Result<Vec<u64>, Error> {
+    let id = req.id();
+    for _ in 0..max_polls {
+        if let Some(s) = comm.test(id)? {
+            return Ok(s);
+        }
+        pump();
+    }
+    Err(Error::Internal(format!(
+        "request not done after {max_polls} polls"
+    )))
+}
+
 /// Polls `test` on `req` until done or an error, at most `max_polls` times.
 pub fn wait(comm: &Comm, req: &ReqHandle, max_polls: u64) -> Result<Vec<u64>, Error> {
     let id = req.id();

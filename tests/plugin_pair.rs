@@ -4,20 +4,28 @@
 use nccl_net_verbsnet::comm::Error;
 use nccl_net_verbsnet::config::{Config, TransportChoice};
 use nccl_net_verbsnet::engine::sim::pattern;
-use nccl_net_verbsnet::testkit::{connect, open_device, wait, Buf, Link};
+use nccl_net_verbsnet::testkit::{connect, open_device, wait, wait_with, Buf, Link};
 
 const POLLS: u64 = 20_000_000;
 
 fn cfg() -> Option<Config> {
-    let mut c = Config::default();
-    c.transport = match std::env::var("VERBSNET_TEST_TRANSPORT").as_deref() {
+    let transport = match std::env::var("VERBSNET_TEST_TRANSPORT").as_deref() {
         Ok("ib") => TransportChoice::Ib,
         _ => TransportChoice::Tcp,
     };
-    Some(c)
+    Some(Config {
+        transport,
+        ..Config::default()
+    })
 }
 
 fn link(send_cfg: &Config, recv_cfg: &Config) -> Option<Link> {
+    if std::env::var("VERBSNET_DEBUG").is_ok() {
+        nccl_net_verbsnet::log::init(
+            None,
+            nccl_net_verbsnet::config::Config::from_env().unwrap().debug,
+        );
+    }
     let (dev, kind) = match open_device(send_cfg) {
         Ok(d) => d,
         Err(e) => {
@@ -60,7 +68,10 @@ fn eager_and_rendezvous_sizes_around_the_limits_deliver_exact_bytes() {
             let _ = l.recv.test(r.id());
         })
         .unwrap();
-        let got = wait(&l.recv, r, POLLS).unwrap();
+        let got = wait_with(&l.recv, r, POLLS, || {
+            let _ = l.send.progress();
+        })
+        .unwrap();
         assert_eq!(got, vec![size as u64], "size {size}");
         assert_eq!(wait(&l.send, s, POLLS).unwrap(), vec![size as u64]);
         assert_eq!(rb.get(0, size), data, "size {size}");
@@ -97,7 +108,10 @@ fn send_larger_than_receive_fails_on_both_ends() {
         matches!(send_err, Some(Error::Usage(ref m)) if m.contains("50000 bytes")),
         "{send_err:?}"
     );
-    let recv_err = wait(&l.recv, r, POLLS).unwrap_err();
+    let recv_err = wait_with(&l.recv, r, POLLS, || {
+        let _ = l.send.progress();
+    })
+    .unwrap_err();
     assert!(
         matches!(recv_err, Error::Usage(ref m) if m.contains("100 bytes")),
         "{recv_err:?}"

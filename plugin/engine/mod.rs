@@ -219,8 +219,11 @@ impl Stats {
 /// What a request that made no progress is waiting for (hang watchdog).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Stall {
-    /// The request.
+    /// The request (`slot` `u32::MAX` for a streak of `isend` refusals).
     pub req: ReqId,
+    /// What stalled, in the peer's terms: `send 4 (512 bytes, tag 7)`, `receive 2 (1 buffer)`,
+    /// or `isend (answering 'retry later')`.
+    pub what: String,
     /// Nanoseconds since it last made progress.
     pub idle_ns: u64,
     /// What it waits for, in words an operator can act on.
@@ -237,9 +240,14 @@ pub(crate) struct Slots<T> {
 
 impl<T> Slots<T> {
     pub(crate) fn new(n: usize) -> Self {
+        Slots::with_first_gen(n, 0)
+    }
+
+    /// Slots whose generations start at `gen` (tests start near the wrap points).
+    pub(crate) fn with_first_gen(n: usize, gen: u32) -> Self {
         Slots {
             items: (0..n).map(|_| None).collect(),
-            gens: vec![0; n],
+            gens: vec![gen; n],
             free: (0..n as u32).rev().collect(),
         }
     }

@@ -140,6 +140,11 @@ impl RecvEngine {
         self.granted
     }
 
+    /// Whether the sender gates on credits (it asked for credit updates in the handshake).
+    pub fn credits(&self) -> bool {
+        self.p.credits
+    }
+
     /// Receive WRs posted now.
     pub fn posted(&self) -> u32 {
         self.posted
@@ -594,16 +599,77 @@ impl RecvEngine {
                 continue;
             }
             r.stall_reported = true;
+            let waiting_for = if r.arrived < r.n {
+                format!(
+                    "data from the sender: {} of {} buffers filled (the peer has not issued the \
+                     matching isend, or cannot: check its log for credit or clear-to-send waits)",
+                    r.arrived, r.n
+                )
+            } else {
+                "the caller to test it: it completed, but test was not called on it".to_string()
+            };
             out.push(Stall {
                 req: id,
-                idle_ns: now - r.progress_ns,
-                waiting_for: format!(
-                    "data from the sender: receive {} has {} of {} buffers filled (the peer has not \
-                     issued the matching isend, or cannot: check its log for credit or CTS waits)",
-                    r.r, r.arrived, r.n
+                what: format!(
+                    "receive {} ({} buffer{})",
+                    r.r,
+                    r.n,
+                    if r.n == 1 { "" } else { "s" }
                 ),
+                idle_ns: now - r.progress_ns,
+                waiting_for,
             });
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params() -> RecvParams {
+        RecvParams {
+            rq_depth: 4,
+            rq_batch: 2,
+            rq_low_water: 2,
+            eager_buf_size: 64,
+            bounce: (0x10_0000, 1),
+            rec_ring: 0x20_0000,
+            ctrl_stage: (0x30_0000, 2),
+            peer_cts_ring: (0x40_0000, 3),
+            peer_credit_word: (0x50_0000, 4),
+            credits: true,
+            first_seq: 0,
+        }
+    }
+
+    fn buf(tag: i32) -> RecvBuf {
+        RecvBuf {
+            addr: 0x6000_0000,
+            cap: 64,
+            rkey: 9,
+            tag,
+        }
+    }
+
+    #[test]
+    fn a_receive_without_data_is_reported_once_naming_what_is_missing() {
+        let mut e = RecvEngine::new(params());
+        e.irecv(0, &[buf(1)]).unwrap().unwrap();
+        e.irecv(5, &[buf(1), buf(2), buf(3)]).unwrap().unwrap();
+        assert!(e.stalls(50, 100).is_empty());
+        let s = e.stalls(200, 100);
+        assert_eq!(s.len(), 2, "{s:?}");
+        let one = s.iter().find(|x| x.what == "receive 0 (1 buffer)").unwrap();
+        assert!(one
+            .waiting_for
+            .starts_with("data from the sender: 0 of 1 buffers filled"));
+        let three = s
+            .iter()
+            .find(|x| x.what == "receive 1 (3 buffers)")
+            .unwrap();
+        assert_eq!(three.idle_ns, 195);
+        assert!(e.stalls(100_000, 100).is_empty(), "reported once");
     }
 }

@@ -30,6 +30,9 @@ pub struct SendParams {
     /// Sequence number of the first send and the first receive (0 in production; tests start
     /// near wrap points).
     pub first_seq: u64,
+    /// Generation of every request slot's first use (0 in production; tests start near the
+    /// 24-bit `wr_id` generation wrap).
+    pub first_gen: u32,
 }
 
 #[derive(Debug)]
@@ -90,7 +93,7 @@ impl SendEngine {
             next_base: p.first_seq,
             credits_granted: p.initial_credits,
             credits_used: 0,
-            reqs: Slots::new(MAX_SEND_REQUESTS),
+            reqs: Slots::with_first_gen(MAX_SEND_REQUESTS, p.first_gen),
             groups: VecDeque::new(),
             unassigned: VecDeque::new(),
             failed: None,
@@ -498,17 +501,21 @@ impl SendEngine {
             r.stall_reported = true;
             let waiting_for = if !r.wc_done {
                 "the completion of a posted send: the peer has not acknowledged it (it may be \
-                 dead, or not polling; with credits off it may have no receive posted)"
+                 dead, or not polling; with credits off it may have no receive posted: see the \
+                 RNR counters)"
                     .to_string()
-            } else {
+            } else if !r.matched {
                 format!(
                     "the receiver's clear-to-send for send {} (the peer has not posted the \
                      matching irecv)",
                     r.s
                 )
+            } else {
+                "the caller to test it: it completed, but test was not called on it".to_string()
             };
             out.push(Stall {
                 req: id,
+                what: format!("send {} ({} bytes, tag {})", r.s, r.size, r.tag),
                 idle_ns: now - r.progress_ns,
                 waiting_for,
             });
@@ -518,17 +525,16 @@ impl SendEngine {
                 *reported = true;
                 let waiting_for = match why {
                     Refusal::Credit => {
-                        "a credit: isend keeps answering 'retry later' because the \
-                                        receiver has re-posted no receive WRs (it is not calling \
-                                        irecv/test, or VERBSNET_RQ_DEPTH is too small)"
+                        "a credit: the receiver has re-posted no receive WRs (it is not calling \
+                         irecv/test, or VERBSNET_RQ_DEPTH is too small)"
                     }
                     Refusal::Cts => {
-                        "a clear-to-send: isend keeps answering 'retry later' because \
-                                     the peer has not posted the matching irecv"
+                        "a clear-to-send for the next rendezvous send: the peer has not posted \
+                         the matching irecv"
                     }
                     Refusal::Slots => {
-                        "a free request slot: the caller is not testing its \
-                                       outstanding send requests"
+                        "a free request slot: all send requests are in use (the caller is not \
+                         testing them, or they are stalled themselves)"
                     }
                 };
                 out.push(Stall {
@@ -536,6 +542,7 @@ impl SendEngine {
                         slot: u32::MAX,
                         gen: 0,
                     },
+                    what: "isend (answering 'retry later')".to_string(),
                     idle_ns: now - *since,
                     waiting_for: waiting_for.to_string(),
                 });
@@ -558,6 +565,7 @@ mod tests {
             rec_stage: (0x20_0000, 2),
             peer_rec_ring: (0x30_0000, 3),
             first_seq: 0,
+            first_gen: 0,
         }
     }
 
@@ -730,5 +738,69 @@ mod tests {
         e.handle_cts(0, cts(0, 0, 0, &[(8, 0)])).unwrap();
         assert_eq!(e.test(id).unwrap(), Some(8));
         assert!(e.isend(0, 0x1000, 5, 8, 0).unwrap().is_some());
+    }
+
+    fn eager_wc(e: &mut SendEngine, now: u64, id: ReqId) {
+        e.handle_wc(
+            now,
+            &Wc {
+                wr_id: wr_id(WrKind::Eager, id.gen, id.slot),
+                status: WcStatus::Success,
+                opcode: crate::transport::WcOpcode::Send,
+                byte_len: 0,
+                imm: None,
+            },
+        );
+    }
+
+    #[test]
+    fn stalls_name_their_cause_once_per_request_and_per_refusal_streak() {
+        let mut e = SendEngine::new(params(true, 2));
+        let a = e.isend(0, 0x1000, 5, 8, 3).unwrap().unwrap();
+        let b = e.isend(0, 0x1000, 5, 9, 3).unwrap().unwrap();
+        assert_eq!(e.isend(10, 0x1000, 5, 8, 3).unwrap(), None, "no credit");
+        eager_wc(&mut e, 20, a);
+        assert!(e.stalls(60, 100).is_empty(), "not idle long enough");
+        let s = e.stalls(200, 100);
+        assert_eq!(s.len(), 3, "{s:?}");
+        let by = |what: &str| s.iter().find(|x| x.what.starts_with(what)).unwrap();
+        assert_eq!(by("send 0").what, "send 0 (8 bytes, tag 3)");
+        assert!(by("send 0")
+            .waiting_for
+            .starts_with("the receiver's clear-to-send for send 0"));
+        assert!(by("send 1")
+            .waiting_for
+            .starts_with("the completion of a posted send"));
+        assert_eq!(by("isend").req.slot, u32::MAX);
+        assert!(by("isend").waiting_for.starts_with("a credit"));
+        assert_eq!(by("isend").idle_ns, 190);
+        // Once each, however long the stall lasts and however often isend is refused.
+        assert_eq!(e.isend(300, 0x1000, 5, 8, 3).unwrap(), None);
+        assert!(e.stalls(10_000, 100).is_empty());
+        // CTS and credits arrive: both sends complete; the caller tests only b.
+        e.handle_cts(10_100, cts(0, 0, 4, &[(64, 3), (64, 3)]))
+            .unwrap();
+        eager_wc(&mut e, 10_100, b);
+        assert_eq!(e.test(b).unwrap(), Some(9));
+        // A new refusal streak after a success is a new stall.
+        assert!(e.isend(10_200, 0x1000, 5, 8, 3).unwrap().is_some());
+        assert!(e.isend(10_200, 0x1000, 5, 8, 3).unwrap().is_some());
+        assert_eq!(e.isend(10_300, 0x1000, 5, 8, 3).unwrap(), None);
+        let s = e.stalls(10_500, 100);
+        let whats: Vec<&str> = s.iter().map(|x| x.what.as_str()).collect();
+        assert!(whats.contains(&"isend (answering 'retry later')"), "{s:?}");
+        // `a` completed long ago but was never tested: that is what it waits for (it was
+        // reported once already, so only a fresh request shows the wording).
+        assert!(!whats.iter().any(|w| w.starts_with("send 0")), "{s:?}");
+        let mut f = SendEngine::new(params(true, 1));
+        let c = f.isend(0, 0x1000, 5, 8, 3).unwrap().unwrap();
+        f.handle_cts(0, cts(0, 0, 1, &[(64, 3)])).unwrap();
+        eager_wc(&mut f, 0, c);
+        let s = f.stalls(1000, 100);
+        assert_eq!(s.len(), 1);
+        assert!(
+            s[0].waiting_for.starts_with("the caller to test it"),
+            "{s:?}"
+        );
     }
 }

@@ -196,6 +196,7 @@ impl Pair {
             rec_stage: (S_REC, 4),
             peer_rec_ring: (R_REC, RKEY_REC),
             first_seq: c.first_seq,
+            first_gen: 0,
         });
         let mut p = Pair {
             snd,
@@ -552,7 +553,6 @@ impl Pair {
     }
 }
 /// Deterministic test bytes for message `seed`.
-
 pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| (seed.wrapping_mul(31).wrapping_add(i as u64 * 7) % 251) as u8)

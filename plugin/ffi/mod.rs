@@ -8,7 +8,7 @@ pub mod abi;
 pub mod logger;
 pub mod mem;
 
-mod plugin;
+pub(crate) mod plugin;
 
 use crate::conn::Connecting;
 
@@ -25,3 +25,6 @@ pub(crate) fn unpark_connecting(ptr: usize) -> Box<Connecting> {
     // hands each address out once (see conn::Connecting::resume_or_start).
     unsafe { Box::from_raw(ptr as *mut Connecting) }
 }
+
+#[cfg(test)]
+mod tests;

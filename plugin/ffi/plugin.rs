@@ -22,7 +22,7 @@ use crate::net;
 
 /// The table NCCL finds with `dlsym("ncclNetPlugin_v8")`.
 #[repr(transparent)]
-pub struct PluginTable(ncclNet_v8_t);
+pub struct PluginTable(pub(crate) ncclNet_v8_t);
 
 // SAFETY: the table is immutable after load; `name` points to a 'static C string and the
 // function pointers are plain code addresses.

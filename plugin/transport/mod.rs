@@ -283,7 +283,7 @@ pub struct DeviceProps {
     pub guid: u64,
     /// Link speed in Mbps.
     pub speed_mbps: i32,
-    /// Port number (1-based for verbs, 0 for tcp).
+    /// Port number (1-based, as verbs ports; tcp reports 1).
     pub port: i32,
     /// Latency in microseconds (0 = NCCL's default).
     pub latency_us: f32,

@@ -1,7 +1,228 @@
 //! The tcp transport: verbs semantics over a TCP stream, for hosts without RDMA.
+//!
+//! One [`TcpDevice`] (`tcp0`) holds a memory registry; each QP carries its frames on the
+//! non-blocking stream of its connection handshake. There is no background thread: everything
+//! (sending, receiving, acknowledging, RNR retransmission) happens inside
+//! [`QueuePair::poll_cq`], and no call ever blocks. No `unsafe` code: memory is touched only
+//! through the bounds-checked [`Region`] of a registration.
+//!
+//! # Semantics (RC, as in `plugin/transport/mod.rs`)
+//!
+//! - **Keys.** One key per registration, used as both lkey and rkey, unique and nonzero on the
+//!   device, not reused until the 32-bit space wraps. Dropping the [`MemoryRegion`] handle
+//!   deregisters it (from any thread, also while a QP polls).
+//! - **Deregistration.** A QP reads or writes registered memory only while holding the
+//!   registry's read lock and after checking that the key is still registered, so once the
+//!   drop of a [`MemoryRegion`] has returned, no QP touches that memory again (a drop waits for
+//!   at most one non-blocking socket call). A destination deregistered while a message lands
+//!   is treated like a bad rkey (NAK, nothing more written); a source deregistered while its
+//!   WR is being sent (an application bug) fails that WR with `LocalProtection` and shuts the
+//!   connection down, because the frame can be neither finished nor cut short.
+//! - **Sending.** `post_send` only queues. Each WR gets the next message sequence number (PSN,
+//!   `u32`, wrapping; the first is random and travels in `local_info`). `poll_cq` resolves its
+//!   SGEs in the registry when it puts the message on the wire (an SGE outside every registered
+//!   region: `LocalProtection`; more than 1 GiB in all: `LocalLength`), and writes the payload
+//!   straight from registered memory (payloads up to 16 KiB are copied with their header into
+//!   one write). A signaled WR completes when the peer acknowledges it; an unsignaled one
+//!   completes only on error. Completions appear in posting order. The peer acknowledges
+//!   inside its own `poll_cq` (after carrying a message out; ACKs are cumulative and
+//!   coalesced), so a send completes only while the peer polls.
+//! - **Receiving.** A SEND or RDMA WRITE with immediate consumes the oldest posted receive WR.
+//!   SEND data goes to the receive WR's buffer (`byte_len` = message length, opcode `Recv`);
+//!   WRITE-with-immediate data goes to `remote_addr` (rkey and bounds checked), and the receive
+//!   WR completes `RecvRdmaWithImm` with `imm` and `byte_len` = write length. Payloads are read
+//!   from the socket straight into their destination (small ones through a 64 KiB staging
+//!   buffer).
+//! - **RNR.** With no receive WR posted, the responder counts `rnr_naks_sent`, answers RNR_NAK
+//!   carrying its `min_rnr_timer`, and discards that message and every later one until the
+//!   message comes again (go-back-N). The requester counts `rnr_naks_received`, waits the
+//!   decoded timer (IB table: 0 = 655.36 ms, 1 = 0.01 ms ... 31 = 491.52 ms), then resends from
+//!   that message, re-reading the source memory. A WR NAKed more than `rnr_retry` times (7 =
+//!   forever) completes `RnrRetryExceeded`.
+//! - **Responder errors.** The responder NAKs and enters the error state, writing nothing:
+//!
+//!   | what the responder found | responder's receive WR | requester's WR |
+//!   |---|---|---|
+//!   | SEND longer than the receive buffer | `LocalLength` | `RemoteInvalidRequest` |
+//!   | receive WR's SGE not registered | `LocalProtection` | `RemoteOperation` |
+//!   | WRITE outside a registered region / bad rkey | (none consumed) | `RemoteAccess` |
+//!   | WRITE_IMM outside a registered region | `LocalProtection` | `RemoteAccess` |
+//!
+//!   Zero-length writes check neither rkey nor address (as in IB), and a zero-length SEND does
+//!   not look at the receive WR's SGE.
+//! - **Error state.** Entered on the first failed WR, a responder error, a malformed frame, or
+//!   a lost connection. The failing WR completes with its status, every other outstanding or
+//!   later WR with `WrFlush`. A malformed or out-of-protocol frame (bad magic, version, opcode,
+//!   reserved field, length over 1 GiB, unexpected PSN, ACK/NAK for a message not outstanding)
+//!   completes the oldest WR of each queue with `RemoteInvalidRequest` (the peer is at fault),
+//!   and a NAK is sent so a conforming peer learns why. EOF or a socket error sets
+//!   `peer_closed()`; outstanding send WRs complete `RetryExceeded`, receives `WrFlush`. A QP
+//!   in the error state keeps reading and dropping bytes (to notice EOF) and accepts new WRs,
+//!   which complete with `WrFlush`. A send WR whose payload is half written when the QP fails
+//!   completes only after that frame is out (its memory stays in use until its completion).
+//! - **Limits.** `post_send`/`post_recv` refuse a whole batch that would exceed
+//!   `max_send_wr`/`max_recv_wr` (`TransportError::Resource`); `post_send` before
+//!   `establish` is refused (`Unavailable`).
+//! - **Not modelled.** `QpConfig::timeout` and `retry_cnt`: TCP retransmits by itself, and
+//!   without a background thread a missing ACK may only mean the peer has not polled, so there
+//!   is no ACK timeout; a dead peer shows up as EOF or a socket error instead.
+//!
+//! # Wire format
+//!
+//! `local_info` (12 bytes), exchanged in the connection handshake:
+//!
+//! | offset | size | field |
+//! |---:|---:|---|
+//! | 0 | 4 | magic `"VNTQ"` |
+//! | 4 | 1 | wire version (1) |
+//! | 5 | 3 | QP number (24 bits, big-endian, nonzero) |
+//! | 8 | 4 | PSN of the first message this QP sends (big-endian) |
+//!
+//! Then each direction of the stream is a sequence of frames: a 32-byte header, all fields
+//! big-endian, followed by `length` payload bytes for the data opcodes:
+//!
+//! | offset | size | field |
+//! |---:|---:|---|
+//! | 0 | 2 | magic `0x564e` (`"VN"`) |
+//! | 2 | 1 | version (1) |
+//! | 3 | 1 | opcode |
+//! | 4 | 4 | PSN |
+//! | 8 | 4 | length: payload bytes (at most 2^30), 0 for control frames |
+//! | 12 | 4 | rkey (WRITE, WRITE_IMM; else 0) |
+//! | 16 | 8 | remote address (WRITE, WRITE_IMM; else 0) |
+//! | 24 | 4 | immediate (WRITE_IMM; else 0) |
+//! | 28 | 1 | syndrome: RNR timer code (RNR_NAK), NAK code (NAK); else 0 |
+//! | 29 | 3 | reserved, 0 |
+//!
+//! | opcode | name | meaning of PSN |
+//! |---|---|---|
+//! | `0x01` | SEND | the message's sequence number |
+//! | `0x02` | WRITE | the message's sequence number |
+//! | `0x03` | WRITE_IMM | the message's sequence number |
+//! | `0x10` | ACK | last message carried out (cumulative; sent after processing, coalesced) |
+//! | `0x11` | RNR_NAK | message refused for want of a receive WR; earlier ones are acknowledged |
+//! | `0x12` | NAK | message that failed; earlier ones are acknowledged; the sender of the NAK is in the error state. Codes: 1 remote access, 2 invalid request, 3 remote operational error |
+//!
+//! Every header is validated before use: magic, version, opcode, the length cap, and that every
+//! field the opcode does not use is zero.
+
+#![forbid(unsafe_code)]
+
+mod qp;
+mod registry;
+mod wire;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// Opens the tcp device.
-pub fn open_devices(_cfg: &crate::config::Config) -> Vec<Arc<dyn super::Device>> {
-    Vec::new()
+use self::qp::TcpQp;
+use self::registry::{Registry, TcpMr};
+use crate::config::Config;
+use crate::ffi::mem::Region;
+use crate::transport::TransportError;
+use crate::transport::{Device, DeviceProps, MemoryRegion, QpConfig, QueuePair, Result};
+
+/// A tcp "device": a memory registry and a QP factory. Cheap; shared between threads.
+pub struct TcpDevice {
+    index: u32,
+    registry: Arc<Registry>,
 }
+
+impl TcpDevice {
+    /// Device number `index`, named `tcp<index>`.
+    pub fn new(index: u32) -> TcpDevice {
+        TcpDevice {
+            index,
+            registry: Arc::new(Registry::new(random_u32())),
+        }
+    }
+}
+
+impl Device for TcpDevice {
+    /// `tcp<n>`, no PCI path, a fixed GUID per device number, 10 Gbps (a nominal figure: the
+    /// real rate is whatever the TCP path gives; NCCL only uses it to weigh NICs against each
+    /// other), port 1, NCCL's default latency, 65536 comms.
+    fn props(&self) -> DeviceProps {
+        DeviceProps {
+            name: format!("tcp{}", self.index),
+            pci_path: None,
+            guid: GUID_BASE + u64::from(self.index),
+            speed_mbps: SPEED_MBPS,
+            port: 1,
+            latency_us: 0.0,
+            max_comms: MAX_COMMS,
+        }
+    }
+
+    fn reg_mr(&self, region: Region) -> Result<Arc<dyn MemoryRegion>> {
+        Ok(Arc::new(TcpMr::register(&self.registry, region)?))
+    }
+
+    /// # Errors
+    /// `Resource` when an attribute is out of range: `max_send_wr`/`max_recv_wr` above
+    /// 1,048,576, `min_rnr_timer` above 31, `rnr_retry` above 7.
+    fn create_qp(&self, cfg: &QpConfig) -> Result<Box<dyn QueuePair>> {
+        let bad = |what: String| Err(TransportError::Resource(format!("tcp create_qp: {what}")));
+        if cfg.max_send_wr > MAX_QP_WR || cfg.max_recv_wr > MAX_QP_WR {
+            return bad(format!(
+                "max_send_wr {} / max_recv_wr {} exceed the device limit {MAX_QP_WR}",
+                cfg.max_send_wr, cfg.max_recv_wr
+            ));
+        }
+        if cfg.min_rnr_timer > 31 {
+            return bad(format!(
+                "min_rnr_timer {} is not in 0..=31",
+                cfg.min_rnr_timer
+            ));
+        }
+        if cfg.rnr_retry > 7 {
+            return bad(format!("rnr_retry {} is not in 0..=7", cfg.rnr_retry));
+        }
+        let qp_num = loop {
+            let n = random_u32() & 0x00ff_ffff;
+            if n != 0 {
+                break n;
+            }
+        };
+        Ok(Box::new(TcpQp::new(
+            qp_num,
+            random_u32(),
+            cfg.clone(),
+            Arc::clone(&self.registry),
+        )))
+    }
+}
+
+/// The tcp devices: always exactly one, `tcp0`.
+pub fn open_devices(cfg: &Config) -> Vec<Arc<dyn Device>> {
+    let _ = cfg; // nothing to configure: the data path is the handshake's stream
+    vec![Arc::new(TcpDevice::new(0))]
+}
+
+/// A random value (key and QP-number starts, initial PSNs); not for cryptography.
+fn random_u32() -> u32 {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut h = RandomState::new().build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    if let Ok(d) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        h.write_u128(d.as_nanos());
+    }
+    h.finish() as u32
+}
+
+/// GUID of `tcp0` (`"tcp"` in the high bytes); `tcp<n>` adds `n`.
+const GUID_BASE: u64 = 0x7463_7000_0000_0001;
+
+/// Reported link speed: 10 Gbps, a nominal figure.
+const SPEED_MBPS: i32 = 10_000;
+
+/// Reported `maxComms`.
+const MAX_COMMS: i32 = 65_536;
+
+/// Largest `max_send_wr`/`max_recv_wr` (keeps PSN windows far below 2^31).
+const MAX_QP_WR: u32 = 1 << 20;

@@ -1,0 +1,24 @@
+#!/bin/bash
+# run-tests.sh: every test of the project (README's second command; CI runs it).
+#  1. installs what the build and the soft-RoCE VM need (apt, when missing);
+#  2. host tests: engine (simulated pair), config, logging, wire formats, the tcp transport,
+#     plugin-level pair and scenario tests over tcp, and the harness's multi-process runs of
+#     verbsnet-perf through the real .so;
+#  3. the GPU check's CPU self-test (the check itself needs a GPU machine: docs/gpu-check.md);
+#  4. the soft-RoCE VM suite: the ib transport and the plugin on rdma_rxe (QEMU, Debian kernel).
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+bash testharness/softroce/install-deps.sh
+echo "== build (release: the plugin .so and verbsnet-perf)"
+cargo build --release --workspace
+echo "== host tests"
+cargo test --release --workspace
+echo "== GPU check self-test (CPU only: scripts, log assertions, fake-NCCL runs)"
+bash testharness/gpu/selftest.sh
+echo "== soft-RoCE VM suite"
+if [ -x testharness/softroce/vm-suite.sh ]; then
+  CARGO_PROFILE_ARGS=--release testharness/softroce/vm-suite.sh
+else
+  CARGO_PROFILE_ARGS=--release testharness/softroce/vm-tests.sh
+fi

@@ -1,0 +1,433 @@
+//! Command line, shaped like nccl-tests' `*_perf` binaries.
+
+use std::fmt;
+
+use clap::{Parser, ValueEnum};
+
+use crate::data::{DataType, RedOp};
+
+/// The collective to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Collective {
+    /// Ring all-reduce: reduce-scatter, then all-gather.
+    #[value(name = "all_reduce", alias = "allreduce", alias = "all-reduce")]
+    AllReduce,
+    /// Ring all-gather.
+    #[value(name = "all_gather", alias = "allgather", alias = "all-gather")]
+    AllGather,
+    /// Ring reduce-scatter.
+    #[value(
+        name = "reduce_scatter",
+        alias = "reducescatter",
+        alias = "reduce-scatter"
+    )]
+    ReduceScatter,
+    /// Each rank sends to rank+1 and receives from rank-1.
+    Sendrecv,
+}
+
+impl Collective {
+    /// Name as in the nccl-tests binary names (`all_reduce_perf` → `all_reduce`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Collective::AllReduce => "all_reduce",
+            Collective::AllGather => "all_gather",
+            Collective::ReduceScatter => "reduce_scatter",
+            Collective::Sendrecv => "sendrecv",
+        }
+    }
+
+    /// Whether the `redop` column (and `-o`) applies.
+    pub fn reduces(self) -> bool {
+        matches!(self, Collective::AllReduce | Collective::ReduceScatter)
+    }
+
+    /// busbw = algbw × factor (nccl-tests' PERFORMANCE.md): 2(n-1)/n for all-reduce, (n-1)/n for
+    /// all-gather and reduce-scatter (whose size is the total over ranks), 1 for sendrecv.
+    pub fn busbw_factor(self, nranks: usize) -> f64 {
+        let n = nranks as f64;
+        match self {
+            Collective::AllReduce => 2.0 * (n - 1.0) / n,
+            Collective::AllGather | Collective::ReduceScatter => (n - 1.0) / n,
+            Collective::Sendrecv => 1.0,
+        }
+    }
+}
+
+impl fmt::Display for Collective {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// `--transport`: sets `VERBSNET_TRANSPORT` for the ranks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Transport {
+    /// The userspace TCP transport.
+    Tcp,
+    /// RDMA verbs.
+    Ib,
+    /// ib when a usable device exists, else tcp.
+    Auto,
+}
+
+impl Transport {
+    /// The `VERBSNET_TRANSPORT` value.
+    pub fn env_value(self) -> &'static str {
+        match self {
+            Transport::Tcp => "tcp",
+            Transport::Ib => "ib",
+            Transport::Auto => "auto",
+        }
+    }
+}
+
+/// Runs nccl-tests-style collectives across processes through the verbsnet NCCL net plugin,
+/// loaded exactly as NCCL loads it (NCCL_NET_PLUGIN, default "verbsnet").
+#[derive(Clone, Debug, Parser)]
+#[command(
+    name = "verbsnet-perf",
+    version,
+    after_help = "\
+Sizes take K/M/G suffixes (powers of 1024), e.g. 8, 64K, 32M, 1G.
+
+Launching:
+  verbsnet-perf all_reduce --ranks 4 -b 8 -e 128M -f 2      local: 4 processes on 127.0.0.1
+  verbsnet-perf sendrecv --rank R --nranks N --master host:port
+  mpirun -np N verbsnet-perf all_gather ...                  (OMPI_COMM_WORLD_*, PMI_*, SLURM_*,
+                                                              or RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT)
+
+Environment: NCCL_NET_PLUGIN (plugin to load), NCCL_NET (expected plugin name),
+VERBSNET_TRANSPORT (set by --transport), VERBSNET_STATS_FILE (set per rank by --stats)."
+)]
+pub struct Args {
+    /// Collective to run.
+    #[arg(value_enum)]
+    pub collective: Collective,
+
+    /// Smallest size in bytes.
+    #[arg(short = 'b', long = "minbytes", value_name = "SIZE", default_value = "32M", value_parser = parse_size)]
+    pub min_bytes: u64,
+
+    /// Largest size in bytes [default: minbytes].
+    #[arg(short = 'e', long = "maxbytes", value_name = "SIZE", value_parser = parse_size)]
+    pub max_bytes: Option<u64>,
+
+    /// Multiply the size by this factor between steps [default: 2].
+    #[arg(short = 'f', long = "stepfactor", value_name = "FACTOR")]
+    pub step_factor: Option<u64>,
+
+    /// Add this many bytes between steps (used when -f is not given).
+    #[arg(short = 'i', long = "stepbytes", value_name = "SIZE", value_parser = parse_size)]
+    pub step_bytes: Option<u64>,
+
+    /// Timed iterations per size.
+    #[arg(short = 'n', long = "iters", value_name = "N", default_value_t = 20)]
+    pub iters: u32,
+
+    /// Untimed warm-up iterations per size.
+    #[arg(
+        short = 'w',
+        long = "warmup_iters",
+        value_name = "N",
+        default_value_t = 1
+    )]
+    pub warmup_iters: u32,
+
+    /// Data-checked iterations per size (0 = no check).
+    #[arg(short = 'c', long = "check", value_name = "N", default_value_t = 1)]
+    pub check: u32,
+
+    /// Reduction operator.
+    #[arg(short = 'o', long = "op", value_enum, default_value_t = RedOp::Sum)]
+    pub op: RedOp,
+
+    /// Element type.
+    #[arg(short = 'd', long = "datatype", value_enum, default_value_t = DataType::Float)]
+    pub datatype: DataType,
+
+    /// Bytes per proxy slot (NCCL SIMPLE step: NCCL_BUFFSIZE 4 MiB / 8 steps).
+    #[arg(long, value_name = "SIZE", default_value = "512K", value_parser = parse_size)]
+    pub chunk: u64,
+
+    /// Local mode: spawn this many ranks of this program on 127.0.0.1.
+    #[arg(long, value_name = "N", conflicts_with_all = ["rank", "nranks", "master"])]
+    pub ranks: Option<usize>,
+
+    /// This process's rank (with --nranks; overrides launcher variables).
+    #[arg(long, value_name = "R", requires = "nranks")]
+    pub rank: Option<usize>,
+
+    /// Number of ranks (with --rank).
+    #[arg(long, value_name = "N", requires = "rank")]
+    pub nranks: Option<usize>,
+
+    /// host:port of the rendezvous served by rank 0 [default: MASTER_ADDR:MASTER_PORT].
+    #[arg(long, value_name = "HOST:PORT")]
+    pub master: Option<String>,
+
+    /// Plugin transport; sets VERBSNET_TRANSPORT for the ranks [default: leave it as is].
+    #[arg(long, value_enum)]
+    pub transport: Option<Transport>,
+
+    /// Plugin device index to use.
+    #[arg(long, default_value_t = 0)]
+    pub dev: i32,
+
+    /// Print one JSON object (rows, average bus bandwidth) instead of the table.
+    #[arg(long)]
+    pub json: bool,
+
+    /// After the run, print the plugin's per-rank counters (from VERBSNET_STATS_FILE).
+    #[arg(long)]
+    pub stats: bool,
+
+    /// Local mode: kill all ranks after this many seconds (0 = never).
+    #[arg(short = 'T', long, value_name = "SECONDS", default_value_t = 0)]
+    pub timeout: u64,
+
+    /// Test hook: this rank damages its result before each check.
+    #[arg(long, hide = true)]
+    pub debug_corrupt_rank: Option<usize>,
+
+    /// Test hook: this rank fails at start-up (before the rendezvous).
+    #[arg(long, hide = true)]
+    pub debug_fail_rank: Option<usize>,
+}
+
+impl Args {
+    /// Checks the combinations clap cannot express.
+    ///
+    /// # Errors
+    /// A message for the user.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.max_bytes() < self.min_bytes {
+            return Err(format!(
+                "maxbytes ({}) is smaller than minbytes ({})",
+                self.max_bytes(),
+                self.min_bytes
+            ));
+        }
+        if self.step_factor == Some(0) || self.step_factor == Some(1) {
+            return Err("stepfactor must be at least 2".into());
+        }
+        if self.step_factor.is_none() && self.step_bytes == Some(0) {
+            return Err("stepbytes must be positive".into());
+        }
+        if self.chunk == 0 || self.chunk & 7 != 0 || self.chunk > (1 << 30) {
+            return Err(format!(
+                "chunk must be a multiple of 8 bytes, at most 1G, not {}",
+                self.chunk
+            ));
+        }
+        if self.ranks == Some(0) || self.nranks == Some(0) {
+            return Err("the number of ranks must be positive".into());
+        }
+        if let (Some(r), Some(n)) = (self.rank, self.nranks) {
+            if r >= n {
+                return Err(format!("rank {r} is not below nranks {n}"));
+            }
+        }
+        if self.iters == 0 {
+            return Err("iters must be positive".into());
+        }
+        Ok(())
+    }
+
+    /// The effective largest size.
+    pub fn max_bytes(&self) -> u64 {
+        self.max_bytes.unwrap_or(self.min_bytes)
+    }
+
+    /// The requested sizes, nccl-tests style.
+    pub fn sizes(&self) -> Vec<u64> {
+        let step = match (self.step_factor, self.step_bytes) {
+            (None, Some(bytes)) => Step::Add(bytes),
+            (factor, _) => Step::Mul(factor.unwrap_or(2)),
+        };
+        size_sweep(self.min_bytes, self.max_bytes(), step)
+    }
+}
+
+/// How sizes grow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Multiply by a factor (≥ 2).
+    Mul(u64),
+    /// Add bytes (> 0).
+    Add(u64),
+}
+
+/// min, min·f, min·f², … ≤ max (or min, min+s, …). A min of 0 with a factor yields just 0.
+pub fn size_sweep(min: u64, max: u64, step: Step) -> Vec<u64> {
+    let mut sizes = Vec::new();
+    let mut size = min;
+    while size <= max {
+        sizes.push(size);
+        let next = match step {
+            Step::Mul(f) => size.saturating_mul(f),
+            Step::Add(s) => size.saturating_add(s),
+        };
+        if next <= size {
+            break;
+        }
+        size = next;
+    }
+    sizes
+}
+
+/// Parses `8`, `64K`, `32M`, `1G` (also `kb`/`KiB`-style spellings; powers of 1024).
+///
+/// # Errors
+/// A message naming the bad value.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, suffix) = t.split_at(digits_end);
+    if num.is_empty() {
+        return Err(format!("{s:?} is not a size (examples: 8, 64K, 32M, 1G)"));
+    }
+    let n: u64 = num
+        .parse()
+        .map_err(|e| format!("{s:?} is not a size: {e}"))?;
+    let mult: u64 = match suffix.to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        _ => {
+            return Err(format!(
+                "{s:?} has an unknown suffix {suffix:?} (use K, M or G)"
+            ))
+        }
+    };
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("{s:?} is too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_suffixes() {
+        assert_eq!(parse_size("8"), Ok(8));
+        assert_eq!(parse_size("64K"), Ok(65536));
+        assert_eq!(parse_size("64k"), Ok(65536));
+        assert_eq!(parse_size("32M"), Ok(32 << 20));
+        assert_eq!(parse_size("1G"), Ok(1 << 30));
+        assert_eq!(parse_size("2KiB"), Ok(2048));
+        assert_eq!(parse_size("3MB"), Ok(3 << 20));
+        assert_eq!(parse_size("100b"), Ok(100));
+        assert!(parse_size("").is_err());
+        assert!(parse_size("M").is_err());
+        assert!(parse_size("12X").is_err());
+        assert!(parse_size("-1").is_err());
+        assert!(parse_size("99999999999999G").is_err());
+    }
+
+    #[test]
+    fn sweep_multiplies_or_adds() {
+        assert_eq!(size_sweep(8, 128, Step::Mul(2)), vec![8, 16, 32, 64, 128]);
+        assert_eq!(size_sweep(8, 100, Step::Mul(4)), vec![8, 32]);
+        assert_eq!(size_sweep(8, 1 << 20, Step::Mul(4)).len(), 9);
+        assert_eq!(size_sweep(1, 10, Step::Add(4)), vec![1, 5, 9]);
+        assert_eq!(size_sweep(32, 32, Step::Mul(2)), vec![32]);
+        assert_eq!(size_sweep(0, 64, Step::Mul(2)), vec![0]);
+        // Saturation ends the sweep instead of wrapping around.
+        assert_eq!(
+            size_sweep(u64::MAX - 1, u64::MAX, Step::Mul(2)),
+            vec![u64::MAX - 1, u64::MAX]
+        );
+    }
+
+    #[test]
+    fn busbw_factors_follow_nccl_tests() {
+        assert_eq!(Collective::AllReduce.busbw_factor(2), 1.0);
+        assert_eq!(Collective::AllReduce.busbw_factor(4), 1.5);
+        assert_eq!(Collective::AllGather.busbw_factor(4), 0.75);
+        assert_eq!(Collective::ReduceScatter.busbw_factor(2), 0.5);
+        assert_eq!(Collective::Sendrecv.busbw_factor(8), 1.0);
+        assert_eq!(Collective::AllReduce.busbw_factor(1), 0.0);
+    }
+
+    #[test]
+    fn cli_defaults_and_flags() {
+        let a = Args::try_parse_from(["verbsnet-perf", "all_reduce"]).unwrap();
+        assert_eq!(a.min_bytes, 32 << 20);
+        assert_eq!(a.max_bytes(), 32 << 20);
+        assert_eq!(a.iters, 20);
+        assert_eq!(a.warmup_iters, 1);
+        assert_eq!(a.check, 1);
+        assert_eq!(a.op, RedOp::Sum);
+        assert_eq!(a.datatype, DataType::Float);
+        assert_eq!(a.chunk, 512 << 10);
+        assert_eq!(a.sizes(), vec![32 << 20]);
+
+        let a = Args::try_parse_from([
+            "verbsnet-perf",
+            "reduce_scatter",
+            "-b",
+            "8",
+            "-e",
+            "1M",
+            "-f",
+            "4",
+            "-n",
+            "2",
+            "-w",
+            "0",
+            "-c",
+            "3",
+            "-o",
+            "max",
+            "-d",
+            "f64",
+            "--ranks",
+            "3",
+            "--transport",
+            "tcp",
+            "--json",
+        ])
+        .unwrap();
+        assert_eq!(a.collective, Collective::ReduceScatter);
+        assert_eq!(a.sizes().len(), 9);
+        assert_eq!(a.op, RedOp::Max);
+        assert_eq!(a.datatype, DataType::Float64);
+        assert_eq!(a.ranks, Some(3));
+        assert_eq!(a.transport, Some(Transport::Tcp));
+        assert!(a.json);
+        assert!(a.validate().is_ok());
+
+        let a =
+            Args::try_parse_from(["x", "sendrecv", "-b", "1K", "-e", "4K", "-i", "1K"]).unwrap();
+        assert_eq!(a.sizes(), vec![1024, 2048, 3072, 4096]);
+
+        let a = Args::try_parse_from(["x", "allreduce", "-d", "int32", "-o", "prod"]).unwrap();
+        assert_eq!(a.collective, Collective::AllReduce);
+        assert_eq!(a.datatype, DataType::Int32);
+    }
+
+    #[test]
+    fn cli_rejects_bad_combinations() {
+        assert!(Args::try_parse_from(["x", "all_reduce", "--ranks", "2", "--rank", "0"]).is_err());
+        assert!(Args::try_parse_from(["x", "all_reduce", "--rank", "0"]).is_err());
+        assert!(Args::try_parse_from(["x", "bcast"]).is_err());
+        let a = Args::try_parse_from(["x", "all_reduce", "-b", "1M", "-e", "1K"]).unwrap();
+        assert!(a.validate().is_err());
+        let a = Args::try_parse_from(["x", "all_reduce", "-f", "1"]).unwrap();
+        assert!(a.validate().is_err());
+        let a = Args::try_parse_from([
+            "x",
+            "all_reduce",
+            "--rank",
+            "2",
+            "--nranks",
+            "2",
+            "--master",
+            "h:1",
+        ])
+        .unwrap();
+        assert!(a.validate().is_err());
+    }
+}

@@ -1,0 +1,23 @@
+//! verbsnet-perf: loads the verbsnet NCCL net plugin exactly as NCCL does and runs
+//! nccl-tests-style collectives across processes through it.
+//!
+//! - [`plugin`]: dlopen/dlsym as NCCL does, and a safe wrapper over the `ncclNet_v8_t` table
+//!   (the only `unsafe` code of the harness).
+//! - [`bootstrap`]: launcher variables and the TCP rendezvous served by rank 0.
+//! - [`coll`]: ring schedules for the collectives and the NCCL-style proxy that runs them.
+//! - [`data`]: element types, operators, deterministic data and expected results.
+//! - [`perf`]: one rank's benchmark loop; [`launcher`]: `--ranks N` local mode.
+//! - [`report`] and [`stats`]: the table, JSON and plugin counters.
+#![warn(missing_docs)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+#![deny(unsafe_code)]
+
+pub mod bootstrap;
+pub mod cli;
+pub mod coll;
+pub mod data;
+pub mod launcher;
+pub mod perf;
+pub mod plugin;
+pub mod report;
+pub mod stats;

@@ -1,0 +1,401 @@
+//! End-to-end: run the `verbsnet-perf` binary with local ranks through the real plugin over
+//! its tcp transport and check exit codes, the #wrong columns and where the plugin came from.
+//!
+//! The plugin must be built in the same profile first:
+//! `cargo build --release -p verbsnet && cargo test --release -p testharness`
+//! (or without `--release` for both).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+/// Per-run limit handed to the launcher (`-T`), so a hang fails the test instead of blocking it.
+const RUN_TIMEOUT_S: &str = "300";
+
+fn exe() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_verbsnet-perf"))
+}
+
+/// `target/<profile>/libnccl-net-verbsnet.so`, next to the binary; panics with the build
+/// command when it is missing.
+fn plugin() -> PathBuf {
+    let dir = exe()
+        .parent()
+        .expect("binary has a directory")
+        .to_path_buf();
+    let so = dir.join("libnccl-net-verbsnet.so");
+    if !so.exists() {
+        let profile = dir.file_name().and_then(|n| n.to_str()).unwrap_or("?");
+        let flag = if profile == "release" {
+            " --release"
+        } else {
+            ""
+        };
+        let dangling = if so.symlink_metadata().is_ok() {
+            " (the symlink is there but its target is not: cargo copies a dependency's cdylib \
+             into target/<profile> only when that package itself is built)"
+        } else {
+            ""
+        };
+        panic!(
+            "{} is missing{dangling}: build the plugin first with `cargo build{flag} -p verbsnet`",
+            so.display()
+        );
+    }
+    so
+}
+
+fn canonical(p: &Path) -> PathBuf {
+    std::fs::canonicalize(p).unwrap_or_else(|e| panic!("canonicalize {}: {e}", p.display()))
+}
+
+/// A `verbsnet-perf` command with a clean plugin environment.
+fn perf(args: &[&str]) -> Command {
+    let mut c = Command::new(exe());
+    c.args(args)
+        .args(["-T", RUN_TIMEOUT_S])
+        .env_remove("NCCL_NET_PLUGIN")
+        .env_remove("NCCL_NET")
+        .env_remove("VERBSNET_STATS_FILE")
+        .env_remove("VERBSNET_TRANSPORT");
+    c
+}
+
+fn show(o: &Output) -> String {
+    format!(
+        "status {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Runs with `--json` and returns the object.
+fn run_json(args: &[&str]) -> (Output, Value) {
+    let _ = plugin();
+    let o = perf(args)
+        .arg("--json")
+        .output()
+        .expect("run verbsnet-perf");
+    let text = String::from_utf8_lossy(&o.stdout);
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .unwrap_or_else(|| panic!("no JSON object on stdout\n{}", show(&o)));
+    let v: Value =
+        serde_json::from_str(line).unwrap_or_else(|e| panic!("bad JSON {e}\n{}", show(&o)));
+    (o, v)
+}
+
+/// Asserts a clean run: exit 0, every #wrong 0, the plugin from next to the binary.
+fn assert_clean(coll: &str, nranks: usize, o: &Output, v: &Value) {
+    assert!(
+        o.status.success(),
+        "{coll} with {nranks} ranks failed\n{}",
+        show(o)
+    );
+    assert_eq!(v["collective"], coll);
+    assert_eq!(v["nranks"], nranks);
+    assert_eq!(v["ok"], true, "{}", show(o));
+    assert_eq!(v["out_of_bounds"], 0, "{}", show(o));
+    let rows = v["rows"].as_array().expect("rows");
+    assert!(!rows.is_empty());
+    for r in rows {
+        for placement in ["out_of_place", "in_place"] {
+            assert_eq!(
+                r[placement]["wrong"],
+                0,
+                "{coll} n={nranks} row {r}\n{}",
+                show(o)
+            );
+            let t = r[placement]["time_us"].as_f64().expect("time");
+            assert!(t >= 0.0 && t.is_finite());
+        }
+    }
+    let want = canonical(&plugin());
+    let got = PathBuf::from(v["plugin"]["file"].as_str().expect("plugin.file"));
+    assert_eq!(got, want, "plugin loaded from an unexpected file");
+    for r in v["ranks"].as_array().expect("ranks") {
+        assert_eq!(PathBuf::from(r["plugin_file"].as_str().unwrap()), want);
+    }
+    assert_eq!(v["plugin"]["name"], "verbsnet");
+}
+
+fn sweep(coll: &str) {
+    for n in [2, 3, 4] {
+        let ranks = n.to_string();
+        let (o, v) = run_json(&[
+            coll,
+            "--ranks",
+            &ranks,
+            "-b",
+            "8",
+            "-e",
+            "1M",
+            "-f",
+            "4",
+            "-n",
+            "2",
+            "-w",
+            "1",
+            "--transport",
+            "tcp",
+        ]);
+        assert_clean(coll, n, &o, &v);
+        // 8, 32, ..., 1M: 9 sizes.
+        assert_eq!(v["rows"].as_array().unwrap().len(), 9);
+    }
+}
+
+#[test]
+fn all_reduce_2_3_4_ranks() {
+    sweep("all_reduce");
+}
+
+#[test]
+fn all_gather_2_3_4_ranks() {
+    sweep("all_gather");
+}
+
+#[test]
+fn reduce_scatter_2_3_4_ranks() {
+    sweep("reduce_scatter");
+}
+
+#[test]
+fn sendrecv_2_3_4_ranks() {
+    sweep("sendrecv");
+}
+
+#[test]
+fn all_reduce_types_and_ops() {
+    for (d, op) in [
+        ("int32", "prod"),
+        ("double", "max"),
+        ("float", "min"),
+        ("int32", "sum"),
+    ] {
+        let (o, v) = run_json(&[
+            "all_reduce",
+            "--ranks",
+            "3",
+            "-b",
+            "1K",
+            "-e",
+            "256K",
+            "-f",
+            "16",
+            "-n",
+            "1",
+            "-w",
+            "0",
+            "-c",
+            "2",
+            "-d",
+            d,
+            "-o",
+            op,
+            "--transport",
+            "tcp",
+        ]);
+        assert_clean("all_reduce", 3, &o, &v);
+        assert_eq!(v["datatype"], d);
+        assert_eq!(v["op"], op);
+    }
+}
+
+#[test]
+fn small_chunks_pipeline_many_slots() {
+    // 64 KiB of data through 4 KiB slots: 16 pieces per segment, all 8 slots busy.
+    let (o, v) = run_json(&[
+        "all_reduce",
+        "--ranks",
+        "2",
+        "-b",
+        "256K",
+        "-n",
+        "3",
+        "--chunk",
+        "4K",
+        "--transport",
+        "tcp",
+    ]);
+    assert_clean("all_reduce", 2, &o, &v);
+}
+
+/// Parses the text table and returns the #wrong columns of every row.
+fn wrong_columns(stdout: &str) -> Vec<(String, String)> {
+    stdout
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            assert_eq!(cols.len(), 13, "row {l:?}");
+            (cols[8].to_string(), cols[12].to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn table_output_has_header_rows_and_footer() {
+    let _ = plugin();
+    let o = perf(&[
+        "sendrecv",
+        "--ranks",
+        "2",
+        "-b",
+        "8",
+        "-e",
+        "64K",
+        "-f",
+        "8",
+        "-n",
+        "2",
+        "--transport",
+        "tcp",
+    ])
+    .output()
+    .unwrap();
+    assert!(o.status.success(), "{}", show(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("# verbsnet-perf sendrecv: nranks 2"), "{out}");
+    assert!(
+        out.contains("# plugin: verbsnet (ncclNetPlugin_v8) from"),
+        "{out}"
+    );
+    assert!(
+        out.contains(&canonical(&plugin()).display().to_string()),
+        "{out}"
+    );
+    assert!(out.contains("# transport: VERBSNET_TRANSPORT=tcp"), "{out}");
+    assert!(
+        out.contains("out-of-place") && out.contains("in-place"),
+        "{out}"
+    );
+    let wrong = wrong_columns(&out);
+    // 8, 64, 512, 4K, 32K.
+    assert_eq!(wrong.len(), 5, "{out}");
+    assert!(wrong.iter().all(|(a, b)| a == "0" && b == "0"), "{out}");
+    assert!(out.contains("# Out of bounds values : 0 OK"), "{out}");
+    assert!(out.contains("# Avg bus bandwidth"), "{out}");
+}
+
+#[test]
+fn stats_lists_counters_per_rank() {
+    let (o, v) = run_json(&[
+        "all_gather",
+        "--ranks",
+        "2",
+        "-b",
+        "64K",
+        "-n",
+        "2",
+        "--transport",
+        "tcp",
+        "--stats",
+    ]);
+    assert_clean("all_gather", 2, &o, &v);
+    let stats = v["stats"].as_array().expect("stats array");
+    assert_eq!(stats.len(), 2, "{}", show(&o));
+    for (r, s) in stats.iter().enumerate() {
+        assert_eq!(s["rank"], r);
+        // One send comm and one recv comm per rank, each closed once.
+        assert_eq!(s["send_records"], 1, "{s}");
+        assert_eq!(s["recv_records"], 1, "{s}");
+        assert!(!s["totals"].as_object().unwrap().is_empty(), "{s}");
+    }
+    // The text form prints a table.
+    let o = perf(&[
+        "all_gather",
+        "--ranks",
+        "2",
+        "-b",
+        "64K",
+        "-n",
+        "1",
+        "--transport",
+        "tcp",
+        "--stats",
+    ])
+    .output()
+    .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("# Plugin counters"), "{}", show(&o));
+    assert!(
+        out.contains("rank 0") && out.contains("rank 1"),
+        "{}",
+        show(&o)
+    );
+}
+
+#[test]
+fn wrong_data_fails_the_run() {
+    let (o, v) = run_json(&[
+        "all_reduce",
+        "--ranks",
+        "2",
+        "-b",
+        "1K",
+        "-n",
+        "1",
+        "--transport",
+        "tcp",
+        "--debug-corrupt-rank",
+        "1",
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    assert_eq!(v["ok"], false);
+    assert!(v["out_of_bounds"].as_u64().unwrap() > 0);
+}
+
+// The tests below need the plugin file but not a working transport.
+
+#[test]
+fn missing_plugin_is_reported_with_every_attempt() {
+    let o = perf(&["all_reduce", "-b", "8"])
+        .env("NCCL_NET_PLUGIN", "no-such-plugin")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("dlopen(libnccl-net-no-such-plugin.so)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn wrong_net_name_is_rejected() {
+    let _ = plugin();
+    let o = perf(&["all_reduce", "-b", "8"])
+        .env("NCCL_NET", "IB")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("expected \"IB\""), "{err}");
+}
+
+#[test]
+fn a_failing_rank_fails_the_launch_and_shows_its_stderr() {
+    let _ = plugin();
+    let o = perf(&[
+        "sendrecv",
+        "--ranks",
+        "2",
+        "-b",
+        "8",
+        "--transport",
+        "tcp",
+        "--debug-fail-rank",
+        "1",
+    ])
+    .output()
+    .unwrap();
+    assert!(!o.status.success(), "{}", show(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("rank 1 failed (exit code 2)"), "{err}");
+    assert!(err.contains("failing on purpose"), "{err}");
+}

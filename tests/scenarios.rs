@@ -1,0 +1,1389 @@
+//! Scenario tests from field reports, at plugin level: real connect/accept state machines and
+//! comms over a real transport, driven through the same safe API the ncclNet_v8 shims call.
+//!
+//! Transport from `VERBSNET_TEST_TRANSPORT` (`tcp`, the default, on the host; `ib` on rxe0 in
+//! the soft-RoCE VM). Without the device a test prints a `SKIP` line and passes. Every test takes
+//! one process-wide lock: the device RNR counters are device-wide, and the latency bounds should
+//! not measure the other tests.
+//!
+//! Counters: with tcp the QP counts RNR NAKs itself (`rnr_naks_received`/`rnr_naks_sent`); with
+//! ib the QP counters stay 0 and the device's `hw_counters` (`rcvd_rnr_err`, `send_rnr_err`) are
+//! read before and after.
+//!
+//! ## The RNR timer in these tests
+//! They run at the default `VERBSNET_RNR_TIMER=12` (0.64 ms, as NCCL IB), and
+//! `VERBSNET_RNR_RETRY=7` (retry forever). Why 12: one RNR episode costs the sender one timer,
+//! about 100 small-message latencies on a real fabric, so a receiver that falls behind shows up
+//! as visible but bounded tail latency. A shorter timer (1 = 10 µs) turns a slow receiver into a
+//! stream of retransmissions on the fabric; a longer one multiplies every stall (the largest,
+//! 0, is 655 ms per episode — a classic mis-set). The credits-off burst below derives its
+//! latency bound from this timer (see [`rnr_latency_bound`]).
+use std::collections::VecDeque;
+use std::io::Read;
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use nccl_net_verbsnet::comm::{Comm, Error};
+use nccl_net_verbsnet::config::{Config, TransportChoice};
+use nccl_net_verbsnet::conn::{Connecting, Listen, HANDLE_SIZE};
+use nccl_net_verbsnet::engine::sim::pattern;
+use nccl_net_verbsnet::engine::{ReqId, MAX_RECV_REQUESTS, MAX_SEND_REQUESTS};
+use nccl_net_verbsnet::testkit::{connect, open_device, Buf, Link};
+use nccl_net_verbsnet::transport::{Device, Kind};
+
+/// Upper bound on polls of any single wait (a hang fails the test instead of blocking CI).
+const POLLS: u64 = 50_000_000;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn is_ib() -> bool {
+    std::env::var("VERBSNET_TEST_TRANSPORT").as_deref() == Ok("ib")
+}
+
+/// Defaults, with the transport the suite runs on.
+fn base_cfg() -> Config {
+    Config {
+        transport: if is_ib() {
+            TransportChoice::Ib
+        } else {
+            TransportChoice::Tcp
+        },
+        ..Config::default()
+    }
+}
+
+fn device(test: &str) -> Option<(Arc<dyn Device>, Kind)> {
+    match open_device(&base_cfg()) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            println!("SKIP {test}: {e}");
+            None
+        }
+    }
+}
+
+fn link(dev: &Arc<dyn Device>, kind: Kind, send_cfg: &Config, recv_cfg: &Config) -> Link {
+    connect(dev, kind, send_cfg, recv_cfg, 5_000_000).expect("connect")
+}
+
+/// A receiver config with RQ depth, batch and low-water.
+fn rq(depth: u32, batch: u32, low: u32) -> Config {
+    Config {
+        rq_depth: depth,
+        rq_batch: batch,
+        rq_low_water: low,
+        ..base_cfg()
+    }
+}
+
+fn counter(c: &Comm, name: &str) -> u64 {
+    c.counters()
+        .iter()
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| *v)
+        .unwrap_or_else(|| panic!("no counter {name}"))
+}
+
+/// RNR events seen by the device (ib: `rcvd_rnr_err + send_rnr_err` of `hw_counters`), or `None`
+/// when the device has no such counters (tcp).
+fn dev_rnr(dev: &Arc<dyn Device>) -> Option<u64> {
+    let d = dev.rnr_counters();
+    match (d.rcvd_rnr_err, d.send_rnr_err) {
+        (None, None) => None,
+        (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
+    }
+}
+
+/// RNR NAKs the QPs of `links` counted (tcp; always 0 on ib, whose QPs keep no such counter).
+fn qp_rnr(links: &[Link]) -> u64 {
+    links
+        .iter()
+        .map(|l| counter(&l.send, "rnr_naks_received") + counter(&l.recv, "rnr_naks_sent"))
+        .sum()
+}
+
+/// Message `k` of `size` bytes: a pattern with `k` in its first 8 bytes, so a message in the
+/// wrong buffer is told apart from the right one.
+fn payload(k: u64, size: usize) -> Vec<u8> {
+    let mut v = pattern(k, size);
+    let n = size.min(8);
+    v[..n].copy_from_slice(&k.to_le_bytes()[..n]);
+    v
+}
+
+/// Resident set size of this process, from /proc/self/status.
+fn vm_rss_kib() -> u64 {
+    let mut s = String::new();
+    std::fs::File::open("/proc/self/status")
+        .and_then(|mut f| f.read_to_string(&mut s))
+        .expect("/proc/self/status");
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("VmRSS line")
+}
+
+/// Times one plugin call, keeping the maximum.
+fn timed<T>(max: &mut Duration, f: impl FnOnce() -> T) -> T {
+    let t = Instant::now();
+    let r = f();
+    *max = (*max).max(t.elapsed());
+    r
+}
+
+/// One direction of traffic on a link: `n` messages, message `k` of `size(k)` bytes, each into
+/// its own receive buffer slot (`k % slots`), checked byte for byte on arrival.
+struct Flow<'a> {
+    l: &'a Link,
+    sb: Buf,
+    rb: Buf,
+    n: usize,
+    slots: usize,
+    stride: usize,
+    size: fn(usize) -> usize,
+    tag: i32,
+    next_send: usize,
+    next_recv: usize,
+    sends: VecDeque<(usize, ReqId)>,
+    recvs: VecDeque<(usize, ReqId)>,
+    send_done: usize,
+    recv_done: usize,
+    /// When the sender first tried to send message k.
+    wanted: Vec<Option<Instant>>,
+    /// Longest wanted → received.
+    max_latency: Duration,
+    /// Longest single plugin call.
+    max_call: Duration,
+    /// Cap on receives posted ahead of the sends ("receiver posting as fast as allowed": 32).
+    recv_ahead: usize,
+    /// Never send message k before its receive was posted (ping-pong).
+    lockstep: bool,
+}
+
+impl<'a> Flow<'a> {
+    fn new(l: &'a Link, n: usize, slots: usize, stride: usize, size: fn(usize) -> usize) -> Self {
+        let sb = Buf::new(&l.dev, slots * stride).unwrap();
+        let rb = Buf::new(&l.dev, slots * stride).unwrap();
+        Flow {
+            l,
+            sb,
+            rb,
+            n,
+            slots,
+            stride,
+            size,
+            tag: 7,
+            next_send: 0,
+            next_recv: 0,
+            sends: VecDeque::new(),
+            recvs: VecDeque::new(),
+            send_done: 0,
+            recv_done: 0,
+            wanted: vec![None; n],
+            max_latency: Duration::ZERO,
+            max_call: Duration::ZERO,
+            recv_ahead: usize::MAX,
+            lockstep: false,
+        }
+    }
+
+    fn done(&self) -> bool {
+        self.send_done == self.n && self.recv_done == self.n
+    }
+
+    /// Starts as many sends as the plugin accepts now. A send slot is reused only once the
+    /// message that had it was received and its send completed.
+    fn pump_sends(&mut self) -> Result<(), Error> {
+        while self.next_send < self.n {
+            let k = self.next_send;
+            // The slot's previous message must have left (its send completed).
+            let oldest = self.sends.front().map_or(k, |&(j, _)| j);
+            if k >= oldest + self.slots || (self.lockstep && k >= self.next_recv) {
+                break;
+            }
+            let size = (self.size)(k);
+            let off = (k % self.slots) * self.stride;
+            if self.wanted[k].is_none() {
+                self.sb.fill(off, &payload(k as u64, size));
+                self.wanted[k] = Some(Instant::now());
+            }
+            let (send, sb, tag) = (&self.l.send, &self.sb, self.tag);
+            let r = timed(&mut self.max_call, || {
+                send.isend(sb.addr(off), size as u64, tag, &sb.mr)
+            })?;
+            match r {
+                Some(h) => {
+                    self.sends.push_back((k, h.id()));
+                    self.next_send += 1;
+                }
+                None => break,
+            }
+        }
+        Ok(())
+    }
+
+    /// Posts receives (as many as accepted, at most `recv_ahead` outstanding).
+    fn pump_recvs(&mut self) -> Result<(), Error> {
+        while self.next_recv < self.n && self.recvs.len() < self.recv_ahead {
+            let k = self.next_recv;
+            if k >= self.recv_done + self.slots {
+                break;
+            }
+            let off = (k % self.slots) * self.stride;
+            let (recv, rb, tag, stride) = (&self.l.recv, &self.rb, self.tag, self.stride);
+            let r = timed(&mut self.max_call, || {
+                recv.irecv(&[(rb.addr(off), stride as u64, tag, &rb.mr)])
+            })?;
+            match r {
+                Some(h) => {
+                    self.recvs.push_back((k, h.id()));
+                    self.next_recv += 1;
+                }
+                None => break,
+            }
+        }
+        Ok(())
+    }
+
+    /// Tests outstanding requests; checks every received message.
+    fn pump_tests(&mut self) -> Result<(), Error> {
+        self.pump_recv_tests()?;
+        self.pump_send_tests()
+    }
+
+    /// Tests outstanding receives in order; checks each message's size and bytes.
+    fn pump_recv_tests(&mut self) -> Result<(), Error> {
+        while let Some(&(k, id)) = self.recvs.front() {
+            let recv = &self.l.recv;
+            match timed(&mut self.max_call, || recv.test(id))? {
+                None => break,
+                Some(sizes) => {
+                    let size = (self.size)(k);
+                    assert_eq!(sizes, vec![size as u64], "message {k}: size");
+                    let off = (k % self.slots) * self.stride;
+                    let got = self.rb.get(off, size);
+                    if got != payload(k as u64, size) {
+                        let first = u64::from_le_bytes(
+                            self.rb.get(off, 8.min(size)).try_into().unwrap_or([0; 8]),
+                        );
+                        panic!("message {k}: wrong bytes (first word {first})");
+                    }
+                    if let Some(t) = self.wanted[k] {
+                        self.max_latency = self.max_latency.max(t.elapsed());
+                    }
+                    self.recvs.pop_front();
+                    assert_eq!(k, self.recv_done, "in order");
+                    self.recv_done += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Tests every outstanding send.
+    fn pump_send_tests(&mut self) -> Result<(), Error> {
+        let mut i = 0;
+        while i < self.sends.len() {
+            let (k, id) = self.sends[i];
+            let send = &self.l.send;
+            match timed(&mut self.max_call, || send.test(id))? {
+                Some(s) => {
+                    assert_eq!(s, vec![(self.size)(k) as u64], "send {k}");
+                    self.sends.remove(i);
+                    self.send_done += 1;
+                }
+                None => i += 1,
+            }
+        }
+        Ok(())
+    }
+
+    /// One round: sender burst first, then the receiver.
+    fn step(&mut self) -> Result<(), Error> {
+        self.pump_sends()?;
+        self.pump_recvs()?;
+        self.pump_tests()
+    }
+}
+
+fn close(links: Vec<Link>) {
+    for l in links {
+        l.send.close();
+        l.recv.close();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. Burst of 64 messages per connection over 4 connections, RQ depth 8.
+// ---------------------------------------------------------------------------------------------
+
+const BURST: usize = 64;
+const BURST_LINKS: usize = 4;
+const BURST_DEPTH: u32 = 8;
+const BURST_BATCH: u32 = 4;
+const BURST_SIZE: usize = 512;
+
+/// IB RNR timer code → seconds (IBTA table: 0 = 655.36 ms, 1 = 0.01 ms ... 31 = 491.52 ms).
+fn rnr_timer_s(code: u8) -> f64 {
+    const MS: [f64; 32] = [
+        655.36, 0.01, 0.02, 0.03, 0.04, 0.06, 0.08, 0.12, 0.16, 0.24, 0.32, 0.48, 0.64, 0.96, 1.28,
+        1.92, 2.56, 3.84, 5.12, 7.68, 10.24, 15.36, 20.48, 30.72, 40.96, 61.44, 81.92, 122.88,
+        163.84, 245.76, 327.68, 491.52,
+    ];
+    MS[usize::from(code & 31)] / 1000.0
+}
+
+/// The bound on any one message's latency in the credits-off burst. The receiver re-posts in
+/// batches of `BURST_BATCH`, so a message waits behind at most `BURST / BURST_BATCH` waves of
+/// refills; one wave costs at most `retries` RNR timers (7: the IB "retry forever" code counted
+/// as 7 attempts — with a polling receiver a retry almost always finds WRs posted, so one timer
+/// is typical); the timer is floored at 10 ms because kernels arm it in jiffies (rxe: 4 ms at
+/// HZ=250) and the TCG VM is slow. At the default timer: 16 × 7 × 10 ms = 1.12 s. A hang, or a
+/// timer set to 0 (655 ms per episode), breaks it.
+fn rnr_latency_bound(cfg: &Config) -> Duration {
+    let waves = (BURST / BURST_BATCH as usize) as f64;
+    let retries = f64::from(cfg.rnr_retry.max(1));
+    Duration::from_secs_f64(waves * retries * rnr_timer_s(cfg.rnr_timer).max(0.010))
+}
+
+struct BurstOutcome {
+    dev_rnr: Option<u64>,
+    qp_rnr: u64,
+    credit_stalls: u64,
+    error_completions: u64,
+    max_latency: Duration,
+}
+
+fn burst(credits: bool) -> Option<BurstOutcome> {
+    let (dev, kind) = device("burst")?;
+    let send_cfg = Config {
+        credits,
+        ..base_cfg()
+    };
+    let recv_cfg = rq(BURST_DEPTH, BURST_BATCH, BURST_DEPTH - BURST_BATCH);
+    let links: Vec<Link> = (0..BURST_LINKS)
+        .map(|_| link(&dev, kind, &send_cfg, &recv_cfg))
+        .collect();
+    let dev_before = dev_rnr(&dev);
+    let mut flows: Vec<Flow> = links
+        .iter()
+        .map(|l| Flow::new(l, BURST, BURST, BURST_SIZE, |_| BURST_SIZE))
+        .collect();
+    for _ in 0..POLLS {
+        if flows.iter().all(Flow::done) {
+            break;
+        }
+        for f in flows.iter_mut() {
+            f.step().expect("burst traffic");
+        }
+    }
+    assert!(flows.iter().all(Flow::done), "burst did not complete");
+    let max_latency = flows.iter().map(|f| f.max_latency).max().unwrap();
+    drop(flows);
+    let out = BurstOutcome {
+        dev_rnr: dev_before.zip(dev_rnr(&dev)).map(|(a, b)| b - a),
+        qp_rnr: qp_rnr(&links),
+        credit_stalls: links
+            .iter()
+            .map(|l| counter(&l.send, "credit_stalls"))
+            .sum(),
+        error_completions: links
+            .iter()
+            .map(|l| counter(&l.send, "error_completions") + counter(&l.recv, "error_completions"))
+            .sum(),
+        max_latency,
+    };
+    for l in &links {
+        assert_eq!(counter(&l.send, "ops"), BURST as u64);
+        assert_eq!(counter(&l.recv, "ops"), BURST as u64);
+        assert_eq!(counter(&l.recv, "eager"), BURST as u64);
+        assert_eq!(l.send.in_flight() + l.recv.in_flight(), 0);
+    }
+    println!(
+        "burst credits={}: dev_rnr={:?} qp_rnr={} credit_stalls={} max_latency={:?}",
+        if credits { "on" } else { "off" },
+        out.dev_rnr,
+        out.qp_rnr,
+        out.credit_stalls,
+        out.max_latency
+    );
+    close(links);
+    Some(out)
+}
+
+#[test]
+fn burst_with_credits_never_meets_rnr_and_delivers_in_order() {
+    let _g = serial();
+    let Some(o) = burst(true) else { return };
+    assert_eq!(o.qp_rnr, 0, "QP RNR NAKs with credits on");
+    if let Some(d) = o.dev_rnr {
+        assert_eq!(d, 0, "device RNR counters moved with credits on");
+    }
+    assert!(o.credit_stalls > 0, "the burst never waited for a credit");
+    assert_eq!(o.error_completions, 0);
+}
+
+#[test]
+fn burst_without_credits_completes_through_rnr_retry_within_the_timer_bound() {
+    let _g = serial();
+    let Some(o) = burst(false) else { return };
+    assert_eq!(o.credit_stalls, 0);
+    assert_eq!(o.error_completions, 0);
+    match o.dev_rnr {
+        Some(d) => assert!(d > 0, "no RNR on the device with credits off"),
+        None => assert!(o.qp_rnr > 0, "no RNR NAK on the QPs with credits off"),
+    }
+    let bound = rnr_latency_bound(&base_cfg());
+    assert!(
+        o.max_latency < bound,
+        "a message took {:?}, over the RNR-derived bound {bound:?}",
+        o.max_latency
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2./3. Sending the moment connect returns; RQ depth 1.
+// ---------------------------------------------------------------------------------------------
+
+/// Connects like NCCL (connect and accept polled in turn from one thread) and calls `on_send`
+/// with the send comm in the same iteration `connect` returned it, before `accept` is polled
+/// again. Returns the link and whether the receive comm existed when the send comm appeared.
+fn connect_then(
+    dev: &Arc<dyn Device>,
+    kind: Kind,
+    send_cfg: &Config,
+    recv_cfg: &Config,
+    mut on_send: impl FnMut(&Comm),
+) -> (Link, bool) {
+    let mut handle = [0u8; HANDLE_SIZE];
+    let name = dev.props().name;
+    let mut listen = Listen::new(
+        dev.clone(),
+        name.clone(),
+        kind,
+        IpAddr::V4(Ipv4Addr::LOCALHOST),
+        recv_cfg,
+        &mut handle,
+    )
+    .expect("listen");
+    let (mut send, mut recv): (Option<Box<Comm>>, Option<Box<Comm>>) = (None, None);
+    let mut recv_first = false;
+    for _ in 0..5_000_000 {
+        if send.is_none() {
+            let mut c = Connecting::resume_or_start(&mut handle).expect("connect");
+            match c.step(dev, &name, send_cfg).expect("connect step") {
+                Some(comm) => {
+                    Connecting::clear(&mut handle);
+                    recv_first = recv.is_some();
+                    on_send(&comm);
+                    send = Some(comm);
+                }
+                None => c.park(&mut handle),
+            }
+        }
+        if recv.is_none() {
+            recv = listen.accept().expect("accept");
+        }
+        if let (Some(_), Some(_)) = (&send, &recv) {
+            let l = Link {
+                send: send.take().expect("checked"),
+                recv: recv.take().expect("checked"),
+                dev: dev.clone(),
+            };
+            return (l, recv_first);
+        }
+        std::thread::yield_now();
+    }
+    panic!("connect/accept did not finish");
+}
+
+/// Receives `n` messages of `size` bytes already sent (or being sent) from `sb` at offsets
+/// `k * size`, in order, and tests the given sends to completion.
+fn drain(l: &Link, sb: &Buf, sends: &[ReqId], n: usize, size: usize) {
+    let rb = Buf::new(&l.dev, n * size.max(1)).unwrap();
+    for k in 0..n {
+        let r = l
+            .recv
+            .irecv(&[(rb.addr(k * size), size as u64, 0, &rb.mr)])
+            .unwrap()
+            .expect("irecv slot");
+        let id = r.id();
+        let mut got = None;
+        for _ in 0..POLLS {
+            if let Some(s) = l.recv.test(id).unwrap() {
+                got = Some(s);
+                break;
+            }
+            l.send.progress().unwrap();
+        }
+        assert_eq!(got, Some(vec![size as u64]), "message {k}");
+        assert_eq!(
+            rb.get(k * size, size),
+            sb.get(k * size, size),
+            "message {k}"
+        );
+    }
+    for &id in sends {
+        let mut done = false;
+        for _ in 0..POLLS {
+            if l.send.test(id).unwrap().is_some() {
+                done = true;
+                break;
+            }
+            l.recv.progress().unwrap();
+        }
+        assert!(done, "send not completed");
+    }
+}
+
+#[test]
+fn sends_at_the_moment_connect_returns_meet_no_rnr() {
+    let _g = serial();
+    let Some((dev, kind)) = device("connect_moment") else {
+        return;
+    };
+    const DEPTH: u32 = 8;
+    const SIZE: usize = 256;
+    for credits in [false, true] {
+        let send_cfg = Config {
+            credits,
+            ..base_cfg()
+        };
+        let recv_cfg = rq(DEPTH, 4, 4);
+        let dev_before = dev_rnr(&dev);
+        let sb = Buf::new(&dev, DEPTH as usize * SIZE).unwrap();
+        let mut sends = Vec::new();
+        // Exactly the receive WRs the handshake promised: none may find an empty RQ.
+        let (l, recv_first) = connect_then(&dev, kind, &send_cfg, &recv_cfg, |send| {
+            for k in 0..DEPTH as usize {
+                sb.fill(k * SIZE, &payload(k as u64, SIZE));
+                let r = send
+                    .isend(sb.addr(k * SIZE), SIZE as u64, 0, &sb.mr)
+                    .unwrap()
+                    .expect("isend at connect time");
+                sends.push(r.id());
+            }
+        });
+        assert!(
+            !recv_first,
+            "the receive comm appeared before the send comm"
+        );
+        drain(&l, &sb, &sends, DEPTH as usize, SIZE);
+        let links = vec![l];
+        assert_eq!(qp_rnr(&links), 0, "credits={credits}");
+        if let Some(before) = dev_before {
+            assert_eq!(dev_rnr(&dev).unwrap() - before, 0, "credits={credits}");
+        }
+        close(links);
+    }
+}
+
+#[test]
+fn rq_depth_one_connects_before_any_comm_and_carries_traffic() {
+    let _g = serial();
+    let Some((dev, kind)) = device("rq_depth_one") else {
+        return;
+    };
+    let send_cfg = base_cfg();
+    let recv_cfg = rq(1, 1, 1);
+    let dev_before = dev_rnr(&dev);
+    let sb = Buf::new(&dev, 64).unwrap();
+    let mut first = None;
+    let mut second_refused = false;
+    let (l, recv_first) = connect_then(&dev, kind, &send_cfg, &recv_cfg, |send| {
+        // The handshake told the sender about the one posted receive: exactly one credit.
+        sb.fill(0, &payload(0, 64));
+        first = Some(send.isend(sb.addr(0), 64, 0, &sb.mr).unwrap().unwrap().id());
+        second_refused = send.isend(sb.addr(0), 64, 0, &sb.mr).unwrap().is_none();
+    });
+    assert!(
+        !recv_first,
+        "the receive comm appeared before the send comm"
+    );
+    assert!(second_refused, "a second send went out on one credit");
+    drain(&l, &sb, &[first.unwrap()], 1, 64);
+    // Then ordinary traffic: eager and rendezvous, posted ahead and not.
+    let mut f = Flow::new(&l, 200, 8, 16384, |k| match k % 4 {
+        0 => 0,
+        1 => 100,
+        2 => 8192,
+        _ => 12000,
+    });
+    for _ in 0..POLLS {
+        if f.done() {
+            break;
+        }
+        f.step().unwrap();
+    }
+    assert!(f.done(), "traffic over RQ depth 1 did not complete");
+    drop(f);
+    assert_eq!(counter(&l.recv, "rq_min_level"), 0);
+    assert_eq!(counter(&l.recv, "ops"), 201);
+    let links = vec![l];
+    assert_eq!(qp_rnr(&links), 0);
+    if let Some(before) = dev_before {
+        assert_eq!(dev_rnr(&dev).unwrap() - before, 0);
+    }
+    close(links);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. Three-rank ring, everyone sending and receiving at once.
+// ---------------------------------------------------------------------------------------------
+
+const CALL_BOUND: Duration = Duration::from_millis(100);
+
+#[test]
+fn ring_of_three_never_blocks_a_call() {
+    let _g = serial();
+    let Some((dev, kind)) = device("ring") else {
+        return;
+    };
+    const RANKS: usize = 3;
+    let cfg = base_cfg();
+    let name = dev.props().name;
+    // Rank r listens for r-1 and connects to r+1; every call is timed.
+    let mut max_call = Duration::ZERO;
+    let mut handles = [[0u8; HANDLE_SIZE]; RANKS];
+    let mut listens: Vec<Listen> = (0..RANKS)
+        .map(|r| {
+            Listen::new(
+                dev.clone(),
+                name.clone(),
+                kind,
+                IpAddr::V4(Ipv4Addr::LOCALHOST),
+                &cfg,
+                &mut handles[r],
+            )
+            .unwrap()
+        })
+        .collect();
+    let mut sends: Vec<Option<Box<Comm>>> = (0..RANKS).map(|_| None).collect();
+    let mut recvs: Vec<Option<Box<Comm>>> = (0..RANKS).map(|_| None).collect();
+    for _ in 0..5_000_000 {
+        for r in 0..RANKS {
+            let next = (r + 1) % RANKS;
+            if sends[r].is_none() {
+                let h = &mut handles[next];
+                let got = timed(&mut max_call, || {
+                    let mut c = Connecting::resume_or_start(h).unwrap();
+                    match c.step(&dev, &name, &cfg).unwrap() {
+                        Some(comm) => {
+                            Connecting::clear(h);
+                            Some(comm)
+                        }
+                        None => {
+                            c.park(h);
+                            None
+                        }
+                    }
+                });
+                sends[r] = got;
+            }
+            if recvs[r].is_none() {
+                let l = &mut listens[r];
+                recvs[r] = timed(&mut max_call, || l.accept().unwrap());
+            }
+        }
+        if sends.iter().chain(recvs.iter()).all(Option::is_some) {
+            break;
+        }
+    }
+    assert!(
+        sends.iter().chain(recvs.iter()).all(Option::is_some),
+        "ring did not connect"
+    );
+    assert!(
+        max_call < CALL_BOUND,
+        "a connect/accept call took {max_call:?}"
+    );
+    // Link r: rank r's send comm to rank r+1's receive comm.
+    let links: Vec<Link> = (0..RANKS)
+        .map(|r| Link {
+            send: sends[r].take().unwrap(),
+            recv: recvs[(r + 1) % RANKS].take().unwrap(),
+            dev: dev.clone(),
+        })
+        .collect();
+    let n = if is_ib() { 300 } else { 3000 };
+    // Each rank runs in its own thread and drives its send comm and its receive comm at once.
+    let results: Vec<(Duration, Duration)> = std::thread::scope(|s| {
+        let joins: Vec<_> = (0..RANKS)
+            .map(|r| {
+                let out = &links[r];
+                let inn = &links[(r + RANKS - 1) % RANKS];
+                s.spawn(move || {
+                    // Rank r owns `out.send` and `inn.recv`; two flows share no comm.
+                    let size = |k: usize| [8, 4096, 8193, 40000][k % 4];
+                    let mut tx = Flow::new(out, n, 16, 40000, size);
+                    let mut rx = Flow::new(inn, n, 16, 40000, size);
+                    let start = Instant::now();
+                    for _ in 0..POLLS {
+                        if tx.send_done == n && rx.recv_done == n {
+                            break;
+                        }
+                        tx.pump_sends().unwrap();
+                        tx.pump_send_tests().unwrap();
+                        rx.pump_recvs().unwrap();
+                        rx.pump_recv_tests().unwrap();
+                        // Let the peers' threads in (2 cores, 3 busy threads).
+                        std::thread::yield_now();
+                    }
+                    assert!(tx.send_done == n && rx.recv_done == n, "rank {r} stuck");
+                    println!(
+                        "rank {r}: {:?}, longest call {:?}",
+                        start.elapsed(),
+                        tx.max_call.max(rx.max_call)
+                    );
+                    (tx.max_call, rx.max_call)
+                })
+            })
+            .collect();
+        joins.into_iter().map(|j| j.join().unwrap()).collect()
+    });
+    for (r, (a, b)) in results.iter().enumerate() {
+        assert!(
+            *a < CALL_BOUND && *b < CALL_BOUND,
+            "rank {r}: a plugin call took {:?}",
+            (*a).max(*b)
+        );
+    }
+    close(links);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. A million isend/irecv/test cycles: the request pools return to empty, memory stays flat.
+// ---------------------------------------------------------------------------------------------
+
+/// Waits for `id` on `c`, letting `other` make progress in between (the tcp transport moves
+/// data only inside plugin calls).
+fn wait_on(c: &Comm, id: ReqId, other: &Comm) -> Vec<u64> {
+    for _ in 0..POLLS {
+        if let Some(s) = c.test(id).unwrap() {
+            return s;
+        }
+        other.progress().unwrap();
+    }
+    panic!("request {id:?} not done after {POLLS} polls");
+}
+
+fn isend_on(l: &Link, b: &Buf, off: usize, size: usize, tag: i32) -> ReqId {
+    for _ in 0..POLLS {
+        if let Some(h) = l.send.isend(b.addr(off), size as u64, tag, &b.mr).unwrap() {
+            return h.id();
+        }
+        l.recv.progress().unwrap();
+    }
+    panic!("isend never accepted");
+}
+
+#[test]
+fn a_million_cycles_return_the_pools_to_empty_and_keep_memory_flat() {
+    let _g = serial();
+    let Some((dev, kind)) = device("million") else {
+        return;
+    };
+    let cycles: u64 = std::env::var("VERBSNET_SCEN_CYCLES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if is_ib() { 20_000 } else { 1_000_000 });
+    let cfg = base_cfg();
+    let l = link(&dev, kind, &cfg, &cfg);
+    const BIG: usize = 16384;
+    let sb = Buf::new(&dev, BIG).unwrap();
+    let rb = Buf::new(&dev, BIG).unwrap();
+    let start = Instant::now();
+    let mut rss_10 = 0;
+    for i in 0..cycles {
+        // Mostly 8-byte eager messages; every 16th a rendezvous.
+        let size = if i % 16 == 15 { BIG } else { 8 };
+        sb.fill(0, &payload(i, size.min(64)));
+        let r = l
+            .recv
+            .irecv(&[(rb.addr(0), BIG as u64, 1, &rb.mr)])
+            .unwrap()
+            .expect("irecv slot")
+            .id();
+        let s = isend_on(&l, &sb, 0, size, 1);
+        assert_eq!(wait_on(&l.recv, r, &l.send), vec![size as u64]);
+        assert_eq!(wait_on(&l.send, s, &l.recv), vec![size as u64]);
+        let n = size.min(64);
+        assert_eq!(rb.get(0, n), payload(i, n), "cycle {i}");
+        if i + 1 == cycles / 10 {
+            assert_eq!(l.send.in_flight() + l.recv.in_flight(), 0);
+            rss_10 = vm_rss_kib();
+        }
+    }
+    let rss_100 = vm_rss_kib();
+    assert_eq!(l.send.in_flight(), 0, "send requests left in the pool");
+    assert_eq!(l.recv.in_flight(), 0, "receive requests left in the pool");
+    assert_eq!(counter(&l.send, "ops"), cycles);
+    assert_eq!(counter(&l.recv, "ops"), cycles);
+    println!(
+        "{cycles} cycles in {:?}; VmRSS {rss_10} KiB at 10%, {rss_100} KiB at 100%",
+        start.elapsed()
+    );
+    assert!(
+        rss_100 < rss_10 + 4096,
+        "resident memory grew from {rss_10} KiB to {rss_100} KiB"
+    );
+    close(vec![l]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. One request over the per-comm limit: "retry later", then success after a completion.
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn one_request_over_the_limit_is_retry_later_then_succeeds() {
+    let _g = serial();
+    let Some((dev, kind)) = device("limits") else {
+        return;
+    };
+    // Enough credits for every send slot, so the slot limit is what refuses.
+    let send_cfg = Config {
+        eager_buf_size: 64,
+        eager_limit: 64,
+        ..base_cfg()
+    };
+    let recv_cfg = Config {
+        eager_buf_size: 64,
+        eager_limit: 64,
+        ..rq(MAX_SEND_REQUESTS as u32 + 16, 16, MAX_SEND_REQUESTS as u32)
+    };
+    let l = link(&dev, kind, &send_cfg, &recv_cfg);
+    let sb = Buf::new(&dev, 8 * (MAX_SEND_REQUESTS + 1)).unwrap();
+    let rb = Buf::new(&dev, 8 * (MAX_SEND_REQUESTS + 1)).unwrap();
+    for k in 0..=MAX_SEND_REQUESTS {
+        sb.fill(8 * k, &payload(k as u64, 8));
+    }
+
+    // Send side: 256 accepted, the 257th is Ok(None).
+    let mut sends: VecDeque<ReqId> = (0..MAX_SEND_REQUESTS)
+        .map(|k| {
+            l.send
+                .isend(sb.addr(8 * k), 8, 0, &sb.mr)
+                .unwrap()
+                .unwrap_or_else(|| panic!("send {k} refused below the limit"))
+                .id()
+        })
+        .collect();
+    assert_eq!(l.send.in_flight(), MAX_SEND_REQUESTS);
+    let extra = 8 * MAX_SEND_REQUESTS;
+    assert!(matches!(
+        l.send.isend(sb.addr(extra), 8, 0, &sb.mr),
+        Ok(None)
+    ));
+    assert_eq!(counter(&l.send, "slots_full"), 1);
+    assert_eq!(
+        counter(&l.send, "credit_stalls"),
+        0,
+        "credits were not the limit"
+    );
+
+    // Receive side: 32 accepted, the 33rd is Ok(None).
+    let mut recvs: VecDeque<ReqId> = (0..MAX_RECV_REQUESTS)
+        .map(|k| {
+            l.recv
+                .irecv(&[(rb.addr(8 * k), 8, 0, &rb.mr)])
+                .unwrap()
+                .unwrap_or_else(|| panic!("receive {k} refused below the limit"))
+                .id()
+        })
+        .collect();
+    assert_eq!(l.recv.in_flight(), MAX_RECV_REQUESTS);
+    let k33 = MAX_RECV_REQUESTS;
+    assert!(matches!(
+        l.recv.irecv(&[(rb.addr(8 * k33), 8, 0, &rb.mr)]),
+        Ok(None)
+    ));
+    assert_eq!(counter(&l.recv, "slots_full"), 1);
+
+    // One completion on each side frees one slot.
+    assert_eq!(
+        wait_on(&l.recv, recvs.pop_front().unwrap(), &l.send),
+        vec![8]
+    );
+    assert_eq!(
+        wait_on(&l.send, sends.pop_front().unwrap(), &l.recv),
+        vec![8]
+    );
+    recvs.push_back(
+        l.recv
+            .irecv(&[(rb.addr(8 * k33), 8, 0, &rb.mr)])
+            .unwrap()
+            .expect("receive after a completion")
+            .id(),
+    );
+    sends.push_back(
+        l.send
+            .isend(sb.addr(extra), 8, 0, &sb.mr)
+            .unwrap()
+            .expect("send after a completion")
+            .id(),
+    );
+
+    // Drain: every message arrives in its buffer, and both pools empty.
+    let total = MAX_SEND_REQUESTS + 1;
+    let mut next_recv = MAX_RECV_REQUESTS + 1;
+    let mut received = 1;
+    while received < total {
+        let id = recvs.pop_front().unwrap();
+        assert_eq!(wait_on(&l.recv, id, &l.send), vec![8]);
+        received += 1;
+        if next_recv < total {
+            // A slot is free; "retry later" may still come from control staging (CTS writes
+            // not yet completed), which the next progress call clears.
+            let mut posted = None;
+            for _ in 0..POLLS {
+                if let Some(h) = l
+                    .recv
+                    .irecv(&[(rb.addr(8 * next_recv), 8, 0, &rb.mr)])
+                    .unwrap()
+                {
+                    posted = Some(h.id());
+                    break;
+                }
+                l.send.progress().unwrap();
+            }
+            recvs.push_back(posted.expect("receive slot"));
+            next_recv += 1;
+        }
+    }
+    for id in sends {
+        assert_eq!(wait_on(&l.send, id, &l.recv), vec![8]);
+    }
+    assert_eq!(rb.get(0, 8 * total), sb.get(0, 8 * total), "bytes");
+    assert_eq!(l.send.in_flight() + l.recv.in_flight(), 0);
+    close(vec![l]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7. Grouped receive with shuffled tags, mixed with single receives.
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn grouped_receive_with_shuffled_tags_fills_the_right_buffers() {
+    let _g = serial();
+    let Some((dev, kind)) = device("grouped") else {
+        return;
+    };
+    let cfg = base_cfg();
+    let l = link(&dev, kind, &cfg, &cfg);
+    const CAP: usize = 16384;
+    // Receive order: single (tag 100), group of 8 (tags shuffled), single (tag 101), then the
+    // same again, so groups and singles alternate on one comm.
+    let group_tags: [i32; 8] = [5, 2, 7, 0, 3, 6, 1, 4];
+    // Send order inside a group: another shuffle. Sizes per tag: eager and rendezvous.
+    let send_tags: [i32; 8] = [3, 7, 1, 5, 0, 4, 6, 2];
+    let size_of_tag = |t: i32| -> usize { [1, 8192, 300, 9000, 0, 4096, 16384, 77][t as usize] };
+    let sb = Buf::new(&dev, 20 * CAP).unwrap();
+    let rb = Buf::new(&dev, 20 * CAP).unwrap();
+    for round in 0..3u64 {
+        let base = round * 100;
+        // Receives: buffer b of the layout is at rb[b * CAP].
+        let single_a = l
+            .recv
+            .irecv(&[(rb.addr(0), CAP as u64, 100, &rb.mr)])
+            .unwrap()
+            .unwrap()
+            .id();
+        let bufs: Vec<(u64, u64, i32, &nccl_net_verbsnet::comm::MrHandle)> = group_tags
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| (rb.addr((1 + i) * CAP), CAP as u64, t, &rb.mr))
+            .collect();
+        let group = l.recv.irecv(&bufs).unwrap().unwrap().id();
+        let single_b = l
+            .recv
+            .irecv(&[(rb.addr(9 * CAP), CAP as u64, 101, &rb.mr)])
+            .unwrap()
+            .unwrap()
+            .id();
+        // Sends in posting order: single, 8 group members, single.
+        let mut plan: Vec<(i32, usize, u64)> = vec![(100, 5000, base)];
+        for &t in &send_tags {
+            plan.push((t, size_of_tag(t), base + 1 + t as u64));
+        }
+        plan.push((101, 33, base + 99));
+        let mut sends = Vec::new();
+        for (j, &(tag, size, seed)) in plan.iter().enumerate() {
+            sb.fill(j * CAP, &payload(seed, size));
+            sends.push(isend_on(&l, &sb, j * CAP, size, tag));
+        }
+        assert_eq!(wait_on(&l.recv, single_a, &l.send), vec![5000]);
+        let sizes = wait_on(&l.recv, group, &l.send);
+        let want: Vec<u64> = group_tags.iter().map(|&t| size_of_tag(t) as u64).collect();
+        assert_eq!(sizes, want, "sizes in buffer order");
+        assert_eq!(wait_on(&l.recv, single_b, &l.send), vec![33]);
+        for s in sends {
+            wait_on(&l.send, s, &l.recv);
+        }
+        assert_eq!(rb.get(0, 5000), payload(base, 5000));
+        for (i, &t) in group_tags.iter().enumerate() {
+            let n = size_of_tag(t);
+            assert_eq!(
+                rb.get((1 + i) * CAP, n),
+                payload(base + 1 + t as u64, n),
+                "round {round}: buffer {i} (tag {t})"
+            );
+        }
+        assert_eq!(rb.get(9 * CAP, 33), payload(base + 99, 33));
+    }
+    assert_eq!(l.send.in_flight() + l.recv.in_flight(), 0);
+    close(vec![l]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 8. Wrap points: 29-bit immediate sequence, CTS ring slot 512, 24-bit wr_id generation.
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn sequence_ring_and_generation_wraps_deliver_every_message_in_place() {
+    let _g = serial();
+    let Some((dev, kind)) = device("wrap") else {
+        return;
+    };
+    // 2^29 is a multiple of the CTS ring (512) and the record ring (32): starting 300 short of
+    // it, the run crosses the immediate's 29-bit wrap and both ring wraps at the same receive.
+    // Slot generations start 300 short of 2^32, a multiple of 2^24: the reused send slots
+    // cross the 24-bit wr_id field and the 32-bit handle generation.
+    let first_seq = (1u64 << 29) - 300;
+    let send_cfg = Config {
+        test_first_seq: first_seq,
+        test_first_gen: u32::MAX - 300,
+        ..base_cfg()
+    };
+    let recv_cfg = rq(16, 4, 8);
+    let l = link(&dev, kind, &send_cfg, &recv_cfg);
+    let n = 1200;
+    // Sizes: eager (consumes a receive WR, carries seq in the header) and rendezvous (the
+    // immediate carries the low 29 bits of seq); with up to 4 messages in flight.
+    let mut f = Flow::new(&l, n, 4, 12000, |k| match k % 5 {
+        0 => 12000,
+        1 => 8,
+        2 => 9000,
+        3 => 0,
+        _ => 4096,
+    });
+    for _ in 0..POLLS {
+        if f.done() {
+            break;
+        }
+        f.step().unwrap();
+    }
+    assert!(f.done(), "traffic across the wrap points did not complete");
+    drop(f);
+    assert_eq!(counter(&l.send, "ops"), n as u64);
+    assert_eq!(counter(&l.recv, "ops"), n as u64);
+    assert_eq!(counter(&l.send, "cts"), n as u64);
+    assert_eq!(counter(&l.recv, "rendezvous"), (2 * n / 5) as u64);
+    assert_eq!(l.send.in_flight() + l.recv.in_flight(), 0);
+    close(vec![l]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 9. The stats file: counters at close, and what rq_min_level / credit_stalls say.
+// ---------------------------------------------------------------------------------------------
+
+/// `"key":value` from one JSON line written by `Comm::close`.
+fn json_num(line: &str, key: &str) -> Option<u64> {
+    let pat = format!("\"{key}\":");
+    let at = line.find(&pat)? + pat.len();
+    line[at..].split([',', '}']).next()?.trim().parse().ok()
+}
+
+fn stats_lines(path: &std::path::Path) -> (String, String) {
+    let text = std::fs::read_to_string(path).expect("stats file");
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "one line per comm: {text}");
+    let send = lines
+        .iter()
+        .find(|l| l.contains("\"side\":\"send\""))
+        .unwrap();
+    let recv = lines
+        .iter()
+        .find(|l| l.contains("\"side\":\"recv\""))
+        .unwrap();
+    (send.to_string(), recv.to_string())
+}
+
+#[test]
+fn stats_file_shows_whether_receives_were_ever_missing() {
+    let _g = serial();
+    let Some((dev, kind)) = device("stats_file") else {
+        return;
+    };
+    let dir = std::env::temp_dir();
+    let tag = format!(
+        "{}-{}",
+        std::process::id(),
+        Instant::now().elapsed().as_nanos()
+    );
+    let mut lines = Vec::new();
+    for (name, burst) in [("pingpong", false), ("burst", true)] {
+        let path = dir.join(format!("verbsnet-scen-stats-{name}-{tag}.jsonl"));
+        let _ = std::fs::remove_file(&path);
+        let stats_file = Some(path.to_string_lossy().into_owned());
+        let send_cfg = Config {
+            stats_file: stats_file.clone(),
+            ..base_cfg()
+        };
+        let recv_cfg = Config {
+            stats_file,
+            ..rq(8, 4, 4)
+        };
+        let l = link(&dev, kind, &send_cfg, &recv_cfg);
+        let n = 64;
+        let mut f = Flow::new(&l, n, n, 256, |_| 256);
+        if burst {
+            // The receiver posts nothing until the sender has tried everything once.
+            f.pump_sends().unwrap();
+            f.pump_sends().unwrap();
+        } else {
+            // Ping-pong: each receive is posted before its send, one at a time.
+            f.recv_ahead = 1;
+            f.lockstep = true;
+        }
+        for _ in 0..POLLS {
+            if f.done() {
+                break;
+            }
+            f.step().unwrap();
+        }
+        assert!(f.done(), "{name} did not complete");
+        drop(f);
+        close(vec![l]);
+        let (send, recv) = stats_lines(&path);
+        let _ = std::fs::remove_file(&path);
+        println!("{name}:\n  {send}\n  {recv}");
+        for key in [
+            "ops",
+            "bytes",
+            "eager",
+            "credit_stalls",
+            "cts_waits",
+            "rnr_naks_received",
+        ] {
+            assert!(
+                json_num(&send, key).is_some(),
+                "send line lacks {key}: {send}"
+            );
+        }
+        for key in [
+            "ops",
+            "rq_post_calls",
+            "rq_wrs_posted",
+            "rq_min_level",
+            "credit_msgs",
+            "unexpected",
+            "rnr_naks_sent",
+        ] {
+            assert!(
+                json_num(&recv, key).is_some(),
+                "recv line lacks {key}: {recv}"
+            );
+        }
+        assert_eq!(json_num(&send, "ops"), Some(n as u64));
+        assert_eq!(json_num(&recv, "ops"), Some(n as u64));
+        assert_eq!(json_num(&recv, "bytes"), Some(256 * n as u64));
+        lines.push((send, recv));
+    }
+    let (ps, pr) = &lines[0];
+    let (bs, br) = &lines[1];
+    // Ping-pong: the receive queue never ran dry (refill at low-water 4 keeps >= 3 posted) and
+    // the sender never waited for a credit.
+    assert_eq!(json_num(ps, "credit_stalls"), Some(0), "{ps}");
+    assert!(json_num(pr, "rq_min_level").unwrap() >= 3, "{pr}");
+    assert_eq!(json_num(pr, "unexpected"), Some(0), "{pr}");
+    // Burst: the sender ran out of credits and the receive queue was empty at some point.
+    assert!(json_num(bs, "credit_stalls").unwrap() > 0, "{bs}");
+    assert_eq!(json_num(br, "rq_min_level"), Some(0), "{br}");
+    assert!(json_num(br, "unexpected").unwrap() > 0, "{br}");
+    // With credits on, neither run met an RNR NAK: tcp counts them per QP; ib has only the
+    // device-wide counters, reported as moved during the comm's life (other tests of this
+    // process, credits-off ones included, move the totals).
+    for line in [ps, pr, bs, br] {
+        assert_eq!(json_num(line, "rnr_naks_received"), Some(0), "{line}");
+        assert_eq!(json_num(line, "rnr_naks_sent"), Some(0), "{line}");
+        if kind == Kind::Ib {
+            assert_eq!(json_num(line, "dev_rcvd_rnr_err"), Some(0), "{line}");
+            assert_eq!(json_num(line, "dev_send_rnr_err"), Some(0), "{line}");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hang watchdog: a receiver that stops posting receives and calling test.
+// ---------------------------------------------------------------------------------------------
+
+/// Keeps the message of every WARN event.
+struct WarnCapture(Arc<Mutex<Vec<String>>>);
+
+struct Message(String);
+
+impl tracing::field::Visit for Message {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        use std::fmt::Write as _;
+        if field.name() == "message" {
+            let _ = write!(self.0, "{value:?}");
+        } else {
+            let _ = write!(self.0, " {}={value:?}", field.name());
+        }
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for WarnCapture {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        if *event.metadata().level() == tracing::Level::WARN {
+            let mut m = Message(String::new());
+            event.record(&mut m);
+            self.0.lock().unwrap().push(m.0);
+        }
+    }
+}
+
+/// Lines of `warns` reporting a stall of `label`'s comm.
+fn stall_lines(warns: &Mutex<Vec<String>>, label_part: &str) -> Vec<String> {
+    warns
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.contains("has made no progress") && l.contains(label_part))
+        .cloned()
+        .collect()
+}
+
+/// Calls isend with new messages and tests the accepted ones for `dur`; the receiver is left
+/// alone. Returns the accepted sends.
+fn keep_trying(l: &Link, sb: &Buf, dur: Duration, sends: &mut Vec<ReqId>, first: usize) {
+    let t = Instant::now();
+    while t.elapsed() < dur {
+        let k = first + sends.len();
+        sb.fill(64 * k, &payload(k as u64, 64));
+        if let Some(h) = l.send.isend(sb.addr(64 * k), 64, 0, &sb.mr).unwrap() {
+            sends.push(h.id());
+        }
+        for &id in sends.iter() {
+            assert_eq!(
+                l.send.test(id).unwrap(),
+                None,
+                "a send completed without its receive"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn hang_watchdog_warns_once_per_stalled_request_naming_the_credit() {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    let _g = serial();
+    let Some((dev, kind)) = device("watchdog") else {
+        return;
+    };
+    let warns = Arc::new(Mutex::new(Vec::new()));
+    let subscriber = tracing_subscriber::registry().with(WarnCapture(warns.clone()));
+    let _default = tracing::subscriber::set_default(subscriber);
+
+    const DEPTH: usize = 4;
+    let send_cfg = Config {
+        hang_timeout: Some(Duration::from_millis(300)),
+        ..base_cfg()
+    };
+    let recv_cfg = rq(DEPTH as u32, 2, 2);
+    let l = link(&dev, kind, &send_cfg, &recv_cfg);
+    let sb = Buf::new(&dev, 64 * 4 * DEPTH).unwrap();
+    let rb = Buf::new(&dev, 64 * 4 * DEPTH).unwrap();
+    // The watchdog looks once a second: 2.5 s covers two looks after the 0.3 s timeout.
+    let mut sends = Vec::new();
+    keep_trying(&l, &sb, Duration::from_millis(2500), &mut sends, 0);
+    assert_eq!(
+        sends.len(),
+        DEPTH,
+        "credits on: exactly the posted receives went out"
+    );
+    let lines = stall_lines(&warns, "send comm");
+    for line in &lines {
+        println!("{line}");
+    }
+    // Exactly one WARN per stalled request, plus one for the refused isend.
+    assert_eq!(lines.len(), DEPTH + 1, "{lines:#?}");
+    let isend: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.contains("isend (answering 'retry later') has made no progress"))
+        .collect();
+    assert_eq!(isend.len(), 1, "{lines:#?}");
+    assert!(isend[0].contains("waiting for a credit: the receiver has re-posted no receive WRs"));
+    assert!(isend[0].contains("credits_available=0"), "{}", isend[0]);
+    for k in 0..DEPTH {
+        let mine: Vec<&String> = lines
+            .iter()
+            .filter(|l| {
+                l.contains(&format!(
+                    ": send {k} (64 bytes, tag 0) has made no progress"
+                ))
+            })
+            .collect();
+        assert_eq!(mine.len(), 1, "send {k}: {lines:#?}");
+        // ib: the NIC acknowledged the SEND, the receiver never posted the irecv (no CTS).
+        // tcp: the receiver does not poll, so the SEND is not even acknowledged.
+        let cause = if kind == Kind::Ib {
+            format!("waiting for the receiver's clear-to-send for send {k}")
+        } else {
+            "waiting for the completion of a posted send".to_string()
+        };
+        assert!(mine[0].contains(&cause), "{}", mine[0]);
+    }
+    for line in &lines {
+        assert!(
+            line.contains("Counters: ops=0 ")
+                && line.contains(&format!("eager={DEPTH} "))
+                && line.contains("credit_stalls=")
+                && line.contains("rnr_naks_received=0")
+                && line.contains("VERBSNET_HANG_TIMEOUT"),
+            "{line}"
+        );
+    }
+    assert!(
+        stall_lines(&warns, "recv comm").is_empty(),
+        "the idle receiver never ran"
+    );
+
+    // The receiver comes back: every stalled send completes, and nothing is reported again.
+    for (k, &id) in sends.iter().enumerate() {
+        let r = l
+            .recv
+            .irecv(&[(rb.addr(64 * k), 64, 0, &rb.mr)])
+            .unwrap()
+            .unwrap()
+            .id();
+        assert_eq!(wait_on(&l.recv, r, &l.send), vec![64]);
+        assert_eq!(wait_on(&l.send, id, &l.recv), vec![64]);
+    }
+    assert_eq!(stall_lines(&warns, "send comm").len(), DEPTH + 1);
+
+    // A second stall is a new streak with new requests: reported again, once each.
+    let mut more = Vec::new();
+    keep_trying(&l, &sb, Duration::from_millis(2500), &mut more, DEPTH);
+    // (Re-posting refills whole batches below the low-water mark, so after the recovery the
+    // receiver may hold back a partial batch: between 1 and DEPTH credits.)
+    assert!((1..=DEPTH).contains(&more.len()), "{}", more.len());
+    let lines = stall_lines(&warns, "send comm");
+    assert_eq!(lines.len(), DEPTH + 1 + more.len() + 1, "{lines:#?}");
+    assert_eq!(
+        lines
+            .iter()
+            .filter(|l| l.contains("isend (answering"))
+            .count(),
+        2
+    );
+    drop(more);
+    close(vec![l]);
+}
