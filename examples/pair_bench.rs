@@ -161,11 +161,14 @@ fn stream(l: &Link, size: usize, window: usize, warm: usize, iters: usize) -> Re
     Ok(t0.elapsed().as_secs_f64())
 }
 
-fn wait(c: &Comm, id: ReqId) -> Result<(), Error> {
+/// Polls `id` on `c` to completion, letting `peer` progress in between (a userspace transport
+/// moves data only inside plugin calls).
+fn wait(c: &Comm, id: ReqId, peer: &Comm) -> Result<(), Error> {
     for _ in 0..MAX_POLLS {
         if c.test(id)?.is_some() {
             return Ok(());
         }
+        peer.progress()?;
     }
     Err(Error::Internal("request stuck".into()))
 }
@@ -198,9 +201,9 @@ fn pingpong(
     for i in 0..warm + iters {
         let t = Instant::now();
         let ping = retry(|| isend(&ab.send, &a_s, 0, size))?;
-        wait(&ab.recv, b_recv)?;
+        wait(&ab.recv, b_recv, &ab.send)?;
         let pong = retry(|| isend(&ba.send, &b_s, 0, size))?;
-        wait(&ba.recv, a_recv)?;
+        wait(&ba.recv, a_recv, &ba.send)?;
         let rtt = t.elapsed().as_secs_f64();
         if i >= warm {
             out.push(rtt * 1e6 / 2.0);
@@ -208,8 +211,8 @@ fn pingpong(
         // pre-post the next round's receives, retire the sends (off the clock)
         b_recv = retry(|| irecv(&ab.recv, &b_r, 0, cap))?;
         a_recv = retry(|| irecv(&ba.recv, &a_r, 0, cap))?;
-        wait(&ab.send, ping)?;
-        wait(&ba.send, pong)?;
+        wait(&ab.send, ping, &ab.recv)?;
+        wait(&ba.send, pong, &ba.recv)?;
     }
     Ok(out)
 }

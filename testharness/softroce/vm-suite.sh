@@ -3,7 +3,8 @@
 #
 # usage: testharness/softroce/vm-suite.sh
 # env:   VM_SUITE_TIMEOUT (seconds for the whole VM, default 600), VM_SUITE_LOGS (directory for
-#        the per-step logs, default target/vm-suite), plus everything run-in-vm.sh understands
+#        the per-step logs, default target/vm-suite), CARGO_PROFILE_ARGS (for the test binaries,
+#        e.g. --release to reuse a `cargo test --release` build), plus everything run-in-vm.sh understands
 #        (SOFTROCE_*). Needs install-deps.sh (qemu, kernel, rdma-core, ...) and a Rust toolchain.
 #
 # On the host it builds everything (test binaries with `cargo test --no-run`, the plugin and
@@ -122,17 +123,23 @@ tests=(ib_transport plugin_pair rnr)
 [ -f tests/scenarios.rs ] && tests+=(scenarios)
 test_args=()
 for t in "${tests[@]}"; do test_args+=(--test "$t"); done
-echo "vm-suite: building ${tests[*]} (cargo test --no-run)" >&2
-declare -A bins=()
-while IFS=' ' read -r name exe; do
-    bins[$name]=$exe
-done < <(cargo test -p verbsnet "${test_args[@]}" --no-run --message-format=json-render-diagnostics \
+echo "vm-suite: building ${tests[*]} (cargo test --no-run ${CARGO_PROFILE_ARGS:-})" >&2
+# "name executable" of each test binary cargo builds
+built_tests() {
+    # shellcheck disable=SC2086 # CARGO_PROFILE_ARGS is a word list
+    cargo test -p verbsnet "${test_args[@]}" --no-run ${CARGO_PROFILE_ARGS:-} \
+        --message-format=json-render-diagnostics \
     | python3 -c '
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
-        print(m["target"]["name"], m["executable"])')
+        print(m["target"]["name"], m["executable"])'
+}
+declare -A bins=()
+while IFS=' ' read -r name exe; do
+    bins[$name]=$exe
+done < <(built_tests)
 for t in "${tests[@]}"; do
     [ -n "${bins[$t]:-}" ] || { echo "vm-suite: no $t test binary was built" >&2; exit 1; }
 done
