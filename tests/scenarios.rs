@@ -164,6 +164,8 @@ struct Flow<'a> {
     recv_ahead: usize,
     /// Never send message k before its receive was posted (ping-pong).
     lockstep: bool,
+    /// Generations of the send request handles seen (wrap test).
+    send_gens: Vec<u32>,
 }
 
 impl<'a> Flow<'a> {
@@ -190,6 +192,7 @@ impl<'a> Flow<'a> {
             max_call: Duration::ZERO,
             recv_ahead: usize::MAX,
             lockstep: false,
+            send_gens: Vec::new(),
         }
     }
 
@@ -220,6 +223,7 @@ impl<'a> Flow<'a> {
             match r {
                 Some(h) => {
                     self.sends.push_back((k, h.id()));
+                    self.send_gens.push(h.id().gen);
                     self.next_send += 1;
                 }
                 None => break,
@@ -1052,12 +1056,13 @@ fn sequence_ring_and_generation_wraps_deliver_every_message_in_place() {
     };
     // 2^29 is a multiple of the CTS ring (512) and the record ring (32): starting 300 short of
     // it, the run crosses the immediate's 29-bit wrap and both ring wraps at the same receive.
-    // Slot generations start 300 short of 2^32, a multiple of 2^24: the reused send slots
-    // cross the 24-bit wr_id field and the 32-bit handle generation.
+    // Slot generations start 100 short of 2^32, a multiple of 2^24: the reused send slots
+    // (at most 4 in flight, so at least one is used 300 times) cross the 24-bit wr_id field
+    // and the 32-bit handle generation.
     let first_seq = (1u64 << 29) - 300;
     let send_cfg = Config {
         test_first_seq: first_seq,
-        test_first_gen: u32::MAX - 300,
+        test_first_gen: u32::MAX - 100,
         ..base_cfg()
     };
     let recv_cfg = rq(16, 4, 8);
@@ -1079,6 +1084,11 @@ fn sequence_ring_and_generation_wraps_deliver_every_message_in_place() {
         f.step().unwrap();
     }
     assert!(f.done(), "traffic across the wrap points did not complete");
+    assert!(f.send_gens.contains(&(u32::MAX - 100)), "first generation");
+    assert!(
+        f.send_gens.iter().any(|&g| g < 100),
+        "no send slot crossed the generation wrap"
+    );
     drop(f);
     assert_eq!(counter(&l.send, "ops"), n as u64);
     assert_eq!(counter(&l.recv, "ops"), n as u64);
