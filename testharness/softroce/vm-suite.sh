@@ -1,0 +1,181 @@
+#!/bin/bash
+# vm-suite.sh: the ib transport's CI suite on soft-RoCE, in ONE VM boot. This is what CI calls.
+#
+# usage: testharness/softroce/vm-suite.sh
+# env:   VM_SUITE_TIMEOUT (seconds for the whole VM, default 600), VM_SUITE_LOGS (directory for
+#        the per-step logs, default target/vm-suite), plus everything run-in-vm.sh understands
+#        (SOFTROCE_*). Needs install-deps.sh (qemu, kernel, rdma-core, ...) and a Rust toolchain.
+#
+# On the host it builds everything (test binaries with `cargo test --no-run`, the plugin and
+# verbsnet-perf with `cargo build --release`), checks that nothing links libibverbs, then boots
+# the VM once and runs, in order, against rxe0:
+#   1. ib_transport      tests/ib_transport.rs (the transport alone)
+#   2. plugin_pair       tests/plugin_pair.rs with VERBSNET_TEST_TRANSPORT=ib
+#   3. scenarios         tests/scenarios.rs with VERBSNET_TEST_TRANSPORT=ib (when it exists)
+#   4. rnr               tests/rnr.rs (RNR retry with device counters, credits, closed peer)
+#   5. perf_*            verbsnet-perf all_reduce --ranks 2 and 4, sendrecv --ranks 2 over ib,
+#                        small sizes: exit 0, #wrong 0, and the log names rxe0, the GID index and
+#                        the MTU (when the harness exists)
+# A test binary that prints SKIP in the VM (no device found) counts as a failure. Each step
+# prints one summary line, the run ends with "vm-suite: N passed, M failed"; the exit status is
+# 0 only when every step passed (255: the VM failed, 124: timeout). Full logs of every step are
+# in $VM_SUITE_LOGS/<step>.log.
+set -euo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+cd "$ROOT"
+
+# ----------------------------------------------------------------------------------- guest side
+if [ "${1:-}" = --guest ]; then
+    set +e # every step runs; failures are counted, not fatal
+    logs=$2
+    # shellcheck source=/dev/null
+    . "$logs/manifest.env"  # BIN_<test>=..., PLUGIN_SO, PERF_BIN (written by the host side)
+    : "${BIN_ib_transport:?}" "${BIN_plugin_pair:?}" "${BIN_rnr:?}"
+    passed=0; failed=0; failures=()
+    pass() { passed=$((passed + 1)); printf 'vm-suite: PASS  %-18s %s\n' "$1" "$2"; }
+    fail() {
+        failed=$((failed + 1)); failures+=("$1")
+        printf 'vm-suite: FAIL  %-18s %s\n' "$1" "$2"
+        echo "---- last lines of $logs/$1.log"
+        tail -n 40 "$logs/$1.log" | sed 's/^/    /'
+        echo "----"
+    }
+    secs() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f s", b - a }'; }
+
+    # test_step NAME BINARY [ENV=VALUE...]: a Rust test binary, all tests, none skipped
+    test_step() {
+        local name=$1 bin=$2 t0 rc result; shift 2
+        t0=$(date +%s.%N)
+        env RUST_BACKTRACE=1 "$@" "$bin" --nocapture > "$logs/$name.log" 2>&1
+        rc=$?
+        result=$(grep -E '^test result:' "$logs/$name.log" | tail -n 1 | sed 's/^test result: //; s/; finished.*//')
+        if [ $rc != 0 ]; then
+            fail "$name" "exit $rc: ${result:-no result line} ($(secs "$t0"))"
+        elif grep -qE '(^|[^[:alnum:]_])SKIP[ :]' "$logs/$name.log"; then
+            fail "$name" "tests skipped inside the VM: $(grep -m1 -E 'SKIP[ :]' "$logs/$name.log")"
+        else
+            pass "$name" "$result ($(secs "$t0"))"
+        fi
+    }
+
+    # perf_step NAME ARGS...: verbsnet-perf over ib, exit 0, no wrong elements, rxe0/GID/MTU logged
+    perf_step() {
+        local name=$1 t0 rc log missing=(); shift
+        log=$logs/$name.log
+        t0=$(date +%s.%N)
+        env VERBSNET_DEBUG=info NCCL_NET_PLUGIN="$PLUGIN_SO" \
+            timeout -k 5 120 "$PERF_BIN" "$@" --transport ib > "$log" 2>&1
+        rc=$?
+        if [ $rc != 0 ]; then fail "$name" "exit $rc ($(secs "$t0"))"; return; fi
+        # the table's #wrong columns are the 9th and 13th fields of a data row
+        local bad
+        bad=$(awk '/^ *[0-9]+ +[0-9]+ / && NF >= 13 && ($9 != "0" || $13 != "0")' "$log")
+        if [ -n "$bad" ]; then fail "$name" "wrong elements: $bad"; return; fi
+        grep -q 'Out of bounds values : 0 OK' "$log" || missing+=("'Out of bounds values : 0 OK'")
+        grep -qE '^ *[0-9]+ +[0-9]+ ' "$log" || missing+=("result rows")
+        grep -q 'rxe0' "$log" || missing+=("rxe0")
+        grep -qE 'gid_index[=: ]+[0-9]' "$log" || missing+=("the GID index")
+        grep -qE 'mtu[=: ]+[0-9]+' "$log" || missing+=("the MTU")
+        if [ ${#missing[@]} -gt 0 ]; then
+            fail "$name" "the output lacks ${missing[*]}"; return
+        fi
+        local avg gid mtu
+        avg=$(grep -m1 'Avg bus bandwidth' "$log" | awk -F: '{ gsub(/ /, "", $2); print $2 }')
+        gid=$(grep -m1 -oE 'gid_index[=: ]+[0-9]+' "$log" | grep -oE '[0-9]+$')
+        mtu=$(grep -m1 -oE 'mtu[=: ]+[0-9]+' "$log" | grep -oE '[0-9]+$')
+        pass "$name" "0 wrong, rxe0 gid_index=$gid mtu=$mtu, avg busbw ${avg} GB/s ($(secs "$t0"))"
+    }
+
+    devs=$(cd /sys/class/infiniband 2>/dev/null && echo *)
+    echo "vm-suite: in the VM: kernel $(uname -r), $(nproc) vCPUs, verbs devices: ${devs:-none}"
+    test_step ib_transport "$BIN_ib_transport" RUST_TEST_THREADS=2
+    test_step plugin_pair "$BIN_plugin_pair" RUST_TEST_THREADS=2 VERBSNET_TEST_TRANSPORT=ib
+    if [ -n "${BIN_scenarios:-}" ]; then
+        test_step scenarios "$BIN_scenarios" RUST_TEST_THREADS=2 VERBSNET_TEST_TRANSPORT=ib
+    else
+        echo "vm-suite: ----  scenarios          not in this tree (tests/scenarios.rs)"
+    fi
+    # one thread: the RNR counters are device-wide
+    test_step rnr "$BIN_rnr" RUST_TEST_THREADS=1
+    if [ -n "${PERF_BIN:-}" ]; then
+        small=(-b 8 -e 1M -f 8 -n 2 -w 1)
+        perf_step perf_allreduce_2 all_reduce --ranks 2 "${small[@]}" -T 100
+        perf_step perf_allreduce_4 all_reduce --ranks 4 "${small[@]}" -T 100
+        perf_step perf_sendrecv_2 sendrecv --ranks 2 "${small[@]}" -T 100
+    else
+        echo "vm-suite: ----  perf_*             verbsnet-perf not in this tree (testharness)"
+    fi
+    echo "vm-suite: $passed passed, $failed failed${failures[*]:+ (${failures[*]})}"
+    [ "$failed" = 0 ]
+    exit
+fi
+
+# ------------------------------------------------------------------------------------ host side
+logs=${VM_SUITE_LOGS:-$ROOT/target/vm-suite}
+mkdir -p "$logs"
+logs=$(cd "$logs" && pwd)
+rm -f "$logs"/*.log
+t0=$(date +%s)
+
+tests=(ib_transport plugin_pair rnr)
+[ -f tests/scenarios.rs ] && tests+=(scenarios)
+test_args=()
+for t in "${tests[@]}"; do test_args+=(--test "$t"); done
+echo "vm-suite: building ${tests[*]} (cargo test --no-run)" >&2
+declare -A bins=()
+while IFS=' ' read -r name exe; do
+    bins[$name]=$exe
+done < <(cargo test -p verbsnet "${test_args[@]}" --no-run --message-format=json-render-diagnostics \
+    | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        print(m["target"]["name"], m["executable"])')
+for t in "${tests[@]}"; do
+    [ -n "${bins[$t]:-}" ] || { echo "vm-suite: no $t test binary was built" >&2; exit 1; }
+done
+
+echo "vm-suite: building the plugin and verbsnet-perf (cargo build --release)" >&2
+cargo build -p verbsnet --release --lib
+so=$ROOT/target/release/libnccl-net-verbsnet.so
+perf=
+if cargo build -p testharness --release --bin verbsnet-perf 2> "$logs/build-perf.log"; then
+    # the harness is real once its --help knows the collectives
+    if "$ROOT/target/release/verbsnet-perf" --help 2>/dev/null | grep -q all_reduce; then
+        perf=$ROOT/target/release/verbsnet-perf
+    fi
+else
+    cat "$logs/build-perf.log" >&2
+    echo "vm-suite: building verbsnet-perf failed" >&2
+    exit 1
+fi
+
+# The plugin must load where rdma-core is absent: nothing may link libibverbs.
+for f in "${bins[@]}" "$so" ${perf:+"$perf"}; do
+    if readelf -d "$f" | grep -q 'NEEDED.*libibverbs'; then
+        echo "vm-suite: ${f#"$ROOT"/} has a NEEDED entry for libibverbs (call it through dl.rs)" >&2
+        exit 1
+    fi
+done
+
+{
+    for t in "${tests[@]}"; do printf 'BIN_%s=%q\n' "$t" "${bins[$t]}"; done
+    printf 'PLUGIN_SO=%q\nPERF_BIN=%q\n' "$so" "$perf"
+} > "$logs/manifest.env"
+echo "vm-suite: built in $(( $(date +%s) - t0 )) s; booting the soft-RoCE VM (logs: ${logs#"$ROOT"/})" >&2
+
+share=(-w "$ROOT")
+case "$logs" in "$ROOT"/*) ;; *) share+=(-w "$logs") ;; esac
+set +e
+"$HERE/run-in-vm.sh" "${share[@]}" -T "${VM_SUITE_TIMEOUT:-600}" -- bash "$HERE/vm-suite.sh" --guest "$logs"
+rc=$?
+set -e
+case $rc in
+    0) ;;
+    124) echo "vm-suite: FAIL (the VM timed out after ${VM_SUITE_TIMEOUT:-600} s)" >&2 ;;
+    255) echo "vm-suite: FAIL (the VM or the rxe setup failed)" >&2 ;;
+esac
+echo "vm-suite: exit status $rc after $(( $(date +%s) - t0 )) s" >&2
+exit $rc
