@@ -284,7 +284,9 @@ fn credits_off_burst_completes_through_rnr_retry_and_device_counters_move() {
     assert_eq!(stat(&o.stats_file, "send", "ops"), BURST as u64);
     assert_eq!(stat(&o.stats_file, "recv", "ops"), BURST as u64);
     assert_eq!(stat(&o.stats_file, "recv", "rq_min_level"), 0);
-    assert!(stat(&o.stats_file, "send", "dev_rcvd_rnr_err") >= o.after.0);
+    // The comm reports the device counters as moved during its life, which holds the burst.
+    let moved = stat(&o.stats_file, "send", "dev_rcvd_rnr_err");
+    assert!(moved >= o.after.0 - o.before.0 && moved > 0, "{moved}");
     let _ = std::fs::remove_file(&o.stats_file);
 }
 
