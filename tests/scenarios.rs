@@ -347,13 +347,16 @@ fn rnr_timer_s(code: u8) -> f64 {
 /// batches of `BURST_BATCH`, so a message waits behind at most `BURST / BURST_BATCH` waves of
 /// refills; one wave costs at most `retries` RNR timers (7: the IB "retry forever" code counted
 /// as 7 attempts — with a polling receiver a retry almost always finds WRs posted, so one timer
-/// is typical); the timer is floored at 10 ms because kernels arm it in jiffies (rxe: 4 ms at
-/// HZ=250) and the TCG VM is slow. At the default timer: 16 × 7 × 10 ms = 1.12 s. A hang, or a
-/// timer set to 0 (655 ms per episode), breaks it.
+/// is typical); the timer is floored at 10 ms on tcp (scheduling on a loaded 2-core host) and
+/// 25 ms on ib, where rxe arms it in jiffies (4 ms at HZ=250) inside a TCG-emulated VM that
+/// runs everything about 100 times slower. At the default timer: 16 × 7 × 10 ms = 1.12 s on tcp
+/// (seen: 60 ms), 2.8 s on rxe (seen: 360 ms). A hang, or a timer set to 0 (655 ms per
+/// episode), breaks it.
 fn rnr_latency_bound(cfg: &Config) -> Duration {
     let waves = (BURST / BURST_BATCH as usize) as f64;
     let retries = f64::from(cfg.rnr_retry.max(1));
-    Duration::from_secs_f64(waves * retries * rnr_timer_s(cfg.rnr_timer).max(0.010))
+    let floor = if is_ib() { 0.025 } else { 0.010 };
+    Duration::from_secs_f64(waves * retries * rnr_timer_s(cfg.rnr_timer).max(floor))
 }
 
 struct BurstOutcome {
