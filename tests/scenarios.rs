@@ -646,7 +646,17 @@ fn rq_depth_one_connects_before_any_comm_and_carries_traffic() {
 
 /// No plugin call may take longer than this in the single-loop ring: a call that waits for
 /// another rank would deadlock that loop, and one that spins on the peer would exceed it.
-const CALL_BOUND: Duration = Duration::from_millis(100);
+/// 100 ms on tcp. On rxe, 500 ms: rxe does the NIC's work for user QPs inside
+/// `ibv_post_send`, in the caller's context (packetizing and checksumming a 40 KB write in
+/// software), and the soft-RoCE VM emulates all of it in TCG (calls of 80 ms were seen in the
+/// VM suite).
+fn call_bound() -> Duration {
+    if is_ib() {
+        Duration::from_millis(500)
+    } else {
+        Duration::from_millis(100)
+    }
+}
 /// The same bound for the threaded ring, where a call's wall time also contains any time the
 /// thread was preempted: 3 busy threads on the 2-core CI machine, or on 2 emulated vCPUs in the
 /// soft-RoCE VM (calls of 250-290 ms were seen there, under load). Still far below what a call
@@ -737,7 +747,7 @@ fn ring_of_three_in_one_loop_never_blocks_a_call() {
     let mut connect_max = Duration::ZERO;
     let links = ring(&dev, kind, &mut connect_max);
     assert!(
-        connect_max < CALL_BOUND,
+        connect_max < call_bound(),
         "a connect/accept call took {connect_max:?}"
     );
     let n = if is_ib() { 300 } else { 3000 };
@@ -774,7 +784,7 @@ fn ring_of_three_in_one_loop_never_blocks_a_call() {
         "ring in one loop: {:?}, longest call {longest:?}",
         start.elapsed()
     );
-    assert!(longest < CALL_BOUND, "a plugin call took {longest:?}");
+    assert!(longest < call_bound(), "a plugin call took {longest:?}");
     drop((tx, rx));
     close(links);
 }
