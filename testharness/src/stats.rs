@@ -9,6 +9,9 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Map, Value};
 
+/// The one counter that is a minimum, not a total: the lowest receive-queue level seen.
+const MIN_COUNTER: &str = "rq_min_level";
+
 /// One rank's counters.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct RankStats {
@@ -53,15 +56,23 @@ impl RankStats {
 
     fn add(&mut self, obj: &Map<String, Value>) {
         self.records += 1;
-        match obj.get("side").and_then(Value::as_str) {
+        let side = obj.get("side").and_then(Value::as_str);
+        match side {
             Some("send") => self.send_records += 1,
             Some("recv") => self.recv_records += 1,
             _ => {}
         }
         for (k, v) in obj {
-            if let Some(x) = v.as_f64() {
-                *self.totals.entry(k.clone()).or_insert(0.0) += x;
+            let Some(x) = v.as_f64() else { continue };
+            if k == MIN_COUNTER {
+                // A low-water mark: the minimum over receive comms (meaningless on send comms).
+                if side == Some("recv") {
+                    let e = self.totals.entry(k.clone()).or_insert(x);
+                    *e = e.min(x);
+                }
+                continue;
             }
+            *self.totals.entry(k.clone()).or_insert(0.0) += x;
         }
     }
 
@@ -109,7 +120,7 @@ fn fmt_num(x: f64) -> String {
 /// A table with one line per counter and one column per rank (all lines start with `#`).
 pub fn format_table(ranks: &[RankStats]) -> String {
     let mut out = String::from(
-        "#\n# Plugin counters (VERBSNET_STATS_FILE, summed per rank over its comms)\n",
+        "#\n# Plugin counters (VERBSNET_STATS_FILE, summed per rank over its comms; rq_min_level: the minimum over receive comms)\n",
     );
     for r in ranks.iter().filter(|r| r.records == 0) {
         out.push_str(&format!(
@@ -197,6 +208,16 @@ not json
         assert!(!s.totals.contains_key("label"));
         assert!(!s.totals.contains_key("side"));
         assert_eq!(RankStats::from_json(&s.to_json()), Some(s));
+    }
+
+    #[test]
+    fn rq_min_level_is_the_minimum_over_receive_comms() {
+        let text = r#"{"side":"recv","rq_min_level":7}
+{"side":"send","rq_min_level":0}
+{"side":"recv","rq_min_level":3}
+"#;
+        let s = RankStats::parse(0, "/tmp/f", text);
+        assert_eq!(s.totals["rq_min_level"], 3.0);
     }
 
     #[test]
