@@ -4,12 +4,14 @@
 # usage: testharness/softroce/vm-suite.sh
 # env:   VM_SUITE_TIMEOUT (seconds for the whole VM, default 600), VM_SUITE_LOGS (directory for
 #        the per-step logs, default target/vm-suite), CARGO_PROFILE_ARGS (for the test binaries,
-#        e.g. --release to reuse a `cargo test --release` build), plus everything run-in-vm.sh understands
-#        (SOFTROCE_*). Needs install-deps.sh (qemu, kernel, rdma-core, ...) and a Rust toolchain.
+#        e.g. --release to reuse a `cargo test --release` build), plus everything run-in-vm.sh
+#        understands (SOFTROCE_*). Needs install-deps.sh (qemu, kernel, rdma-core, ...) and a
+#        Rust toolchain.
 #
-# On the host it builds everything (test binaries with `cargo test --no-run`, the plugin and
-# verbsnet-perf with `cargo build --release`), checks that nothing links libibverbs, then boots
-# the VM once and runs, in order, against rxe0:
+# On the host it builds everything (test binaries with `cargo test --workspace --no-run`, the
+# plugin and verbsnet-perf with `cargo build --release --workspace`: the commands CI runs
+# before, so nothing is rebuilt), checks that nothing links libibverbs, then boots the VM once
+# and runs, in order, against rxe0:
 #   1. ib_transport      tests/ib_transport.rs (the transport alone)
 #   2. plugin_pair       tests/plugin_pair.rs with VERBSNET_TEST_TRANSPORT=ib
 #   3. scenarios         tests/scenarios.rs with VERBSNET_TEST_TRANSPORT=ib (when it exists)
@@ -121,20 +123,23 @@ t0=$(date +%s)
 
 tests=(ib_transport plugin_pair rnr)
 [ -f tests/scenarios.rs ] && tests+=(scenarios)
-test_args=()
-for t in "${tests[@]}"; do test_args+=(--test "$t"); done
-echo "vm-suite: building ${tests[*]} (cargo test --no-run ${CARGO_PROFILE_ARGS:-})" >&2
-# "name executable" of each test binary cargo builds
+# The workspace-wide commands CI runs before (testharness/run-tests.sh), so that nothing is
+# rebuilt: per-package builds unify dependency features differently and rebuild the plugin.
+echo "vm-suite: building the tests (cargo test --workspace --no-run ${CARGO_PROFILE_ARGS:-})" >&2
+# "name executable" of each integration test binary of the verbsnet package
 built_tests() {
     # shellcheck disable=SC2086 # CARGO_PROFILE_ARGS is a word list
-    cargo test -p verbsnet "${test_args[@]}" --no-run ${CARGO_PROFILE_ARGS:-} \
+    cargo test --workspace --no-run ${CARGO_PROFILE_ARGS:-} \
         --message-format=json-render-diagnostics \
     | python3 -c '
-import json, sys
+import json, os, sys
+tests = os.path.join(sys.argv[1], "tests")
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
-        print(m["target"]["name"], m["executable"])'
+    if m.get("reason") == "compiler-artifact" and m.get("executable") \
+       and m["target"]["kind"] == ["test"] \
+       and os.path.dirname(m["target"]["src_path"]) == tests:
+        print(m["target"]["name"], m["executable"])' "$ROOT"
 }
 declare -A bins=()
 while IFS=' ' read -r name exe; do
@@ -144,19 +149,13 @@ for t in "${tests[@]}"; do
     [ -n "${bins[$t]:-}" ] || { echo "vm-suite: no $t test binary was built" >&2; exit 1; }
 done
 
-echo "vm-suite: building the plugin and verbsnet-perf (cargo build --release)" >&2
-cargo build -p verbsnet --release --lib
+echo "vm-suite: building the plugin and verbsnet-perf (cargo build --release --workspace)" >&2
+cargo build --release --workspace
 so=$ROOT/target/release/libnccl-net-verbsnet.so
 perf=
-if cargo build -p testharness --release --bin verbsnet-perf 2> "$logs/build-perf.log"; then
-    # the harness is real once its --help knows the collectives
-    if "$ROOT/target/release/verbsnet-perf" --help 2>/dev/null | grep -q all_reduce; then
-        perf=$ROOT/target/release/verbsnet-perf
-    fi
-else
-    cat "$logs/build-perf.log" >&2
-    echo "vm-suite: building verbsnet-perf failed" >&2
-    exit 1
+# the harness is real once its --help knows the collectives
+if "$ROOT/target/release/verbsnet-perf" --help 2>/dev/null | grep -q all_reduce; then
+    perf=$ROOT/target/release/verbsnet-perf
 fi
 
 # The plugin must load where rdma-core is absent: nothing may link libibverbs.
