@@ -513,38 +513,27 @@ impl Pair {
         panic!("irecv never started");
     }
 
+    /// Drives until `test` reports the request done (or failed).
+    fn wait<T>(
+        &mut self,
+        mut test: impl FnMut(&mut Pair) -> Result<Option<T>, ReqError>,
+    ) -> Result<T, ReqError> {
+        let mut out = None;
+        self.drive_until(1_000_000, |p| {
+            out = test(p).transpose();
+            out.is_some()
+        });
+        out.expect("drive_until returned, so the request finished")
+    }
+
     /// Drives until send `id` finishes.
     pub fn wait_send(&mut self, id: ReqId) -> Result<u64, ReqError> {
-        let mut out = None;
-        self.drive_until(1_000_000, |p| match p.snd.test(id) {
-            Ok(Some(n)) => {
-                out = Some(Ok(n));
-                true
-            }
-            Ok(None) => false,
-            Err(e) => {
-                out = Some(Err(e));
-                true
-            }
-        });
-        out.expect("set")
+        self.wait(|p| p.snd.test(id))
     }
 
     /// Drives until receive `id` finishes.
     pub fn wait_recv(&mut self, id: ReqId) -> Result<Vec<u64>, ReqError> {
-        let mut out = None;
-        self.drive_until(1_000_000, |p| match p.rcv.test(id) {
-            Ok(Some(n)) => {
-                out = Some(Ok(n));
-                true
-            }
-            Ok(None) => false,
-            Err(e) => {
-                out = Some(Err(e));
-                true
-            }
-        });
-        out.expect("set")
+        self.wait(|p| p.rcv.test(id))
     }
 
     /// The receive user region bytes at `off`.
