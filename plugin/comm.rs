@@ -22,8 +22,8 @@ use crate::config::Config;
 use crate::engine::recv::MemRead;
 use crate::engine::wire::{CtsEntry, CTS_ENTRY_LEN, EAGER_HDR_LEN, MAX_RECVS, REC_SLOTS};
 use crate::engine::{
-    Action, RecvBuf, RecvEngine, RecvParams, ReqError, ReqId, SendEngine, SendParams, Stats,
-    CTRL_STAGE_SLOTS, CTS_RING_ENTRIES, MAX_RECV_REQUESTS, MAX_SEND_REQUESTS,
+    Action, Engine, RecvBuf, RecvEngine, RecvParams, ReqError, ReqId, SendEngine, SendParams,
+    Stats, CTRL_STAGE_SLOTS, CTS_RING_ENTRIES, MAX_RECV_REQUESTS, MAX_SEND_REQUESTS,
 };
 use crate::ffi::mem::Region;
 use crate::transport::{Device, DeviceRnrCounters, MemoryRegion, MrKeys, QueuePair, Wc};
@@ -571,10 +571,7 @@ impl Comm {
 
     /// Requests in use (the pool returns to 0 when every request was tested to completion).
     pub fn in_flight(&self) -> usize {
-        self.lock().map_or(0, |g| match &g.side {
-            Side::Send { engine, .. } => engine.in_flight(),
-            Side::Recv { engine, .. } => engine.in_flight(),
-        })
+        self.lock().map_or(0, |g| g.side.engine().in_flight())
     }
 
     /// The comm's counters as `(name, value)` pairs: engine, QP, and device counters (`dev_*`,
@@ -601,12 +598,25 @@ impl Comm {
     }
 }
 
+impl Side {
+    fn engine(&self) -> &dyn Engine {
+        match self {
+            Side::Send { engine, .. } => engine,
+            Side::Recv { engine, .. } => engine,
+        }
+    }
+
+    fn engine_mut(&mut self) -> &mut dyn Engine {
+        match self {
+            Side::Send { engine, .. } => engine,
+            Side::Recv { engine, .. } => engine,
+        }
+    }
+}
+
 impl Inner {
     fn engine_stats(&self) -> &Stats {
-        match &self.side {
-            Side::Send { engine, .. } => engine.stats(),
-            Side::Recv { engine, .. } => engine.stats(),
-        }
+        self.side.engine().stats()
     }
 
     fn counters(&self, dev: &dyn Device) -> Vec<(&'static str, u64)> {
@@ -734,25 +744,16 @@ impl Inner {
     }
 
     fn fail(&mut self, e: ReqError) {
-        match &mut self.side {
-            Side::Send { engine, .. } => engine.fail(e),
-            Side::Recv { engine, .. } => engine.fail(e),
-        }
+        self.side.engine_mut().fail(e)
     }
 
     fn failure(&self) -> Option<ReqError> {
-        match &self.side {
-            Side::Send { engine, .. } => engine.failure().cloned(),
-            Side::Recv { engine, .. } => engine.failure().cloned(),
-        }
+        self.side.engine().failure().cloned()
     }
 
     /// Carries out the engine's actions in order.
     fn execute(&mut self, label: &str) -> Result<(), Error> {
-        let actions = match &mut self.side {
-            Side::Send { engine, .. } => engine.drain_actions(),
-            Side::Recv { engine, .. } => engine.drain_actions(),
-        };
+        let actions = self.side.engine_mut().drain_actions();
         let mut sends = Vec::new();
         for a in actions {
             let res = match a {
@@ -825,10 +826,7 @@ impl Inner {
         }
         self.watch.last_check = now;
         if let Some(t) = self.watch.hang_ns {
-            let stalls = match &mut self.side {
-                Side::Send { engine, .. } => engine.stalls(now, t),
-                Side::Recv { engine, .. } => engine.stalls(now, t),
-            };
+            let stalls = self.side.engine_mut().stalls(now, t);
             for s in stalls {
                 // Engine, QP and device counters (RNR NAKs tell a credits-off RNR stall apart
                 // from a dead peer), and on the send side the credits in hand.
