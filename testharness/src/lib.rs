@@ -3,6 +3,7 @@
 //!
 //! - [`plugin`]: dlopen/dlsym as NCCL does, and a safe wrapper over the `ncclNet_v8_t` table
 //!   (the only `unsafe` code of the harness).
+//! - [`baseline`]: `--baseline tcp`, a plain TCP ring streaming the same bytes.
 //! - [`bootstrap`]: launcher variables and the TCP rendezvous served by rank 0.
 //! - [`coll`]: ring schedules for the collectives and the NCCL-style proxy that runs them.
 //! - [`data`]: element types, operators, deterministic data and expected results.
@@ -12,6 +13,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 #![deny(unsafe_code)]
 
+pub mod baseline;
 pub mod bootstrap;
 pub mod cli;
 pub mod coll;

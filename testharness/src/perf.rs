@@ -11,12 +11,13 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use crate::baseline::{self as tcp_baseline, TcpRing};
 use crate::bootstrap::{self, Bootstrap};
-use crate::cli::{Args, Collective};
+use crate::cli::{Args, Baseline, Collective};
 use crate::coll::{self, Plan, Ring};
 use crate::data::{count_wrong, DataType, Expected, Pattern, RedOp};
 use crate::plugin::{self, Handle, Net};
-use crate::report::{self, Measure, Row};
+use crate::report::{self, BaselineRow, Measure, Row};
 use crate::stats::{self, RankStats};
 
 /// Errors of a rank.
@@ -413,6 +414,66 @@ fn ptr_support(bits: i32) -> String {
     }
 }
 
+/// `--baseline tcp`: streams each size's per-link bytes over a plain TCP ring between the same
+/// ranks (see [`crate::baseline`]). Returns one row per size, combined over ranks, and a
+/// description for the header.
+fn run_baseline(
+    args: &Args,
+    boot: &mut Bootstrap,
+    rank: usize,
+    n: usize,
+    chunk: usize,
+) -> Result<(Vec<BaselineRow>, String)> {
+    let mut ring = TcpRing::connect(boot, rank, n)?;
+    let what = format!(
+        "plain TCP ring, std::net::TcpStream rank r -> r+1 via {}: blocking, default socket \
+         buffers, TCP_NODELAY; per iteration the plan's bytes per link as one stream, in \
+         writes/reads of at most {chunk} B; {} warm-up + {} timed iterations",
+        ring.addr().ip(),
+        args.warmup_iters,
+        args.iters
+    );
+    let sizes = args.sizes();
+    let mut rows = Vec::with_capacity(sizes.len());
+    for (i, &bytes) in sizes.iter().enumerate() {
+        let started = Instant::now();
+        let layout = Layout::new(args.collective, bytes, args.datatype, n);
+        let plan = plan_for(args.collective, &layout, args.datatype, rank, n, chunk);
+        let send: usize = plan.sends.iter().map(|s| s.len).sum();
+        let recv: usize = plan.recvs.iter().map(|r| r.len).sum();
+        let mine = ring.measure(boot, send, recv, args.warmup_iters, args.iters, chunk)?;
+        let all: Vec<_> = boot
+            .allgather(&tcp_baseline::encode(&mine))?
+            .iter()
+            .map(|b| tcp_baseline::decode(b).ok_or("a rank sent a malformed baseline result"))
+            .collect::<std::result::Result<_, _>>()?;
+        let r = tcp_baseline::combine(&all);
+        if r.wrong > 0 {
+            return Err(format!(
+                "baseline: {} bytes of {} B arrived different from what was sent",
+                r.wrong, layout.size
+            )
+            .into());
+        }
+        rows.push(BaselineRow {
+            size: layout.size,
+            time_us: r.time_us,
+            wrong: r.wrong,
+        });
+        let took = started.elapsed();
+        if rank == 0 && took > PROGRESS_AFTER {
+            eprintln!(
+                "# [progress] baseline {}/{} sizes: {} B took {:.1} s",
+                i + 1,
+                sizes.len(),
+                layout.size,
+                took.as_secs_f64()
+            );
+        }
+    }
+    Ok((rows, what))
+}
+
 /// Runs this rank; returns the process exit code.
 ///
 /// # Errors
@@ -609,6 +670,10 @@ pub fn run(args: &Args) -> Result<i32> {
     }
 
     ring.close()?;
+    let baseline = match args.baseline {
+        Some(Baseline::Tcp) => Some(run_baseline(args, &mut boot, place.rank, n, chunk)?),
+        None => None,
+    };
     let stats = match &stats_file {
         Some(f) => {
             let mine = f.read(place.rank).to_json().to_string();
@@ -652,7 +717,12 @@ pub fn run(args: &Args) -> Result<i32> {
                     "ptr_support": ptr_support(props.ptr_support),
                 },
                 "ranks": ranks,
-                "rows": report::rows_json(args.collective, n, &rows),
+                "rows": rows_with_baseline(args.collective, n, &rows, baseline.as_ref().map(|b| &b.0[..])),
+                "baseline": baseline.as_ref().map(|(_, what)| json!({
+                    "kind": args.baseline.map(|b| b.name()),
+                    "what": what,
+                    "io_max": chunk,
+                })),
                 "out_of_bounds": wrong,
                 "ok": wrong == 0,
                 "avg_busbw": report::avg_busbw(args.collective, n, &rows),
@@ -660,6 +730,23 @@ pub fn run(args: &Args) -> Result<i32> {
             });
             writeln!(o, "{obj}")?;
         } else {
+            if let Some((base, what)) = &baseline {
+                writeln!(o, "#")?;
+                writeln!(
+                    o,
+                    "# Baseline ({}): {what}",
+                    args.baseline.map_or("?", |b| b.name())
+                )?;
+                writeln!(o, "# ratio = ours busbw / baseline busbw")?;
+                writeln!(o, "{}", report::baseline_header())?;
+                for (row, b) in rows.iter().zip(base) {
+                    writeln!(
+                        o,
+                        "{}",
+                        report::format_baseline_row(args.collective, n, row, b)
+                    )?;
+                }
+            }
             writeln!(o, "{}", report::footer(args.collective, n, &rows))?;
             if args.stats {
                 write!(o, "{}", stats::format_table(&stats))?;
@@ -668,6 +755,22 @@ pub fn run(args: &Args) -> Result<i32> {
         o.flush()?;
     }
     Ok(if root && wrong > 0 { EXIT_WRONG } else { 0 })
+}
+
+/// The rows as JSON, each with its `"baseline"` object when there is one.
+fn rows_with_baseline(
+    coll: Collective,
+    n: usize,
+    rows: &[Row],
+    base: Option<&[BaselineRow]>,
+) -> Value {
+    let mut v = report::rows_json(coll, n, rows);
+    if let (Some(base), Some(arr)) = (base, v.as_array_mut()) {
+        for ((j, row), b) in arr.iter_mut().zip(rows).zip(base) {
+            j["baseline"] = report::baseline_json(coll, n, row, b);
+        }
+    }
+    v
 }
 
 #[cfg(test)]

@@ -191,6 +191,95 @@ pub fn rows_json(coll: Collective, nranks: usize, rows: &[Row]) -> Value {
     )
 }
 
+/// One size of a `--baseline` run, next to the plugin's row of the same size.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BaselineRow {
+    /// Bytes (as the plugin row's size).
+    pub size: u64,
+    /// Microseconds per iteration (max over ranks).
+    pub time_us: f64,
+    /// Bytes of the last iteration that differed from what was sent, over all ranks.
+    pub wrong: u64,
+}
+
+/// ours / baseline busbw, `None` when the baseline moved nothing measurable.
+pub fn ratio(ours: f64, base: f64) -> Option<f64> {
+    (base > 0.0 && ours.is_finite()).then(|| ours / base)
+}
+
+/// The headings of the baseline table (three `#` lines).
+pub fn baseline_header() -> String {
+    let mut s = String::new();
+    s.push_str(
+        format!(
+            "#{:12} {:^25}  {:^16}  {:^16}",
+            "", "plain TCP baseline", "ours out-of-place", "ours in-place"
+        )
+        .trim_end(),
+    );
+    s.push('\n');
+    s.push_str(&format!(
+        "#{:>11} {:>9} {:>7} {:>7}  {:>8} {:>7}  {:>8} {:>7}\n",
+        "size", "time", "algbw", "busbw", "busbw", "ratio", "busbw", "ratio"
+    ));
+    s.push_str(&format!(
+        "#{:>11} {:>9} {:>7} {:>7}  {:>8} {:>7}  {:>8} {:>7}",
+        "(B)", "(us)", "(GB/s)", "(GB/s)", "(GB/s)", "", "(GB/s)", ""
+    ));
+    s
+}
+
+fn fmt_ratio(r: Option<f64>) -> String {
+    r.map_or_else(|| "N/A".into(), |r| format!("{r:.2}"))
+}
+
+/// One line of the baseline table: the baseline's time and bandwidths, then the plugin's busbw
+/// and the ratio ours/baseline, out-of-place and in-place.
+pub fn format_baseline_row(
+    coll: Collective,
+    nranks: usize,
+    row: &Row,
+    base: &BaselineRow,
+) -> String {
+    let m = Measure {
+        time_us: base.time_us,
+        wrong: None,
+    };
+    let (alg, bus) = bandwidths(coll, nranks, base.size, &m);
+    let (_, oop) = bandwidths(coll, nranks, row.size, &row.out_of_place);
+    let (_, ip) = bandwidths(coll, nranks, row.size, &row.in_place);
+    format!(
+        "{:>12} {:>9} {:>7.2} {:>7.2}  {:>8.2} {:>7}  {:>8.2} {:>7}",
+        base.size,
+        fmt_time(base.time_us),
+        alg,
+        bus,
+        oop,
+        fmt_ratio(ratio(oop, bus)),
+        ip,
+        fmt_ratio(ratio(ip, bus)),
+    )
+}
+
+/// The baseline measurement of a row as JSON (added to the row as `"baseline"`).
+pub fn baseline_json(coll: Collective, nranks: usize, row: &Row, base: &BaselineRow) -> Value {
+    let m = Measure {
+        time_us: base.time_us,
+        wrong: None,
+    };
+    let (alg, bus) = bandwidths(coll, nranks, base.size, &m);
+    let (_, oop) = bandwidths(coll, nranks, row.size, &row.out_of_place);
+    let (_, ip) = bandwidths(coll, nranks, row.size, &row.in_place);
+    json!({
+        "time_us": base.time_us,
+        "algbw": alg,
+        "busbw": bus,
+        "wrong": base.wrong,
+        "ratio_out_of_place": ratio(oop, bus),
+        "ratio_in_place": ratio(ip, bus),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -271,6 +360,40 @@ mod tests {
         let bad = [row(8, 1.0, Some(3))];
         assert_eq!(total_wrong(&bad), 6);
         assert!(footer(Collective::AllReduce, 2, &bad).contains(": 6 FAILED"));
+    }
+
+    #[test]
+    fn baseline_rows_line_up_and_give_ratios() {
+        let r = row(1_000_000, 1000.0, Some(0)); // ours: 1 GB/s out-of-place, 0.5 in place
+        let b = BaselineRow {
+            size: 1_000_000,
+            time_us: 500.0,
+            wrong: 0,
+        };
+        let line = format_baseline_row(Collective::Sendrecv, 2, &r, &b);
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(
+            cols,
+            vec!["1000000", "500.00", "2.00", "2.00", "1.00", "0.50", "0.50", "0.25"]
+        );
+        let head = baseline_header();
+        assert_eq!(head.lines().count(), 3);
+        let names = head.lines().nth(1).unwrap();
+        assert_eq!(names.len(), line.len(), "{names}\n{line}");
+        let v = baseline_json(Collective::Sendrecv, 2, &r, &b);
+        assert!((v["busbw"].as_f64().unwrap() - 2.0).abs() < 1e-12);
+        assert!((v["ratio_out_of_place"].as_f64().unwrap() - 0.5).abs() < 1e-12);
+        let zero = BaselineRow {
+            size: 0,
+            time_us: 1.0,
+            wrong: 0,
+        };
+        let line = format_baseline_row(Collective::Sendrecv, 2, &row(0, 1.0, None), &zero);
+        assert!(line.trim_end().ends_with("N/A"), "{line}");
+        assert!(
+            baseline_json(Collective::Sendrecv, 2, &row(0, 1.0, None), &zero)["ratio_in_place"]
+                .is_null()
+        );
     }
 
     #[test]
