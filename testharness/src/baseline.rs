@@ -22,6 +22,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use crate::bootstrap::Bootstrap;
+use crate::cputime::{CpuUse, Sched};
 
 /// Errors of the baseline.
 pub type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
@@ -44,14 +45,16 @@ pub struct TcpRing {
     addr: SocketAddr,
 }
 
-/// One rank's baseline result for one size: microseconds per timed iteration and wrong bytes in
-/// the last iteration.
+/// One rank's baseline result for one size: microseconds per timed iteration, wrong bytes in
+/// the last iteration, CPU use of both threads.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RankResult {
     /// Mean time per timed iteration.
     pub time_us: f64,
     /// Bytes of the last received stream that differ from the predecessor's input.
     pub wrong: u64,
+    /// CPU time and run-queue wait per timed iteration, reader and writer thread together.
+    pub cpu: Option<CpuUse>,
 }
 
 impl TcpRing {
@@ -143,7 +146,7 @@ impl TcpRing {
         self.stream(&input, &mut output, warmup, io_max)?;
         boot.barrier()?;
         let start = Instant::now();
-        self.stream(&input, &mut output, iters, io_max)?;
+        let used = self.stream(&input, &mut output, iters, io_max)?;
         let time_us = start.elapsed().as_secs_f64() * 1e6 / f64::from(iters.max(1));
         let expected = pattern(self.prev, recv_bytes);
         let wrong = if iters > 0 {
@@ -151,41 +154,55 @@ impl TcpRing {
         } else {
             0
         };
-        Ok(RankResult { time_us, wrong })
+        Ok(RankResult {
+            time_us,
+            wrong,
+            cpu: used.map(|u| CpuUse::per_iter(u, iters)),
+        })
     }
 
     /// `iters` times: write `input` to rank+1 (a second thread) while reading `output` from
-    /// rank-1.
-    fn stream(&mut self, input: &[u8], output: &mut [u8], iters: u32, io_max: usize) -> Result<()> {
+    /// rank-1. Returns the CPU use of both threads (unknown if either cannot tell).
+    fn stream(
+        &mut self,
+        input: &[u8],
+        output: &mut [u8],
+        iters: u32,
+        io_max: usize,
+    ) -> Result<Option<Sched>> {
         if iters == 0 || (input.is_empty() && output.is_empty()) {
-            return Ok(());
+            return Ok(Some(Sched::default()));
         }
         let next = &mut self.next_stream;
         let prev = &mut self.prev_stream;
-        std::thread::scope(|s| -> Result<()> {
-            let writer = s.spawn(move || -> io::Result<()> {
-                for _ in 0..iters {
-                    for piece in input.chunks(io_max) {
-                        next.write_all(piece)?;
+        std::thread::scope(|s| -> Result<Option<Sched>> {
+            let writer = s.spawn(move || -> (io::Result<()>, Option<Sched>) {
+                crate::cputime::measure(|| -> io::Result<()> {
+                    for _ in 0..iters {
+                        for piece in input.chunks(io_max) {
+                            next.write_all(piece)?;
+                        }
                     }
-                }
-                Ok(())
+                    Ok(())
+                })
             });
-            let mut read = || -> io::Result<()> {
+            let (r, read_used) = crate::cputime::measure(|| -> io::Result<()> {
                 for _ in 0..iters {
                     for piece in output.chunks_mut(io_max) {
                         prev.read_exact(piece)?;
                     }
                 }
                 Ok(())
-            };
-            let r = read();
-            let w = writer
+            });
+            let (w, write_used) = writer
                 .join()
                 .map_err(|_| "baseline: the writer thread panicked")?;
             r.map_err(|e| format!("baseline: reading from rank {}: {e}", self.prev))?;
             w.map_err(|e| format!("baseline: writing to rank {}: {e}", (self.rank + 1)))?;
-            Ok(())
+            Ok(match (read_used, write_used) {
+                (Some(a), Some(b)) => Some(a.plus(b)),
+                _ => None,
+            })
         })
     }
 }
@@ -197,35 +214,50 @@ fn pattern(rank: usize, len: usize) -> Vec<u8> {
         .collect()
 }
 
-/// Combines per-rank results: the slowest rank's time, wrong bytes summed.
+/// Combines per-rank results: the slowest rank's time, wrong bytes and CPU use summed.
 pub fn combine(all: &[RankResult]) -> RankResult {
     all.iter().fold(
         RankResult {
             time_us: 0.0,
             wrong: 0,
+            cpu: (!all.is_empty()).then(CpuUse::default),
         },
         |acc, r| RankResult {
             time_us: acc.time_us.max(r.time_us),
             wrong: acc.wrong + r.wrong,
+            cpu: match (acc.cpu, r.cpu) {
+                (Some(a), Some(b)) => Some(a.plus(b)),
+                _ => None,
+            },
         },
     )
 }
 
-/// Wire form of a [`RankResult`] for the rendezvous all-gather.
+/// Wire form of a [`RankResult`] for the rendezvous all-gather (CPU figures negative when
+/// unknown).
 pub fn encode(r: &RankResult) -> Vec<u8> {
     let mut v = r.time_us.to_le_bytes().to_vec();
     v.extend_from_slice(&r.wrong.to_le_bytes());
+    let c = r.cpu.unwrap_or(CpuUse {
+        cpu_us: -1.0,
+        runq_us: -1.0,
+    });
+    v.extend_from_slice(&c.cpu_us.to_le_bytes());
+    v.extend_from_slice(&c.runq_us.to_le_bytes());
     v
 }
 
 /// Inverse of [`encode`].
 pub fn decode(b: &[u8]) -> Option<RankResult> {
-    if b.len() != 16 {
+    if b.len() != 32 {
         return None;
     }
+    let f = |o: usize| -> Option<f64> { Some(f64::from_le_bytes(b[o..o + 8].try_into().ok()?)) };
+    let (cpu_us, runq_us) = (f(16)?, f(24)?);
     Some(RankResult {
-        time_us: f64::from_le_bytes(b[..8].try_into().ok()?),
-        wrong: u64::from_le_bytes(b[8..].try_into().ok()?),
+        time_us: f(0)?,
+        wrong: u64::from_le_bytes(b[8..16].try_into().ok()?),
+        cpu: (cpu_us >= 0.0 && runq_us >= 0.0).then_some(CpuUse { cpu_us, runq_us }),
     })
 }
 
@@ -239,20 +271,35 @@ mod tests {
         let a = RankResult {
             time_us: 12.5,
             wrong: 0,
+            cpu: Some(CpuUse {
+                cpu_us: 3.0,
+                runq_us: 0.5,
+            }),
         };
         let b = RankResult {
             time_us: 20.0,
             wrong: 3,
+            cpu: Some(CpuUse {
+                cpu_us: 4.0,
+                runq_us: 0.0,
+            }),
         };
         assert_eq!(decode(&encode(&a)), Some(a));
         assert_eq!(decode(&encode(&a)[1..]), None);
+        let unknown = RankResult { cpu: None, ..b };
+        assert_eq!(decode(&encode(&unknown)), Some(unknown));
         assert_eq!(
             combine(&[a, b]),
             RankResult {
                 time_us: 20.0,
-                wrong: 3
+                wrong: 3,
+                cpu: Some(CpuUse {
+                    cpu_us: 7.0,
+                    runq_us: 0.5
+                }),
             }
         );
+        assert_eq!(combine(&[a, unknown]).cpu, None);
         assert_ne!(pattern(0, 300), pattern(1, 300));
     }
 
