@@ -31,8 +31,10 @@
 //!   SEND data goes to the receive WR's buffer (`byte_len` = message length, opcode `Recv`);
 //!   WRITE-with-immediate data goes to `remote_addr` (rkey and bounds checked), and the receive
 //!   WR completes `RecvRdmaWithImm` with `imm` and `byte_len` = write length. Payloads are read
-//!   from the socket straight into their destination (small ones through a 64 KiB staging
-//!   buffer).
+//!   from the socket straight into their destination; headers and small payloads (under
+//!   16 KiB) go through a 64 KiB staging buffer, in reads of at most 16 KiB so that little of a
+//!   large payload behind them is copied twice. A read that returns less than it asked for ends
+//!   the poll's reading (the socket is drained; no extra call for `EAGAIN`).
 //! - **RNR.** With no receive WR posted, the responder counts `rnr_naks_sent`, answers RNR_NAK
 //!   carrying its `min_rnr_timer`, and discards that message and every later one until the
 //!   message comes again (go-back-N). The requester counts `rnr_naks_received`, waits the

@@ -7,7 +7,7 @@
 //! `u64` length, in rank order.
 
 use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 /// Where this rank is, and how to reach rank 0.
@@ -139,6 +139,15 @@ impl Bootstrap {
             write_frame(s, &all).map_err(|e| context(e, &format!("rank {}", i + 1)))?;
         }
         Ok(parts)
+    }
+
+    /// This rank's address on its rendezvous connection (the address the other ranks reach it
+    /// by, as far as this rank can tell); `None` for a single rank.
+    pub fn local_ip(&self) -> Option<IpAddr> {
+        self.streams
+            .first()
+            .and_then(|s| s.local_addr().ok())
+            .map(|a| a.ip())
     }
 
     /// Returns when every rank has called it.

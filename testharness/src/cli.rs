@@ -82,6 +82,23 @@ impl Transport {
     }
 }
 
+/// `--baseline`: a reference run over something that is not the plugin, in the same run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Baseline {
+    /// After the plugin run, the same ranks stream the same bytes over a plain
+    /// `std::net::TcpStream` ring (rank r → r+1) and print a second table with the ratio.
+    Tcp,
+}
+
+impl Baseline {
+    /// The value as typed.
+    pub fn name(self) -> &'static str {
+        match self {
+            Baseline::Tcp => "tcp",
+        }
+    }
+}
+
 /// Runs nccl-tests-style collectives across processes through the verbsnet NCCL net plugin,
 /// loaded exactly as NCCL loads it (NCCL_NET_PLUGIN, default "verbsnet").
 #[derive(Clone, Debug, Parser)]
@@ -173,6 +190,11 @@ pub struct Args {
     /// Plugin device index to use.
     #[arg(long, default_value_t = 0)]
     pub dev: i32,
+
+    /// After the plugin run, stream the same bytes per ring link over plain TCP sockets between
+    /// the same ranks, and report that bandwidth and the ratio plugin/baseline per size.
+    #[arg(long, value_enum, value_name = "KIND")]
+    pub baseline: Option<Baseline>,
 
     /// Print one JSON object (rows, average bus bandwidth) instead of the table.
     #[arg(long)]
@@ -363,6 +385,7 @@ mod tests {
         assert_eq!(a.datatype, DataType::Float);
         assert_eq!(a.chunk, 512 << 10);
         assert_eq!(a.sizes(), vec![32 << 20]);
+        assert_eq!(a.baseline, None);
 
         let a = Args::try_parse_from([
             "verbsnet-perf",
@@ -388,6 +411,8 @@ mod tests {
             "--transport",
             "tcp",
             "--json",
+            "--baseline",
+            "tcp",
         ])
         .unwrap();
         assert_eq!(a.collective, Collective::ReduceScatter);
@@ -397,6 +422,7 @@ mod tests {
         assert_eq!(a.ranks, Some(3));
         assert_eq!(a.transport, Some(Transport::Tcp));
         assert!(a.json);
+        assert_eq!(a.baseline, Some(Baseline::Tcp));
         assert!(a.validate().is_ok());
 
         let a =

@@ -23,6 +23,29 @@ pub const SLOTS: usize = 8;
 /// Without any completion for this long, a run fails instead of hanging.
 pub const STALL_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// Without any progress for this long, an idle pass of [`Ring::run`] sleeps for [`NAP`]
+/// instead of only yielding (see [`idle_wait`]).
+pub const SPIN_BEFORE_NAP: Duration = Duration::from_micros(500);
+
+/// How long an idle pass sleeps once [`SPIN_BEFORE_NAP`] has passed without progress.
+pub const NAP: Duration = Duration::from_micros(20);
+
+/// What an idle pass of the proxy loop does: yield for the first [`SPIN_BEFORE_NAP`] without
+/// progress, then sleep [`NAP`] per pass until something moves.
+///
+/// Ranks are processes that may outnumber the cores (`--ranks 4` on a 2-core host), and
+/// `sched_yield` gives a core to another runnable task only for a moment: a rank that keeps
+/// polling while its peer has the work holds a core the peer needs, and a busy rank is
+/// scheduled behind tasks that slept. Short naps leave the core to whoever produces the data
+/// and cost at most about one nap of latency once the wait is already longer than the spin.
+fn idle_wait(idle_for: Duration) {
+    if idle_for < SPIN_BEFORE_NAP {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(NAP);
+    }
+}
+
 /// How long connect/accept may take before the ring setup fails.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -415,7 +438,7 @@ impl<'n> Ring<'n> {
                     .into());
                 }
                 // Other ranks (and the plugin's threads) may need this core.
-                std::thread::yield_now();
+                idle_wait(last_progress.elapsed());
             }
         }
         Ok(())

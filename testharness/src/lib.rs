@@ -3,18 +3,22 @@
 //!
 //! - [`plugin`]: dlopen/dlsym as NCCL does, and a safe wrapper over the `ncclNet_v8_t` table
 //!   (the only `unsafe` code of the harness).
+//! - [`baseline`]: `--baseline tcp`, a plain TCP ring streaming the same bytes.
 //! - [`bootstrap`]: launcher variables and the TCP rendezvous served by rank 0.
 //! - [`coll`]: ring schedules for the collectives and the NCCL-style proxy that runs them.
 //! - [`data`]: element types, operators, deterministic data and expected results.
 //! - [`perf`]: one rank's benchmark loop; [`launcher`]: `--ranks N` local mode.
-//! - [`report`] and [`stats`]: the table, JSON and plugin counters.
+//! - [`report`] and [`stats`]: the table, JSON and plugin counters; [`cputime`]: CPU time and
+//!   run-queue wait of a measurement.
 #![warn(missing_docs)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 #![deny(unsafe_code)]
 
+pub mod baseline;
 pub mod bootstrap;
 pub mod cli;
 pub mod coll;
+pub mod cputime;
 pub mod data;
 pub mod launcher;
 pub mod perf;

@@ -11,12 +11,14 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use crate::baseline::{self as tcp_baseline, TcpRing};
 use crate::bootstrap::{self, Bootstrap};
-use crate::cli::{Args, Collective};
+use crate::cli::{Args, Baseline, Collective};
 use crate::coll::{self, Plan, Ring};
+use crate::cputime::{self, CpuUse};
 use crate::data::{count_wrong, DataType, Expected, Pattern, RedOp};
 use crate::plugin::{self, Handle, Net};
-use crate::report::{self, Measure, Row};
+use crate::report::{self, BaselineRow, Measure, Row};
 use crate::stats::{self, RankStats};
 
 /// Errors of a rank.
@@ -263,14 +265,15 @@ impl Job<'_> {
         }
     }
 
-    /// Warm-up, timed iterations (µs per iteration), then checked iterations.
+    /// Warm-up, timed iterations (µs per iteration, and this thread's CPU time and run-queue
+    /// wait per iteration), then checked iterations.
     fn measure(
         &self,
         ring: &mut Ring<'_>,
         boot: &mut Bootstrap,
         args: &Args,
         inplace: bool,
-    ) -> Result<(f64, Option<u64>)> {
+    ) -> Result<Measure> {
         let mut b = self.buffers(inplace);
         self.init(&mut b, 0);
         for _ in 0..args.warmup_iters {
@@ -278,9 +281,13 @@ impl Job<'_> {
         }
         boot.barrier()?;
         let start = Instant::now();
-        for _ in 0..args.iters {
-            self.call(ring, &mut b)?;
-        }
+        let (timed, used) = cputime::measure(|| -> Result<()> {
+            for _ in 0..args.iters {
+                self.call(ring, &mut b)?;
+            }
+            Ok(())
+        });
+        timed?;
         let time_us = start.elapsed().as_secs_f64() * 1e6 / f64::from(args.iters);
         let mut wrong = None;
         for c in 0..args.check {
@@ -292,7 +299,11 @@ impl Job<'_> {
             }
             *wrong.get_or_insert(0) += self.check(&b, seed);
         }
-        Ok((time_us, wrong))
+        Ok(Measure {
+            time_us,
+            wrong,
+            cpu: used.map(|u| CpuUse::per_iter(u, args.iters)),
+        })
     }
 }
 
@@ -304,17 +315,25 @@ fn corrupt(out: &mut [u8]) {
     }
 }
 
-fn encode_result(oop: (f64, Option<u64>), ip: (f64, Option<u64>)) -> Vec<u8> {
-    let mut v = Vec::with_capacity(32);
-    for (t, w) in [oop, ip] {
-        v.extend_from_slice(&t.to_le_bytes());
-        v.extend_from_slice(&w.map_or(u64::MAX, |w| w).to_le_bytes());
+/// Wire form of one rank's two measurements: per measurement the time, #wrong (`u64::MAX`:
+/// none), CPU and run-queue microseconds (negative: unknown), little-endian.
+fn encode_result(results: [Measure; 2]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(64);
+    for m in results {
+        v.extend_from_slice(&m.time_us.to_le_bytes());
+        v.extend_from_slice(&m.wrong.map_or(u64::MAX, |w| w).to_le_bytes());
+        let c = m.cpu.unwrap_or(CpuUse {
+            cpu_us: -1.0,
+            runq_us: -1.0,
+        });
+        v.extend_from_slice(&c.cpu_us.to_le_bytes());
+        v.extend_from_slice(&c.runq_us.to_le_bytes());
     }
     v
 }
 
-fn decode_result(b: &[u8]) -> Option<[(f64, Option<u64>); 2]> {
-    if b.len() != 32 {
+fn decode_result(b: &[u8]) -> Option<[Measure; 2]> {
+    if b.len() != 64 {
         return None;
     }
     let f = |o: usize| f64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
@@ -322,22 +341,39 @@ fn decode_result(b: &[u8]) -> Option<[(f64, Option<u64>); 2]> {
         let x = u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
         (x != u64::MAX).then_some(x)
     };
-    Some([(f(0), u(8)), (f(16), u(24))])
+    let m = |o: usize| Measure {
+        time_us: f(o),
+        wrong: u(o + 8),
+        cpu: (f(o + 16) >= 0.0 && f(o + 24) >= 0.0).then(|| CpuUse {
+            cpu_us: f(o + 16),
+            runq_us: f(o + 24),
+        }),
+    };
+    Some([m(0), m(32)])
 }
 
-/// Combines per-rank results: the slowest rank's time, the sum of wrong elements.
-pub fn combine(results: &[[(f64, Option<u64>); 2]]) -> [Measure; 2] {
+/// Combines per-rank results: the slowest rank's time, the sum of wrong elements, CPU time
+/// and run-queue wait summed over ranks (unknown if any rank could not tell).
+pub fn combine(results: &[[Measure; 2]]) -> [Measure; 2] {
     let mut out = [Measure {
         time_us: 0.0,
         wrong: None,
+        cpu: Some(CpuUse::default()),
     }; 2];
     for r in results {
-        for (m, (t, w)) in out.iter_mut().zip(r) {
-            m.time_us = m.time_us.max(*t);
-            if let Some(w) = w {
+        for (m, x) in out.iter_mut().zip(r) {
+            m.time_us = m.time_us.max(x.time_us);
+            if let Some(w) = x.wrong {
                 *m.wrong.get_or_insert(0) += w;
             }
+            m.cpu = match (m.cpu, x.cpu) {
+                (Some(a), Some(b)) => Some(a.plus(b)),
+                _ => None,
+            };
         }
+    }
+    if results.is_empty() {
+        out.iter_mut().for_each(|m| m.cpu = None);
     }
     out
 }
@@ -411,6 +447,67 @@ fn ptr_support(bits: i32) -> String {
     } else {
         s.join("|")
     }
+}
+
+/// `--baseline tcp`: streams each size's per-link bytes over a plain TCP ring between the same
+/// ranks (see [`crate::baseline`]). Returns one row per size, combined over ranks, and a
+/// description for the header.
+fn run_baseline(
+    args: &Args,
+    boot: &mut Bootstrap,
+    rank: usize,
+    n: usize,
+    chunk: usize,
+) -> Result<(Vec<BaselineRow>, String)> {
+    let mut ring = TcpRing::connect(boot, rank, n)?;
+    let what = format!(
+        "plain TCP ring, std::net::TcpStream rank r -> r+1 via {}: blocking, default socket \
+         buffers, TCP_NODELAY; per iteration the plan's bytes per link as one stream, in \
+         writes/reads of at most {chunk} B; {} warm-up + {} timed iterations",
+        ring.addr().ip(),
+        args.warmup_iters,
+        args.iters
+    );
+    let sizes = args.sizes();
+    let mut rows = Vec::with_capacity(sizes.len());
+    for (i, &bytes) in sizes.iter().enumerate() {
+        let started = Instant::now();
+        let layout = Layout::new(args.collective, bytes, args.datatype, n);
+        let plan = plan_for(args.collective, &layout, args.datatype, rank, n, chunk);
+        let send: usize = plan.sends.iter().map(|s| s.len).sum();
+        let recv: usize = plan.recvs.iter().map(|r| r.len).sum();
+        let mine = ring.measure(boot, send, recv, args.warmup_iters, args.iters, chunk)?;
+        let all: Vec<_> = boot
+            .allgather(&tcp_baseline::encode(&mine))?
+            .iter()
+            .map(|b| tcp_baseline::decode(b).ok_or("a rank sent a malformed baseline result"))
+            .collect::<std::result::Result<_, _>>()?;
+        let r = tcp_baseline::combine(&all);
+        if r.wrong > 0 {
+            return Err(format!(
+                "baseline: {} bytes of {} B arrived different from what was sent",
+                r.wrong, layout.size
+            )
+            .into());
+        }
+        rows.push(BaselineRow {
+            size: layout.size,
+            time_us: r.time_us,
+            wrong: r.wrong,
+            cpu: r.cpu,
+        });
+        let took = started.elapsed();
+        if rank == 0 && took > PROGRESS_AFTER {
+            eprintln!(
+                "# [progress] baseline {}/{} sizes: {} B took {:.1} s",
+                i + 1,
+                sizes.len(),
+                layout.size,
+                took.as_secs_f64()
+            );
+        }
+    }
+    Ok((rows, what))
 }
 
 /// Runs this rank; returns the process exit code.
@@ -576,7 +673,7 @@ pub fn run(args: &Args) -> Result<i32> {
         let oop = job.measure(&mut ring, &mut boot, args, false)?;
         let ip = job.measure(&mut ring, &mut boot, args, true)?;
         let all: Vec<_> = boot
-            .allgather(&encode_result(oop, ip))?
+            .allgather(&encode_result([oop, ip]))?
             .iter()
             .map(|b| decode_result(b).ok_or("a rank sent a malformed result"))
             .collect::<std::result::Result<_, _>>()?;
@@ -609,6 +706,10 @@ pub fn run(args: &Args) -> Result<i32> {
     }
 
     ring.close()?;
+    let baseline = match args.baseline {
+        Some(Baseline::Tcp) => Some(run_baseline(args, &mut boot, place.rank, n, chunk)?),
+        None => None,
+    };
     let stats = match &stats_file {
         Some(f) => {
             let mine = f.read(place.rank).to_json().to_string();
@@ -652,7 +753,12 @@ pub fn run(args: &Args) -> Result<i32> {
                     "ptr_support": ptr_support(props.ptr_support),
                 },
                 "ranks": ranks,
-                "rows": report::rows_json(args.collective, n, &rows),
+                "rows": rows_with_baseline(args.collective, n, &rows, baseline.as_ref().map(|b| &b.0[..])),
+                "baseline": baseline.as_ref().map(|(_, what)| json!({
+                    "kind": args.baseline.map(|b| b.name()),
+                    "what": what,
+                    "io_max": chunk,
+                })),
                 "out_of_bounds": wrong,
                 "ok": wrong == 0,
                 "avg_busbw": report::avg_busbw(args.collective, n, &rows),
@@ -660,6 +766,23 @@ pub fn run(args: &Args) -> Result<i32> {
             });
             writeln!(o, "{obj}")?;
         } else {
+            if let Some((base, what)) = &baseline {
+                writeln!(o, "#")?;
+                writeln!(
+                    o,
+                    "# Baseline ({}): {what}",
+                    args.baseline.map_or("?", |b| b.name())
+                )?;
+                writeln!(o, "# ratio = ours busbw / baseline busbw")?;
+                writeln!(o, "{}", report::baseline_header())?;
+                for (row, b) in rows.iter().zip(base) {
+                    writeln!(
+                        o,
+                        "{}",
+                        report::format_baseline_row(args.collective, n, row, b)
+                    )?;
+                }
+            }
             writeln!(o, "{}", report::footer(args.collective, n, &rows))?;
             if args.stats {
                 write!(o, "{}", stats::format_table(&stats))?;
@@ -668,6 +791,22 @@ pub fn run(args: &Args) -> Result<i32> {
         o.flush()?;
     }
     Ok(if root && wrong > 0 { EXIT_WRONG } else { 0 })
+}
+
+/// The rows as JSON, each with its `"baseline"` object when there is one.
+fn rows_with_baseline(
+    coll: Collective,
+    n: usize,
+    rows: &[Row],
+    base: Option<&[BaselineRow]>,
+) -> Value {
+    let mut v = report::rows_json(coll, n, rows);
+    if let (Some(base), Some(arr)) = (base, v.as_array_mut()) {
+        for ((j, row), b) in arr.iter_mut().zip(rows).zip(base) {
+            j["baseline"] = report::baseline_json(coll, n, row, b);
+        }
+    }
+    v
 }
 
 #[cfg(test)]
@@ -700,17 +839,35 @@ mod tests {
 
     #[test]
     fn results_combine_as_max_time_and_summed_wrong() {
+        let m = |t: f64, w: Option<u64>, c: Option<(f64, f64)>| Measure {
+            time_us: t,
+            wrong: w,
+            cpu: c.map(|(cpu_us, runq_us)| CpuUse { cpu_us, runq_us }),
+        };
         let rs = [
-            [(10.0, Some(0)), (12.0, Some(1))],
-            [(15.0, Some(2)), (11.0, Some(0))],
+            [m(10.0, Some(0), Some((5.0, 1.0))), m(12.0, Some(1), None)],
+            [
+                m(15.0, Some(2), Some((7.0, 0.5))),
+                m(11.0, Some(0), Some((1.0, 1.0))),
+            ],
         ];
         let [a, b] = combine(&rs);
         assert_eq!((a.time_us, a.wrong), (15.0, Some(2)));
-        assert_eq!((b.time_us, b.wrong), (12.0, Some(1)));
-        let [c, _] = combine(&[[(1.0, None), (1.0, None)]]);
+        assert_eq!(
+            a.cpu,
+            Some(CpuUse {
+                cpu_us: 12.0,
+                runq_us: 1.5
+            })
+        );
+        assert_eq!((b.time_us, b.wrong, b.cpu), (12.0, Some(1), None));
+        let [c, _] = combine(&[[m(1.0, None, None), m(1.0, None, None)]]);
         assert_eq!(c.wrong, None);
-        let e = encode_result((1.5, Some(3)), (2.5, None));
-        assert_eq!(decode_result(&e), Some([(1.5, Some(3)), (2.5, None)]));
+        let e = encode_result([m(1.5, Some(3), Some((2.0, 0.25))), m(2.5, None, None)]);
+        assert_eq!(
+            decode_result(&e),
+            Some([m(1.5, Some(3), Some((2.0, 0.25))), m(2.5, None, None)])
+        );
         assert_eq!(decode_result(&e[1..]), None);
     }
 

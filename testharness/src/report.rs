@@ -7,6 +7,7 @@
 use serde_json::{json, Value};
 
 use crate::cli::Collective;
+use crate::cputime::CpuUse;
 use crate::data::{DataType, RedOp};
 
 /// One measurement (out-of-place or in-place) of one size.
@@ -16,6 +17,9 @@ pub struct Measure {
     pub time_us: f64,
     /// Wrong elements over all ranks and check iterations; `None` without checking.
     pub wrong: Option<u64>,
+    /// CPU time and run-queue wait per timed iteration, summed over ranks; `None` where the
+    /// kernel does not report them.
+    pub cpu: Option<CpuUse>,
 }
 
 /// One line of the table.
@@ -169,6 +173,8 @@ fn measure_json(coll: Collective, nranks: usize, size: u64, m: &Measure) -> Valu
         "algbw": alg,
         "busbw": bus,
         "wrong": m.wrong,
+        "cpu_us": m.cpu.map(|c| c.cpu_us),
+        "runq_us": m.cpu.map(|c| c.runq_us),
     })
 }
 
@@ -191,6 +197,128 @@ pub fn rows_json(coll: Collective, nranks: usize, rows: &[Row]) -> Value {
     )
 }
 
+/// One size of a `--baseline` run, next to the plugin's row of the same size.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BaselineRow {
+    /// Bytes (as the plugin row's size).
+    pub size: u64,
+    /// Microseconds per iteration (max over ranks).
+    pub time_us: f64,
+    /// Bytes of the last iteration that differed from what was sent, over all ranks.
+    pub wrong: u64,
+    /// CPU time and run-queue wait per timed iteration, summed over threads and ranks.
+    pub cpu: Option<CpuUse>,
+}
+
+/// ours / baseline busbw, `None` when the baseline moved nothing measurable.
+pub fn ratio(ours: f64, base: f64) -> Option<f64> {
+    (base > 0.0 && ours.is_finite()).then(|| ours / base)
+}
+
+/// The headings of the baseline table (three `#` lines).
+pub fn baseline_header() -> String {
+    let mut s = String::new();
+    s.push_str(
+        format!(
+            "#{:12} {:^25}  {:^16}  {:^16}  {:^37}",
+            "",
+            "plain TCP baseline",
+            "ours out-of-place",
+            "ours in-place",
+            "per iteration, all ranks (us)"
+        )
+        .trim_end(),
+    );
+    s.push('\n');
+    s.push_str(&format!(
+        "#{:>11} {:>9} {:>7} {:>7}  {:>8} {:>7}  {:>8} {:>7}  {:>9} {:>9} {:>9} {:>9}\n",
+        "size",
+        "time",
+        "algbw",
+        "busbw",
+        "busbw",
+        "ratio",
+        "busbw",
+        "ratio",
+        "base cpu",
+        "base runq",
+        "oop cpu",
+        "oop runq"
+    ));
+    s.push_str(&format!(
+        "#{:>11} {:>9} {:>7} {:>7}  {:>8} {:>7}  {:>8} {:>7}  {:>9} {:>9} {:>9} {:>9}",
+        "(B)", "(us)", "(GB/s)", "(GB/s)", "(GB/s)", "", "(GB/s)", "", "", "", "", ""
+    ));
+    s
+}
+
+fn fmt_ratio(r: Option<f64>) -> String {
+    r.map_or_else(|| "N/A".into(), |r| format!("{r:.2}"))
+}
+
+fn fmt_cpu(c: Option<CpuUse>) -> [String; 2] {
+    match c {
+        Some(c) => [fmt_time(c.cpu_us), fmt_time(c.runq_us)],
+        None => ["N/A".into(), "N/A".into()],
+    }
+}
+
+fn baseline_measure(base: &BaselineRow) -> Measure {
+    Measure {
+        time_us: base.time_us,
+        wrong: None,
+        cpu: base.cpu,
+    }
+}
+
+/// One line of the baseline table: the baseline's time and bandwidths, the plugin's busbw and
+/// the ratio ours/baseline (out-of-place and in-place), then CPU time and run-queue wait per
+/// iteration summed over ranks, of the baseline and of our out-of-place run.
+pub fn format_baseline_row(
+    coll: Collective,
+    nranks: usize,
+    row: &Row,
+    base: &BaselineRow,
+) -> String {
+    let (alg, bus) = bandwidths(coll, nranks, base.size, &baseline_measure(base));
+    let (_, oop) = bandwidths(coll, nranks, row.size, &row.out_of_place);
+    let (_, ip) = bandwidths(coll, nranks, row.size, &row.in_place);
+    let [bc, bq] = fmt_cpu(base.cpu);
+    let [oc, oq] = fmt_cpu(row.out_of_place.cpu);
+    format!(
+        "{:>12} {:>9} {:>7.2} {:>7.2}  {:>8.2} {:>7}  {:>8.2} {:>7}  {:>9} {:>9} {:>9} {:>9}",
+        base.size,
+        fmt_time(base.time_us),
+        alg,
+        bus,
+        oop,
+        fmt_ratio(ratio(oop, bus)),
+        ip,
+        fmt_ratio(ratio(ip, bus)),
+        bc,
+        bq,
+        oc,
+        oq,
+    )
+}
+
+/// The baseline measurement of a row as JSON (added to the row as `"baseline"`).
+pub fn baseline_json(coll: Collective, nranks: usize, row: &Row, base: &BaselineRow) -> Value {
+    let (alg, bus) = bandwidths(coll, nranks, base.size, &baseline_measure(base));
+    let (_, oop) = bandwidths(coll, nranks, row.size, &row.out_of_place);
+    let (_, ip) = bandwidths(coll, nranks, row.size, &row.in_place);
+    json!({
+        "time_us": base.time_us,
+        "algbw": alg,
+        "busbw": bus,
+        "wrong": base.wrong,
+        "cpu_us": base.cpu.map(|c| c.cpu_us),
+        "runq_us": base.cpu.map(|c| c.runq_us),
+        "ratio_out_of_place": ratio(oop, bus),
+        "ratio_in_place": ratio(ip, bus),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -202,10 +330,15 @@ mod tests {
             dtype: DataType::Float,
             redop: Some(RedOp::Sum),
             root: -1,
-            out_of_place: Measure { time_us: t, wrong },
+            out_of_place: Measure {
+                time_us: t,
+                wrong,
+                cpu: None,
+            },
             in_place: Measure {
                 time_us: t * 2.0,
                 wrong,
+                cpu: None,
             },
         }
     }
@@ -219,6 +352,7 @@ mod tests {
         let m = Measure {
             time_us: 1000.0,
             wrong: Some(0),
+            cpu: None,
         };
         let (a, b) = bandwidths(Collective::AllReduce, 4, 4_000_000, &m);
         assert!((a - 4.0).abs() < 1e-12);
@@ -271,6 +405,60 @@ mod tests {
         let bad = [row(8, 1.0, Some(3))];
         assert_eq!(total_wrong(&bad), 6);
         assert!(footer(Collective::AllReduce, 2, &bad).contains(": 6 FAILED"));
+    }
+
+    #[test]
+    fn baseline_rows_line_up_and_give_ratios() {
+        let r = row(1_000_000, 1000.0, Some(0)); // ours: 1 GB/s out-of-place, 0.5 in place
+        let r = Row {
+            out_of_place: Measure {
+                cpu: Some(CpuUse {
+                    cpu_us: 1500.0,
+                    runq_us: 20.5,
+                }),
+                ..r.out_of_place
+            },
+            ..r
+        };
+        let b = BaselineRow {
+            size: 1_000_000,
+            time_us: 500.0,
+            wrong: 0,
+            cpu: Some(CpuUse {
+                cpu_us: 700.0,
+                runq_us: 0.0,
+            }),
+        };
+        let line = format_baseline_row(Collective::Sendrecv, 2, &r, &b);
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(
+            cols,
+            vec![
+                "1000000", "500.00", "2.00", "2.00", "1.00", "0.50", "0.50", "0.25", "700.00",
+                "0.00", "1500.00", "20.50"
+            ]
+        );
+        let head = baseline_header();
+        assert_eq!(head.lines().count(), 3);
+        let names = head.lines().nth(1).unwrap();
+        assert_eq!(names.len(), line.len(), "{names}\n{line}");
+        let v = baseline_json(Collective::Sendrecv, 2, &r, &b);
+        assert!((v["busbw"].as_f64().unwrap() - 2.0).abs() < 1e-12);
+        assert!((v["ratio_out_of_place"].as_f64().unwrap() - 0.5).abs() < 1e-12);
+        assert!((v["cpu_us"].as_f64().unwrap() - 700.0).abs() < 1e-12);
+        let zero = BaselineRow {
+            size: 0,
+            time_us: 1.0,
+            wrong: 0,
+            cpu: None,
+        };
+        let line = format_baseline_row(Collective::Sendrecv, 2, &row(0, 1.0, None), &zero);
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(cols[7..], ["N/A"; 5], "{line}");
+        assert!(
+            baseline_json(Collective::Sendrecv, 2, &row(0, 1.0, None), &zero)["ratio_in_place"]
+                .is_null()
+        );
     }
 
     #[test]

@@ -399,3 +399,84 @@ fn a_failing_rank_fails_the_launch_and_shows_its_stderr() {
     assert!(err.contains("rank 1 failed (exit code 2)"), "{err}");
     assert!(err.contains("failing on purpose"), "{err}");
 }
+
+#[test]
+fn baseline_tcp_adds_a_table_and_json_fields() {
+    let args = [
+        "sendrecv",
+        "--ranks",
+        "2",
+        "-b",
+        "64K",
+        "-e",
+        "1M",
+        "-f",
+        "4",
+        "-n",
+        "2",
+        "--transport",
+        "tcp",
+        "--baseline",
+        "tcp",
+    ];
+    let (o, v) = run_json(&args);
+    assert_clean("sendrecv", 2, &o, &v);
+    assert_eq!(v["baseline"]["kind"], "tcp", "{}", show(&o));
+    let rows = v["rows"].as_array().unwrap();
+    // 64K, 256K, 1M.
+    assert_eq!(rows.len(), 3);
+    for r in rows {
+        let b = &r["baseline"];
+        for key in [
+            "time_us",
+            "algbw",
+            "busbw",
+            "ratio_out_of_place",
+            "ratio_in_place",
+        ] {
+            let x = b[key]
+                .as_f64()
+                .unwrap_or_else(|| panic!("baseline.{key} in {r}\n{}", show(&o)));
+            assert!(x.is_finite() && x > 0.0, "baseline.{key} = {x} in {r}");
+        }
+        assert_eq!(b["wrong"], 0);
+        // CPU figures: numbers where the kernel reports them (Linux schedstat), else null.
+        for v in [
+            &b["cpu_us"],
+            &b["runq_us"],
+            &r["out_of_place"]["cpu_us"],
+            &r["in_place"]["runq_us"],
+        ] {
+            assert!(v.is_null() || v.as_f64().is_some_and(|x| x >= 0.0), "{r}");
+        }
+    }
+
+    // The text form: the usual table (13 columns), then the baseline table (12 columns).
+    let o = perf(&args).output().unwrap();
+    assert!(o.status.success(), "{}", show(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let at = out
+        .find("# Baseline (tcp): plain TCP ring")
+        .unwrap_or_else(|| panic!("no baseline section\n{out}"));
+    let (main, base) = out.split_at(at);
+    assert_eq!(wrong_columns(main).len(), 3, "{out}");
+    assert!(base.contains("ratio"), "{out}");
+    let base_rows: Vec<Vec<&str>> = base
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(base_rows.len(), 3, "{out}");
+    for (cols, size) in base_rows.iter().zip(["65536", "262144", "1048576"]) {
+        assert_eq!(cols.len(), 12, "{cols:?}\n{out}");
+        assert_eq!(cols[0], size);
+        for (i, c) in cols.iter().enumerate().skip(1) {
+            if i >= 8 && *c == "N/A" {
+                continue; // CPU figures where the kernel does not report them
+            }
+            let x: f64 = c.parse().unwrap_or_else(|e| panic!("{c:?}: {e}\n{out}"));
+            assert!(x.is_finite() && x >= 0.0, "{c}");
+        }
+    }
+    assert!(out.contains("# Out of bounds values : 0 OK"), "{out}");
+}
