@@ -131,24 +131,16 @@ fn vm_rss_kib() -> u64 {
 
 /// CPU time of the calling thread.
 fn thread_cpu() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec through a valid pointer.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+    let ts = nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID)
+        .expect("clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
+    Duration::new(ts.tv_sec() as u64, ts.tv_nsec() as u32)
 }
 
 /// Voluntary context switches of the calling thread: the times it slept (blocked).
 fn thread_sleeps() -> i64 {
-    // SAFETY: an all-zero rusage is a valid value; getrusage fills it through a valid pointer.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    let rc = unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
-    assert_eq!(rc, 0, "getrusage(RUSAGE_THREAD)");
-    ru.ru_nvcsw
+    nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_THREAD)
+        .expect("getrusage(RUSAGE_THREAD)")
+        .voluntary_context_switches()
 }
 
 /// Runs one plugin call and keeps the maximum of its cost: the thread's CPU time in the call
