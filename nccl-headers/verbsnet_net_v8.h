@@ -1,5 +1,5 @@
 /*
- * verbsnet's own description of the NCCL network-plugin ABI, version 8.
+ * verbsnet's own description of the NCCL network-plugin ABI, version 8 (and version 7 at the end).
  *
  * Written for this project from the facts collected in docs (sizes, field
  * order and constants measured on x86_64 / LP64). It is not a copy of any
@@ -127,5 +127,54 @@ typedef struct {
   ncclResult_t (*getDeviceMr)(void *comm, void *mhandle, void **dptr_mhandle);
   ncclResult_t (*irecvConsumed)(void *recvComm, int n, void *request);
 } ncclNet_v8_t; /* 152 bytes */
+
+/*
+ * Version 7 (NCCL 2.19): the same 19 members, but the properties have no regIsGlobal and
+ * regMr takes an int size. Exported as ncclNetPlugin_v7 so NCCL 2.19 can load the plugin;
+ * newer NCCL probes v8 first.
+ */
+typedef ncclNetDeviceHandle_v8_t ncclNetDeviceHandle_v7_t;
+
+typedef struct {
+  char *name;                      /* offset 0 */
+  char *pciPath;                   /* offset 8 */
+  uint64_t guid;                   /* offset 16 */
+  int ptrSupport;                  /* offset 24 */
+  int speed;                       /* offset 28: Mbps */
+  int port;                        /* offset 32 */
+  float latency;                   /* offset 36: microseconds */
+  int maxComms;                    /* offset 40 */
+  int maxRecvs;                    /* offset 44 */
+  ncclNetDeviceType netDeviceType; /* offset 48 */
+  int netDeviceVersion;            /* offset 52 */
+} ncclNetProperties_v7_t;          /* 56 bytes */
+
+typedef struct {
+  const char *name;
+  ncclResult_t (*init)(ncclDebugLogger_t logFunction);
+  ncclResult_t (*devices)(int *ndev);
+  ncclResult_t (*getProperties)(int dev, ncclNetProperties_v7_t *props);
+  ncclResult_t (*listen)(int dev, void *handle, void **listenComm);
+  ncclResult_t (*connect)(int dev, void *handle, void **sendComm,
+                          ncclNetDeviceHandle_v7_t **sendDevComm);
+  ncclResult_t (*accept)(void *listenComm, void **recvComm,
+                         ncclNetDeviceHandle_v7_t **recvDevComm);
+  ncclResult_t (*regMr)(void *comm, void *data, int size, int type, void **mhandle);
+  ncclResult_t (*regMrDmaBuf)(void *comm, void *data, size_t size, int type,
+                              uint64_t offset, int fd, void **mhandle);
+  ncclResult_t (*deregMr)(void *comm, void *mhandle);
+  ncclResult_t (*isend)(void *sendComm, void *data, int size, int tag, void *mhandle,
+                        void **request);
+  ncclResult_t (*irecv)(void *recvComm, int n, void **data, int *sizes, int *tags,
+                        void **mhandles, void **request);
+  ncclResult_t (*iflush)(void *recvComm, int n, void **data, int *sizes, void **mhandles,
+                         void **request);
+  ncclResult_t (*test)(void *request, int *done, int *sizes);
+  ncclResult_t (*closeSend)(void *sendComm);
+  ncclResult_t (*closeRecv)(void *recvComm);
+  ncclResult_t (*closeListen)(void *listenComm);
+  ncclResult_t (*getDeviceMr)(void *comm, void *mhandle, void **dptr_mhandle);
+  ncclResult_t (*irecvConsumed)(void *recvComm, int n, void *request);
+} ncclNet_v7_t; /* 152 bytes */
 
 #endif /* VERBSNET_NET_V8_H */

@@ -34,3 +34,11 @@ const _: () = assert!(offset_of!(ncclNet_v8_t, init) == 8);
 const _: () = assert!(offset_of!(ncclNet_v8_t, isend) == 80);
 const _: () = assert!(offset_of!(ncclNet_v8_t, test) == 104);
 const _: () = assert!(offset_of!(ncclNet_v8_t, irecvConsumed) == 144);
+
+const _: () = assert!(size_of::<ncclNet_v7_t>() == 152);
+const _: () = assert!(size_of::<ncclNetProperties_v7_t>() == 56);
+const _: () = assert!(offset_of!(ncclNetProperties_v7_t, ptrSupport) == 24);
+const _: () = assert!(offset_of!(ncclNetProperties_v7_t, speed) == 28);
+const _: () = assert!(offset_of!(ncclNetProperties_v7_t, latency) == 36);
+const _: () = assert!(offset_of!(ncclNetProperties_v7_t, maxRecvs) == 44);
+const _: () = assert!(offset_of!(ncclNetProperties_v7_t, netDeviceVersion) == 52);

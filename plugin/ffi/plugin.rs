@@ -11,8 +11,8 @@ use std::ptr;
 use tracing::warn;
 
 use super::abi::{
-    ncclDebugLogger_t, ncclNetDeviceHandle_v8_t, ncclNetDeviceType, ncclNetProperties_v8_t,
-    ncclNet_v8_t, ncclResult_t, NCCL_PTR_HOST,
+    ncclDebugLogger_t, ncclNetDeviceHandle_v8_t, ncclNetDeviceType, ncclNetProperties_v7_t,
+    ncclNetProperties_v8_t, ncclNet_v7_t, ncclNet_v8_t, ncclResult_t, NCCL_PTR_HOST,
 };
 use super::mem::Region;
 use crate::comm::{Comm, Error, MrHandle, ReqHandle};
@@ -40,6 +40,39 @@ pub static ncclNetPlugin_v8: PluginTable = PluginTable(ncclNet_v8_t {
     connect: Some(connect),
     accept: Some(accept),
     regMr: Some(reg_mr),
+    regMrDmaBuf: None,
+    deregMr: Some(dereg_mr),
+    isend: Some(isend),
+    irecv: Some(irecv),
+    iflush: Some(iflush),
+    test: Some(test),
+    closeSend: Some(close_send),
+    closeRecv: Some(close_recv),
+    closeListen: Some(close_listen),
+    getDeviceMr: None,
+    irecvConsumed: None,
+});
+
+/// The v7 table, for NCCL 2.19 (newer NCCL probes v8 first). It shares every shim with v8 but
+/// `getProperties` (no `regIsGlobal`) and `regMr` (`int` size): ext-net ABI delta v7 → v8.
+#[repr(transparent)]
+pub struct PluginTableV7(pub(crate) ncclNet_v7_t);
+
+// SAFETY: as for PluginTable.
+unsafe impl Sync for PluginTableV7 {}
+
+/// `ncclNetPlugin_v7`, found by NCCL 2.19's loader.
+#[no_mangle]
+#[used]
+pub static ncclNetPlugin_v7: PluginTableV7 = PluginTableV7(ncclNet_v7_t {
+    name: c"verbsnet".as_ptr(),
+    init: Some(init),
+    devices: Some(devices),
+    getProperties: Some(get_properties_v7),
+    listen: Some(listen),
+    connect: Some(connect),
+    accept: Some(accept),
+    regMr: Some(reg_mr_v7),
     regMrDmaBuf: None,
     deregMr: Some(dereg_mr),
     isend: Some(isend),
@@ -161,6 +194,53 @@ unsafe extern "C" fn get_properties(
         };
         Ok(())
     })
+}
+
+unsafe extern "C" fn get_properties_v7(
+    dev: c_int,
+    props: *mut ncclNetProperties_v7_t,
+) -> ncclResult_t {
+    if props.is_null() {
+        return guard("getProperties", || Err(null_arg("props")));
+    }
+    let mut p8 = ncclNetProperties_v8_t::default();
+    // SAFETY: p8 is a valid local struct.
+    let r = unsafe { get_properties(dev, &mut p8) };
+    if r == ncclResult_t::ncclSuccess {
+        // SAFETY: checked non-NULL above; NCCL passes a valid v7 struct.
+        unsafe {
+            *props = ncclNetProperties_v7_t {
+                name: p8.name,
+                pciPath: p8.pciPath,
+                guid: p8.guid,
+                ptrSupport: p8.ptrSupport,
+                speed: p8.speed,
+                port: p8.port,
+                latency: p8.latency,
+                maxComms: p8.maxComms,
+                maxRecvs: p8.maxRecvs,
+                netDeviceType: p8.netDeviceType,
+                netDeviceVersion: p8.netDeviceVersion,
+            }
+        };
+    }
+    r
+}
+
+unsafe extern "C" fn reg_mr_v7(
+    comm: *mut c_void,
+    data: *mut c_void,
+    size: c_int,
+    type_: c_int,
+    mhandle: *mut *mut c_void,
+) -> ncclResult_t {
+    match usize::try_from(size) {
+        // SAFETY: same contract as reg_mr; the size is the same value widened.
+        Ok(size) => unsafe { reg_mr(comm, data, size, type_, mhandle) },
+        Err(_) => guard("regMr", || {
+            Err(Error::InvalidArgument(format!("regMr of {size} bytes")))
+        }),
+    }
 }
 
 /// # Safety

@@ -6,8 +6,10 @@
 use std::ffi::{c_int, c_void, CStr};
 use std::ptr;
 
-use super::abi::{ncclNetProperties_v8_t, ncclNet_v8_t, ncclResult_t, NCCL_PTR_HOST};
-use super::plugin::ncclNetPlugin_v8;
+use super::abi::{
+    ncclNetProperties_v7_t, ncclNetProperties_v8_t, ncclNet_v8_t, ncclResult_t, NCCL_PTR_HOST,
+};
+use super::plugin::{ncclNetPlugin_v7, ncclNetPlugin_v8};
 
 fn table() -> &'static ncclNet_v8_t {
     &ncclNetPlugin_v8.0
@@ -272,4 +274,56 @@ fn a_foreign_handle_is_refused_with_a_clear_error() {
         unsafe { t.connect.unwrap()(0, handle.as_mut_ptr().cast(), &mut send, ptr::null_mut()) };
     assert_eq!(r, ncclResult_t::ncclInvalidArgument);
     assert_eq!(send as usize, 3, "out-parameter untouched on error");
+}
+
+#[test]
+fn v7_table_shares_the_shims_and_converts_properties_and_int_sizes() {
+    let t7 = &ncclNetPlugin_v7.0;
+    let p = setup();
+    // SAFETY: valid pointers throughout; the buffer outlives its registration.
+    unsafe {
+        assert_eq!(CStr::from_ptr(t7.name).to_str().unwrap(), "verbsnet");
+        let mut props: ncclNetProperties_v7_t = std::mem::zeroed();
+        assert_eq!(
+            t7.getProperties.unwrap()(0, &mut props),
+            ncclResult_t::ncclSuccess
+        );
+        assert_eq!(CStr::from_ptr(props.name).to_str().unwrap(), "tcp0");
+        assert_eq!(
+            (props.ptrSupport, props.maxRecvs, props.speed),
+            (NCCL_PTR_HOST as c_int, 8, 10000)
+        );
+        assert_eq!(
+            t7.getProperties.unwrap()(0, ptr::null_mut()),
+            ncclResult_t::ncclInvalidArgument
+        );
+        let mut buf = vec![0u8; 4096];
+        let mut mh: *mut c_void = ptr::null_mut();
+        assert_eq!(
+            t7.regMr.unwrap()(
+                p.send,
+                buf.as_mut_ptr().cast(),
+                4096,
+                NCCL_PTR_HOST as c_int,
+                &mut mh
+            ),
+            ncclResult_t::ncclSuccess
+        );
+        assert!(!mh.is_null());
+        let mut bad: *mut c_void = ptr::null_mut();
+        assert_eq!(
+            t7.regMr.unwrap()(
+                p.send,
+                buf.as_mut_ptr().cast(),
+                -1,
+                NCCL_PTR_HOST as c_int,
+                &mut bad
+            ),
+            ncclResult_t::ncclInvalidArgument
+        );
+        assert!(bad.is_null());
+        assert_eq!(t7.deregMr.unwrap()(p.send, mh), ncclResult_t::ncclSuccess);
+        assert_eq!(t7.closeSend.unwrap()(p.send), ncclResult_t::ncclSuccess);
+        assert_eq!(t7.closeRecv.unwrap()(p.recv), ncclResult_t::ncclSuccess);
+    }
 }
