@@ -491,26 +491,29 @@ unsafe extern "C" fn test(
     })
 }
 
-unsafe extern "C" fn close_send(send_comm: *mut c_void) -> ncclResult_t {
-    guard("closeSend", || {
-        if send_comm.is_null() {
-            return Err(null_arg("sendComm"));
+/// closeSend and closeRecv: both hand back a comm boxed by connect/accept.
+///
+/// # Safety
+/// `comm` must be NULL or a comm this plugin returned from connect/accept, not yet closed.
+unsafe fn close_comm(slot: &str, what: &str, comm: *mut c_void) -> ncclResult_t {
+    guard(slot, || {
+        if comm.is_null() {
+            return Err(null_arg(what));
         }
-        // SAFETY: came from Box::into_raw in connect; NCCL closes it once.
-        unsafe { Box::from_raw(send_comm as *mut Comm) }.close();
+        // SAFETY: came from Box::into_raw in connect (send) or accept (recv); NCCL closes it once.
+        unsafe { Box::from_raw(comm as *mut Comm) }.close();
         Ok(())
     })
 }
 
+unsafe extern "C" fn close_send(send_comm: *mut c_void) -> ncclResult_t {
+    // SAFETY: NCCL passes the sendComm connect returned, once.
+    unsafe { close_comm("closeSend", "sendComm", send_comm) }
+}
+
 unsafe extern "C" fn close_recv(recv_comm: *mut c_void) -> ncclResult_t {
-    guard("closeRecv", || {
-        if recv_comm.is_null() {
-            return Err(null_arg("recvComm"));
-        }
-        // SAFETY: came from Box::into_raw in accept; NCCL closes it once.
-        unsafe { Box::from_raw(recv_comm as *mut Comm) }.close();
-        Ok(())
-    })
+    // SAFETY: NCCL passes the recvComm accept returned, once.
+    unsafe { close_comm("closeRecv", "recvComm", recv_comm) }
 }
 
 unsafe extern "C" fn close_listen(listen_comm: *mut c_void) -> ncclResult_t {
