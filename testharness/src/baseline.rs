@@ -264,7 +264,7 @@ pub fn decode(b: &[u8]) -> Option<RankResult> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bootstrap::Placement;
+    use crate::bootstrap::{run_ranks, Placement};
 
     #[test]
     fn results_round_trip_and_combine() {
@@ -305,36 +305,15 @@ mod tests {
 
     #[test]
     fn a_ring_of_three_threads_streams_and_checks() {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let master = format!("127.0.0.1:{port}");
         let n = 3;
-        let threads: Vec<_> = (0..n)
-            .map(|rank| {
-                let master = master.clone();
-                std::thread::spawn(move || {
-                    let p = Placement {
-                        rank,
-                        nranks: n,
-                        master: Some(master),
-                        source: "test",
-                    };
-                    let mut boot = Bootstrap::connect(&p, Duration::from_secs(20)).unwrap();
-                    let mut ring = TcpRing::connect(&mut boot, rank, n).unwrap();
-                    assert!(ring.addr().ip().is_loopback());
-                    let r = ring
-                        .measure(&mut boot, 100_000, 100_000, 1, 2, 4096)
-                        .unwrap();
-                    let z = ring.measure(&mut boot, 0, 0, 1, 1, 4096).unwrap();
-                    (r, z)
-                })
-            })
-            .collect();
-        for t in threads {
-            let (r, z) = t.join().unwrap();
+        let results = run_ranks(n, move |rank, boot| {
+            let mut ring = TcpRing::connect(boot, rank, n).unwrap();
+            assert!(ring.addr().ip().is_loopback());
+            let r = ring.measure(boot, 100_000, 100_000, 1, 2, 4096).unwrap();
+            let z = ring.measure(boot, 0, 0, 1, 1, 4096).unwrap();
+            (r, z)
+        });
+        for (r, z) in results {
             assert_eq!(r.wrong, 0);
             assert!(r.time_us > 0.0 && r.time_us.is_finite());
             assert_eq!(z.wrong, 0);

@@ -337,6 +337,37 @@ fn split_all(mut all: &[u8], n: usize) -> io::Result<Vec<Vec<u8>>> {
     Ok(parts)
 }
 
+/// Test helper: runs `f` on `n` ranks, one thread each, every rank with a bootstrap connected
+/// through a rendezvous on a free loopback port; returns the results in rank order.
+#[cfg(test)]
+pub(crate) fn run_ranks<T: Send + 'static>(
+    n: usize,
+    f: impl Fn(usize, &mut Bootstrap) -> T + Send + Copy + 'static,
+) -> Vec<T> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let master = format!("127.0.0.1:{port}");
+    let threads: Vec<_> = (0..n)
+        .map(|rank| {
+            let master = master.clone();
+            std::thread::spawn(move || {
+                let p = Placement {
+                    rank,
+                    nranks: n,
+                    master: Some(master),
+                    source: "test",
+                };
+                let mut b = Bootstrap::connect(&p, Duration::from_secs(20)).unwrap();
+                f(rank, &mut b)
+            })
+        })
+        .collect();
+    threads.into_iter().map(|t| t.join().unwrap()).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -439,33 +470,14 @@ mod tests {
 
     #[test]
     fn rendezvous_allgather_and_barrier_over_loopback() {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let master = format!("127.0.0.1:{port}");
         let n = 4;
-        let threads: Vec<_> = (0..n)
-            .map(|rank| {
-                let master = master.clone();
-                std::thread::spawn(move || {
-                    let p = Placement {
-                        rank,
-                        nranks: n,
-                        master: Some(master),
-                        source: "test",
-                    };
-                    let mut b = Bootstrap::connect(&p, Duration::from_secs(20)).unwrap();
-                    let all = b.allgather(&[rank as u8; 3]).unwrap();
-                    b.barrier().unwrap();
-                    let again = b.allgather(format!("r{rank}").as_bytes()).unwrap();
-                    (all, again)
-                })
-            })
-            .collect();
-        for t in threads {
-            let (all, again) = t.join().unwrap();
+        let results = run_ranks(n, |rank, b| {
+            let all = b.allgather(&[rank as u8; 3]).unwrap();
+            b.barrier().unwrap();
+            let again = b.allgather(format!("r{rank}").as_bytes()).unwrap();
+            (all, again)
+        });
+        for (all, again) in results {
             assert_eq!(all.len(), n);
             for (r, part) in all.iter().enumerate() {
                 assert_eq!(part, &vec![r as u8; 3]);
