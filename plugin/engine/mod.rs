@@ -8,18 +8,26 @@
 //!
 //! ## The protocol
 //! - Sends and receives match in posting order (ext-net README: "send/receive operations
-//!   should always match in the order they were posted"); tags only choose a buffer inside a
-//!   grouped receive. Send `s` (0, 1, 2, ...) belongs to the receive whose range
-//!   `[base, base + n)` holds it; both sides apply the same rule — first unused buffer with
-//!   the send's tag — in send order, so they agree without extra messages.
+//!   should always match in the order they were posted"); tags choose a buffer inside a
+//!   grouped receive. The rule is NCCL's IB transport's (`src/transport/net_ib/p2p.cc`,
+//!   `ncclIbIsend`): receives form a FIFO and a send takes the first unmatched buffer with its
+//!   tag in the **front** receive (the oldest not fully matched); if the front has none, `isend`
+//!   answers "retry later" (several local ranks share one comm under `NCCL_NET_SHARED_COMMS`,
+//!   each with its own tag, in whatever order their GPUs finish). Equivalently: the k-th send
+//!   with tag `t` fills the k-th buffer with tag `t` in posting order. The receiver applies that
+//!   form to every arrival, so both sides agree without extra messages, even for eager sends
+//!   issued before any receive was known.
 //! - Every `irecv` RDMA-writes a clear-to-send ([`wire::CtsEntry`]) into the sender's CTS ring.
 //! - **Eager** (size ≤ eager limit): the sender SENDs header + payload into a bounce buffer the
-//!   receiver pre-posted; the receiver copies it into the user buffer when matched. The send
-//!   request completes once the SEND completed *and* its CTS confirmed the buffer is big enough,
+//!   receiver pre-posted; the receiver copies it into the user buffer when matched. With the
+//!   front receive known, the send obeys the front-group rule above. With no receive known at
+//!   all it goes out at once (MPI-style eager; NCCL's IB transport would wait): the receiver
+//!   holds it in its bounce buffer until a receive with a free buffer of its tag is posted,
+//!   and the sender completes it once that receive's CTS confirmed the buffer is big enough,
 //!   so a too-large send fails on both ends.
 //! - **Rendezvous** (larger): `isend` waits for the CTS (returns "retry later" until then), then
 //!   RDMA-WRITEs straight into the user buffer (zero copy) and RDMA_WRITE_WITH_IMM's an 8-byte
-//!   completion record; the immediate names the send and buffer.
+//!   completion record; the immediate names the receive and buffer it matched.
 //! - **RQ batching**: the receiver posts `rq_batch` receive WRs per post call, at start
 //!   `rq_depth`, and refills when fewer than `rq_low_water` remain posted.
 //! - **Credits** (optional): a credit is one posted receive WR at the peer. With gating on the
@@ -95,8 +103,8 @@ pub struct ReqId {
 /// Why a request failed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ReqError {
-    /// The send was larger than the matching receive buffer, or its tag matched no buffer
-    /// (→ `ncclInvalidUsage`).
+    /// The send was larger than the matching receive buffer (→ `ncclInvalidUsage`); the comm
+    /// is failed with it on both ends.
     Usage(String),
     /// The peer or path failed (→ `ncclRemoteError`).
     Remote(String),
@@ -176,6 +184,9 @@ pub struct Stats {
     pub credit_stalls: u64,
     /// `isend` answered "retry later" because the clear-to-send had not arrived.
     pub cts_waits: u64,
+    /// `isend` answered "retry later" because the front receive group had no unmatched buffer
+    /// with the send's tag (several senders sharing one comm, one of them ahead).
+    pub tag_waits: u64,
     /// "Retry later" because all request slots were in use.
     pub slots_full: u64,
     /// Receive post calls.
@@ -188,7 +199,8 @@ pub struct Stats {
     pub credit_msgs: u64,
     /// CTS entries sent (receiver) or consumed (sender).
     pub cts: u64,
-    /// Eager messages that arrived before their receive was posted (receiver).
+    /// Eager messages that arrived before a receive with a free buffer of their tag was posted,
+    /// held in their bounce buffers until one is (receiver).
     pub unexpected: u64,
     /// Error completions seen.
     pub error_completions: u64,
@@ -196,7 +208,7 @@ pub struct Stats {
 
 impl Stats {
     /// `(name, value)` pairs in a fixed order.
-    pub fn fields(&self) -> [(&'static str, u64); 14] {
+    pub fn fields(&self) -> [(&'static str, u64); 15] {
         [
             ("ops", self.ops),
             ("bytes", self.bytes),
@@ -204,6 +216,7 @@ impl Stats {
             ("rendezvous", self.rendezvous),
             ("credit_stalls", self.credit_stalls),
             ("cts_waits", self.cts_waits),
+            ("tag_waits", self.tag_waits),
             ("slots_full", self.slots_full),
             ("rq_post_calls", self.rq_post_calls),
             ("rq_wrs_posted", self.rq_wrs_posted),

@@ -55,7 +55,6 @@ pub struct RecvBuf {
 
 #[derive(Debug)]
 struct RecvReq {
-    base: u64,
     r: u64,
     n: u32,
     bufs: [RecvBuf; MAX_RECVS],
@@ -291,7 +290,6 @@ impl RecvEngine {
         let r = self.next_r;
         let base = self.next_base;
         let req = RecvReq {
-            base,
             r,
             n,
             bufs: b,
@@ -349,23 +347,35 @@ impl RecvEngine {
         self.last_credit_sent = self.granted;
         self.stats.cts += 1;
 
-        // Eager messages that arrived first.
-        while let Some(u) = self.unexpected.front().copied() {
-            if u.s.wrapping_sub(base) >= u64::from(n) {
-                break;
+        // Eager messages held for want of a buffer with their tag, in arrival order: only this
+        // receive can have one for them (every older one had none when they arrived).
+        let mut k = 0;
+        while k < self.unexpected.len() && self.failed.is_none() {
+            let u = self.unexpected[k];
+            match self.find_buf(u.tag) {
+                Some((id, i)) => {
+                    self.unexpected.remove(k);
+                    self.deliver_eager(now, id, i, u);
+                }
+                None => k += 1,
             }
-            self.unexpected.pop_front();
-            self.deliver_eager(now, id, u);
         }
         self.refill();
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
         Ok(Some(id))
     }
 
-    fn covering(&self, s: u64) -> Option<ReqId> {
-        self.order.iter().copied().find(|&id| {
-            self.reqs
-                .get(id)
-                .is_some_and(|r| s.wrapping_sub(r.base) < u64::from(r.n))
+    /// The buffer the next send tagged `tag` takes: the first unmatched buffer with that tag in
+    /// the oldest posted receive that has one. The sender applies the same rule (see
+    /// [`crate::engine::SendEngine::isend`]), so both sides agree without extra messages.
+    fn find_buf(&self, tag: i32) -> Option<(ReqId, usize)> {
+        self.order.iter().find_map(|&id| {
+            let r = self.reqs.get(id)?;
+            (0..r.n as usize)
+                .find(|&i| r.used & (1 << i) == 0 && r.bufs[i].tag == tag)
+                .map(|i| (id, i))
         })
     }
 
@@ -373,49 +383,38 @@ impl RecvEngine {
         self.free_bufs.push(b);
     }
 
-    fn deliver_eager(&mut self, now: u64, id: ReqId, u: Unexpected) {
+    /// Puts eager message `u` into buffer `i` of receive `id` (copy out of its bounce buffer,
+    /// which is then free). A message larger than the buffer fails the comm; nothing is written.
+    fn deliver_eager(&mut self, now: u64, id: ReqId, i: usize, u: Unexpected) {
         let stride = self.bounce_stride();
         let src = self.p.bounce.0 + u64::from(u.bounce) * stride + EAGER_HDR_LEN as u64;
+        self.free_bounce(u.bounce);
         let Some(req) = self.reqs.get_mut(id) else {
-            self.free_bounce(u.bounce);
             return;
         };
         req.progress_ns = now;
-        let n = req.n as usize;
-        let pick = (0..n).find(|&i| req.used & (1 << i) == 0 && req.bufs[i].tag == u.tag);
-        let i = match pick {
-            Some(i) => i,
-            None => {
-                let i = (0..n).find(|&i| req.used & (1 << i) == 0).unwrap_or(0);
-                let tags: Vec<i32> = req.bufs[..n].iter().map(|b| b.tag).collect();
-                req.error.get_or_insert(ReqError::Usage(format!(
-                    "send {} has tag {} but receive {} has no unused buffer with that tag (tags {tags:?})",
-                    u.s, u.tag, req.r
-                )));
-                i
-            }
-        };
         req.used |= 1 << i;
         req.arrived += 1;
         if u.size > req.bufs[i].cap {
-            req.error.get_or_insert(ReqError::Usage(format!(
-                "the peer sent {} bytes into a receive buffer of {} bytes (receive {}, buffer {i}); \
-                 nothing was written",
-                u.size, req.bufs[i].cap, req.r
-            )));
-        } else if req.error.is_none() {
-            req.sizes[i] = u.size;
-            self.stats.eager += 1;
-            if u.size > 0 {
-                self.actions.push(Action::Copy {
-                    src,
-                    req: id,
-                    buf: i,
-                    len: u.size,
-                });
-            }
+            let e = ReqError::Usage(format!(
+                "the peer sent {} bytes (send {}, tag {}) into a receive buffer of {} bytes \
+                 (receive {}, buffer {i}); nothing was written",
+                u.size, u.s, u.tag, req.bufs[i].cap, req.r
+            ));
+            req.error = Some(e.clone());
+            self.fail(e);
+            return;
         }
-        self.free_bounce(u.bounce);
+        req.sizes[i] = u.size;
+        self.stats.eager += 1;
+        if u.size > 0 {
+            self.actions.push(Action::Copy {
+                src,
+                req: id,
+                buf: i,
+                len: u.size,
+            });
+        }
     }
 
     /// Feeds one completion of our QP. `mem` reads bounce headers and records.
@@ -487,8 +486,8 @@ impl RecvEngine {
                     size: h.size,
                     bounce: index,
                 };
-                match self.covering(s) {
-                    Some(id) => self.deliver_eager(now, id, u),
+                match self.find_buf(h.tag) {
+                    Some((id, i)) => self.deliver_eager(now, id, i, u),
                     None => {
                         self.stats.unexpected += 1;
                         self.unexpected.push_back(u);
@@ -498,27 +497,32 @@ impl RecvEngine {
             WcOpcode::RecvRdmaWithImm => {
                 self.free_bounce(index);
                 let (low, i) = wire::imm_decode(wc.imm.unwrap_or(0));
-                let Some(id) = self
-                    .covering(s)
-                    .filter(|_| wc.imm.is_some() && wire::imm_matches(low, s))
-                else {
+                // The immediate names the receive and buffer the sender matched; it must be
+                // the buffer our own matching gives the next send with that buffer's tag.
+                let named = self.order.iter().copied().find(|&id| {
+                    self.reqs
+                        .get(id)
+                        .is_some_and(|r| wire::imm_matches(low, r.r))
+                });
+                let tag = named
+                    .and_then(|id| self.reqs.get(id))
+                    .filter(|r| i < r.n as usize)
+                    .map(|r| r.bufs[i].tag);
+                let ok = wc.imm.is_some()
+                    && named.is_some()
+                    && tag.and_then(|t| self.find_buf(t)) == named.map(|id| (id, i));
+                let Some(id) = named.filter(|_| ok) else {
                     self.fail(ReqError::Protocol(format!(
-                        "rendezvous completion (imm {:?}) for no posted receive, expected send {s}",
+                        "rendezvous completion (imm {:?}: receive {low} mod 2^29, buffer {i}) \
+                         for send {s} names no unmatched buffer this receiver would give it",
                         wc.imm
                     )));
                     return;
                 };
                 self.next_arrival = s.wrapping_add(1);
                 let rec_ring = self.p.rec_ring;
-                let req = self.reqs.get_mut(id).expect("covering");
+                let req = self.reqs.get_mut(id).expect("found above");
                 req.progress_ns = now;
-                if i >= req.n as usize || req.used & (1 << i) != 0 {
-                    let r = req.r;
-                    self.fail(ReqError::Protocol(format!(
-                        "rendezvous into buffer {i} of receive {r}"
-                    )));
-                    return;
-                }
                 req.used |= 1 << i;
                 req.arrived += 1;
                 let slot = (req.r % REC_SLOTS as u64) as usize * MAX_RECVS + i;
@@ -529,11 +533,14 @@ impl RecvEngine {
                 match rec {
                     Some(v) if v & REC_TOO_BIG != 0 => {
                         let size = v & !REC_TOO_BIG;
-                        req.error.get_or_insert(ReqError::Usage(format!(
-                            "the peer tried to send {size} bytes into a receive buffer of {} bytes \
-                             (receive {}, buffer {i}); nothing was written",
+                        let e = ReqError::Usage(format!(
+                            "the peer tried to send {size} bytes (send {s}) into a receive buffer \
+                             of {} bytes (receive {}, buffer {i}); nothing was written",
                             req.bufs[i].cap, req.r
-                        )));
+                        ));
+                        req.error = Some(e.clone());
+                        self.fail(e);
+                        return;
                     }
                     Some(v) if v <= req.bufs[i].cap => {
                         req.sizes[i] = v;
@@ -571,7 +578,8 @@ impl RecvEngine {
             )));
         };
         if let Some(e) = req.error.clone() {
-            // A usage error leaves the send/receive pairing undefined: the comm is done.
+            // The comm failed (a usage error leaves the send/receive pairing undefined): every
+            // later call returns the error too.
             self.reqs.remove(id);
             self.order.retain(|&o| o != id);
             self.fail(e.clone());

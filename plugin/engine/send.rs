@@ -47,14 +47,25 @@ struct SendReq {
     stall_reported: bool,
 }
 
+/// A receive group whose clear-to-send we have read and which is not fully matched.
 #[derive(Debug)]
 struct Group {
     r: u64,
-    base: u64,
     n: u32,
     bufs: [CtsBuf; MAX_RECVS],
+    /// Bit `i`: buffer `i` is matched to a send.
     used: u8,
-    assigned: u32,
+}
+
+impl Group {
+    /// The first unmatched buffer tagged `tag`.
+    fn find(&self, tag: i32) -> Option<usize> {
+        (0..self.n as usize).find(|&i| self.used & (1 << i) == 0 && self.bufs[i].tag == tag)
+    }
+
+    fn full(&self) -> bool {
+        self.used.count_ones() == self.n
+    }
 }
 
 /// Why `isend` last answered "retry later".
@@ -62,6 +73,8 @@ struct Group {
 enum Refusal {
     Credit,
     Cts,
+    /// The front group has no unmatched buffer with this tag.
+    Tag(i32),
     Slots,
 }
 
@@ -73,8 +86,9 @@ pub struct SendEngine {
     next_s: u64,
     next_r: u64,
     next_base: u64,
+    /// Known receive groups not fully matched, in posting order (front = the oldest).
     groups: VecDeque<Group>,
-    /// Eager sends issued before their CTS arrived, in send order.
+    /// Speculative eager sends (issued when no receive was known) not yet matched, in send order.
     unassigned: VecDeque<ReqId>,
     credits_granted: u64,
     credits_used: u64,
@@ -137,10 +151,18 @@ impl SendEngine {
 
     /// Starts sending `size` bytes at `addr` (covered by `lkey`) with `tag`.
     ///
-    /// `Ok(None)` = "retry later" (no request slot, no credit, or — for rendezvous — no
-    /// clear-to-send yet): not an error (ext-net README). `Err(Usage)` when the matching receive
-    /// buffer is known to be too small or has no buffer with this tag: the receiver is told,
-    /// and nothing is written into its buffer.
+    /// Matching follows NCCL's IB transport (`src/transport/net_ib/p2p.cc`, `ncclIbIsend`):
+    /// receive groups form a FIFO in posting order and a send may only take the first unmatched
+    /// buffer with its tag in the **front** group (the oldest not fully matched). Answers:
+    /// - `Ok(None)` = "retry later", never an error (ext-net README): no request slot; no credit;
+    ///   the front group has no unmatched buffer with this tag (its tag is used, or the group
+    ///   holding it is not at the front yet); or, for rendezvous, no receive is known at all.
+    /// - With no receive known at all, an eager-sized send goes out at once (MPI-style eager)
+    ///   and is matched when its receive's clear-to-send arrives, by the same rule the receiver
+    ///   applies to it on arrival: the k-th send with tag `t` takes the k-th buffer with tag `t`
+    ///   in posting order. Where a group is known this is the front-group rule itself.
+    /// - `Err(Usage)` when the matched buffer is smaller than the send: nothing is written, the
+    ///   receiver is told, and the comm is failed (every later call returns the error).
     pub fn isend(
         &mut self,
         now: u64,
@@ -156,10 +178,16 @@ impl SendEngine {
             return Ok(self.refuse(now, Refusal::Slots));
         }
         let eager = size <= self.p.eager_limit;
-        let cts_ready = self.unassigned.is_empty() && self.front_covers(self.next_s);
-        if !eager && !cts_ready {
-            return Ok(self.refuse(now, Refusal::Cts));
-        }
+        // The buffer of the front group this send takes, or None: no group known (speculative
+        // eager send, matched when its clear-to-send arrives).
+        let dest = match self.groups.front() {
+            Some(g) => match g.find(tag) {
+                Some(i) => Some(i),
+                None => return Ok(self.refuse(now, Refusal::Tag(tag))),
+            },
+            None if eager => None,
+            None => return Ok(self.refuse(now, Refusal::Cts)),
+        };
         if self.p.credits && self.credits_available() == 0 {
             return Ok(self.refuse(now, Refusal::Credit));
         }
@@ -170,7 +198,7 @@ impl SendEngine {
             size,
             tag,
             wc_done: false,
-            matched: false,
+            matched: dest.is_some(),
             error: None,
             progress_ns: now,
             stall_reported: false,
@@ -180,29 +208,22 @@ impl SendEngine {
         };
         self.next_s = s.wrapping_add(1);
         self.credits_used += 1;
-        let target = if cts_ready {
-            Some(self.assign(s, tag, size))
-        } else {
-            None
-        };
+        let target = dest.map(|i| self.take(0, i));
         match target {
-            Some(Err((e, group_r, buf_idx))) => {
+            Some((r, i, buf)) if size > buf.cap => {
+                let e = ReqError::Usage(format!(
+                    "send of {size} bytes (tag {tag}) is larger than the matching receive buffer \
+                     of {} bytes (receive {r}, buffer {i}); nothing was written",
+                    buf.cap
+                ));
                 // Tell the receiver, so its request fails too instead of waiting forever.
-                self.post_record(
-                    id,
-                    group_r,
-                    buf_idx,
-                    s,
-                    REC_TOO_BIG | size,
-                    WrKind::ErrNotify,
-                );
+                self.post_record(id, r, i, REC_TOO_BIG | size, WrKind::ErrNotify);
                 self.reqs.remove(id);
+                self.fail(e.clone());
                 Err(e)
             }
-            Some(Ok((group_r, buf_idx, buf))) if !eager => {
+            Some((r, i, buf)) if !eager => {
                 self.stats.rendezvous += 1;
-                let r = self.reqs.get_mut(id).expect("just inserted");
-                r.matched = true;
                 self.actions.push(Action::PostSend(SendWr {
                     wr_id: wr_id(WrKind::RndvData, id.gen, id.slot),
                     sgl: [
@@ -220,13 +241,11 @@ impl SendEngine {
                     },
                     signaled: false,
                 }));
-                self.post_record(id, group_r, buf_idx, s, size, WrKind::RndvImm);
+                self.post_record(id, r, i, size, WrKind::RndvImm);
                 Ok(Some(id))
             }
-            other => {
-                if let Some(Ok(_)) = other {
-                    self.reqs.get_mut(id).expect("just inserted").matched = true;
-                } else {
+            _ => {
+                if dest.is_none() {
                     self.unassigned.push_back(id);
                 }
                 self.stats.eager += 1;
@@ -262,6 +281,7 @@ impl SendEngine {
         match why {
             Refusal::Credit => self.stats.credit_stalls += 1,
             Refusal::Cts => self.stats.cts_waits += 1,
+            Refusal::Tag(_) => self.stats.tag_waits += 1,
             Refusal::Slots => self.stats.slots_full += 1,
         }
         match &mut self.refusing {
@@ -271,18 +291,11 @@ impl SendEngine {
         None
     }
 
-    /// Stages the 8-byte record for `s` and posts the WRITE_WITH_IMM that delivers it.
-    fn post_record(
-        &mut self,
-        id: ReqId,
-        group_r: u64,
-        buf_idx: usize,
-        s: u64,
-        value: u64,
-        kind: WrKind,
-    ) {
+    /// Stages the 8-byte record `value` for buffer `buf_idx` of receive `r` and posts the
+    /// WRITE_WITH_IMM that delivers it (immediate: `r`, `buf_idx`).
+    fn post_record(&mut self, id: ReqId, r: u64, buf_idx: usize, value: u64, kind: WrKind) {
         let stage = self.p.rec_stage.0 + u64::from(id.slot) * 8;
-        let slot = (group_r % REC_SLOTS as u64) as usize * MAX_RECVS + buf_idx;
+        let slot = (r % REC_SLOTS as u64) as usize * MAX_RECVS + buf_idx;
         self.actions.push(Action::Stage {
             addr: stage,
             bytes: value.to_le_bytes().to_vec(),
@@ -301,78 +314,29 @@ impl SendEngine {
             opcode: SendOpcode::RdmaWriteWithImm {
                 remote_addr: self.p.peer_rec_ring.0 + slot as u64 * 8,
                 rkey: self.p.peer_rec_ring.1,
-                imm: wire::imm_encode(s, buf_idx),
+                imm: wire::imm_encode(r, buf_idx),
             },
             signaled: kind == WrKind::RndvImm,
         }));
     }
 
-    fn front_covers(&self, s: u64) -> bool {
-        self.groups
-            .front()
-            .is_some_and(|g| s.wrapping_sub(g.base) < u64::from(g.n))
-    }
-
-    /// Assigns send `s` to the first unused buffer with its tag in the front group.
-    /// Errors carry the group and buffer to notify.
-    fn assign(
-        &mut self,
-        s: u64,
-        tag: i32,
-        size: u64,
-    ) -> Result<(u64, usize, CtsBuf), (ReqError, u64, usize)> {
-        let g = self
-            .groups
-            .front_mut()
-            .expect("caller checked front_covers");
-        debug_assert!(s.wrapping_sub(g.base) < u64::from(g.n));
-        let n = g.n as usize;
-        let found = (0..n).find(|&i| g.used & (1 << i) == 0 && g.bufs[i].tag == tag);
-        let r = g.r;
-        let result = match found {
-            None => {
-                // No buffer with this tag: take the first unused one so both sides stay in
-                // step, and fail the send.
-                let i = (0..n).find(|&i| g.used & (1 << i) == 0).unwrap_or(0);
-                g.used |= 1 << i;
-                let tags: Vec<i32> = g.bufs[..n].iter().map(|b| b.tag).collect();
-                Err((
-                    ReqError::Usage(format!(
-                        "send {s} has tag {tag} but the matching receive {r} has no unused buffer \
-                         with that tag (tags {tags:?})"
-                    )),
-                    r,
-                    i,
-                ))
-            }
-            Some(i) => {
-                g.used |= 1 << i;
-                let buf = g.bufs[i];
-                if size > buf.cap {
-                    Err((
-                        ReqError::Usage(format!(
-                            "send of {size} bytes is larger than the matching receive buffer of \
-                             {} bytes (receive {r}, buffer {i}); nothing was written",
-                            buf.cap
-                        )),
-                        r,
-                        i,
-                    ))
-                } else {
-                    Ok((r, i, buf))
-                }
-            }
-        };
-        let g = self.groups.front_mut().expect("still there");
-        g.assigned += 1;
-        if g.assigned == g.n {
+    /// Marks buffer `i` of known group `g` (0 = the front) matched, drops fully matched groups
+    /// from the front, and returns (receive `r`, buffer index, buffer).
+    fn take(&mut self, g: usize, i: usize) -> (u64, usize, CtsBuf) {
+        let grp = &mut self.groups[g];
+        debug_assert!(grp.used & (1 << i) == 0);
+        grp.used |= 1 << i;
+        let out = (grp.r, i, grp.bufs[i]);
+        while self.groups.front().is_some_and(Group::full) {
             self.groups.pop_front();
         }
-        result
+        out
     }
 
-    /// Feeds a clear-to-send read from our CTS ring. Errors: the entry is out of sequence
-    /// (a protocol violation; the comm fails).
+    /// Feeds a clear-to-send read from our CTS ring, then matches the speculative eager sends
+    /// waiting for a buffer with their tag (in send order: the k-th send with tag `t` takes the
+    /// k-th buffer with tag `t`, as the receiver matches them). Errors: the entry is out of
+    /// sequence (a protocol violation; the comm fails).
     pub fn handle_cts(&mut self, now: u64, e: CtsEntry) -> Result<(), ReqError> {
         if e.r != self.next_r || e.base != self.next_base {
             let err = ReqError::Protocol(format!(
@@ -388,35 +352,52 @@ impl SendEngine {
         self.credits_granted = self.credits_granted.max(e.credits);
         self.groups.push_back(Group {
             r: e.r,
-            base: e.base,
             n: e.n,
             bufs: e.bufs,
             used: 0,
-            assigned: 0,
         });
-        // Assign eager sends that went out before this CTS arrived.
-        while let Some(&id) = self.unassigned.front() {
+        let mut k = 0;
+        while k < self.unassigned.len() {
+            let id = self.unassigned[k];
             let Some(req) = self.reqs.get(id) else {
-                self.unassigned.pop_front();
+                self.unassigned.remove(k);
                 continue;
             };
-            let (s, tag, size) = (req.s, req.tag, req.size);
-            if !self.front_covers(s) {
-                break;
+            let (tag, size) = (req.tag, req.size);
+            let Some((g, i)) = self.find_any(tag) else {
+                k += 1;
+                continue;
+            };
+            self.unassigned.remove(k);
+            let (r, i, buf) = self.take(g, i);
+            if size > buf.cap {
+                // The receiver sees the same mismatch when it matches the arrival, and fails
+                // its comm itself: no notification needed.
+                let err = ReqError::Usage(format!(
+                    "send of {size} bytes (tag {tag}) is larger than the matching receive \
+                     buffer of {} bytes (receive {r}, buffer {i})",
+                    buf.cap
+                ));
+                if let Some(req) = self.reqs.get_mut(id) {
+                    req.error = Some(err.clone());
+                }
+                self.fail(err);
+                return Ok(());
             }
-            self.unassigned.pop_front();
-            let res = self.assign(s, tag, size);
             if let Some(req) = self.reqs.get_mut(id) {
                 req.progress_ns = now;
-                match res {
-                    // The receiver sees the same mismatch when the data arrives and fails its
-                    // request itself; no notification needed.
-                    Err((e, _, _)) => req.error = Some(e),
-                    Ok(_) => req.matched = true,
-                }
+                req.matched = true;
             }
         }
         Ok(())
+    }
+
+    /// The earliest known group with an unmatched buffer tagged `tag`, and that buffer.
+    fn find_any(&self, tag: i32) -> Option<(usize, usize)> {
+        self.groups
+            .iter()
+            .enumerate()
+            .find_map(|(g, grp)| grp.find(tag).map(|i| (g, i)))
     }
 
     /// Feeds the credit word (cumulative credits granted) read from our memory.
@@ -524,18 +505,23 @@ impl SendEngine {
             if !*reported && now.saturating_sub(*since) >= timeout_ns {
                 *reported = true;
                 let waiting_for = match why {
-                    Refusal::Credit => {
-                        "a credit: the receiver has re-posted no receive WRs (it is not calling \
-                         irecv/test, or VERBSNET_RQ_DEPTH is too small)"
-                    }
-                    Refusal::Cts => {
-                        "a clear-to-send for the next rendezvous send: the peer has not posted \
-                         the matching irecv"
-                    }
-                    Refusal::Slots => {
-                        "a free request slot: all send requests are in use (the caller is not \
-                         testing them, or they are stalled themselves)"
-                    }
+                    Refusal::Credit => "a credit: the receiver has re-posted no receive WRs (it \
+                                        is not calling irecv/test, or VERBSNET_RQ_DEPTH is too \
+                                        small)"
+                        .to_string(),
+                    Refusal::Cts => "a clear-to-send for the next rendezvous send: the peer has \
+                                     not posted the matching irecv"
+                        .to_string(),
+                    Refusal::Tag(tag) => format!(
+                        "a receive buffer with tag {tag} in the oldest posted receive: its \
+                         buffers with that tag are matched already, and it completes only when \
+                         the sends of its other tags arrive (another sender sharing this comm is \
+                         behind, or the receiver has not posted the receive holding tag {tag})"
+                    ),
+                    Refusal::Slots => "a free request slot: all send requests are in use (the \
+                                       caller is not testing them, or they are stalled \
+                                       themselves)"
+                        .to_string(),
                 };
                 out.push(Stall {
                     req: ReqId {
@@ -544,7 +530,7 @@ impl SendEngine {
                     },
                     what: "isend (answering 'retry later')".to_string(),
                     idle_ns: now - *since,
-                    waiting_for: waiting_for.to_string(),
+                    waiting_for,
                 });
             }
         }

@@ -126,6 +126,8 @@ pub struct PairCfg {
     /// Overrides the initial credits announced to the sender ("shrink credits").
     pub initial_credits: Option<u64>,
     pub first_seq: u64,
+    /// Generation of every send request slot's first use (tests start near the 24-bit wrap).
+    pub first_gen: u32,
 }
 
 impl Default for PairCfg {
@@ -139,6 +141,7 @@ impl Default for PairCfg {
             credits: true,
             initial_credits: None,
             first_seq: 0,
+            first_gen: 0,
         }
     }
 }
@@ -196,7 +199,7 @@ impl Pair {
             rec_stage: (S_REC, 4),
             peer_rec_ring: (R_REC, RKEY_REC),
             first_seq: c.first_seq,
-            first_gen: 0,
+            first_gen: c.first_gen,
         });
         let mut p = Pair {
             snd,
@@ -541,6 +544,23 @@ impl Pair {
         self.rmem.get(R_USER + off, len)
     }
 }
+/// A small seeded generator (splitmix64) for randomized engine tests: same seed, same run.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// Uniform in `0..n` (`n` > 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+}
+
 /// Deterministic test bytes for message `seed`.
 pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
     (0..len)
@@ -825,5 +845,382 @@ mod tests {
         assert_eq!(p.rcv.stats().rq_post_calls, 5);
         assert_eq!(p.rcv.stats().rq_wrs_posted, 20);
         assert_eq!(p.rcv.stats().rq_min_level, 11);
+    }
+
+    // ---- Shared comms: several senders (distinct tags) on one send comm, grouped receives ----
+
+    /// A shared-comm workload. `groups[g]` lists the tags of receive `g`'s buffers (NCCL posts
+    /// one grouped receive per step; PXN can repeat a tag). Senders are polled in a seeded
+    /// random order, sender 0 `skew` times as often as each other one; the receiver keeps up to
+    /// `ahead` receives posted and starts posting only after `post_delay` polls (so senders with
+    /// no receive known send speculatively).
+    struct Shared {
+        groups: Vec<Vec<i32>>,
+        tags: Vec<i32>,
+        ahead: usize,
+        skew: u64,
+        post_delay: u64,
+        /// Every send eager-sized (else half of them rendezvous).
+        eager_only: bool,
+    }
+
+    /// What the run saw.
+    struct SharedOutcome {
+        refused_tag: u64,
+        unexpected: u64,
+        rnr: u64,
+        eager: u64,
+        rendezvous: u64,
+    }
+
+    const SLOT: u64 = 2048;
+
+    /// Runs `w` on a fresh pair and checks every receive buffer got exactly the bytes of the
+    /// send NCCL's rule gives it: the k-th send with tag `t` fills the k-th buffer with tag `t`
+    /// in posting order (the front-group rule; see `SendEngine::isend`).
+    fn run_shared(seed: u64, cfg: PairCfg, w: &Shared) -> SharedOutcome {
+        let mut rng = Rng(seed);
+        let credits = cfg.credits;
+        let eager_limit = cfg.eager_limit.min(cfg.eager_buf_size);
+        let mut p = Pair::new(cfg, Knobs::default());
+        // dests[t] = the (group, buffer) of each send with tag t, in order.
+        let mut dests: std::collections::HashMap<i32, Vec<(usize, usize)>> = Default::default();
+        for (g, tags) in w.groups.iter().enumerate() {
+            for (i, &t) in tags.iter().enumerate() {
+                assert!(w.tags.contains(&t));
+                dests.entry(t).or_default().push((g, i));
+            }
+        }
+        // Size of the send into each buffer (eager or rendezvous), and the buffer's capacity
+        // (the send's size plus some slack: a receive may be larger than its send).
+        let mut size = std::collections::HashMap::new();
+        let mut cap = std::collections::HashMap::new();
+        for (g, tags) in w.groups.iter().enumerate() {
+            for i in 0..tags.len() {
+                let sz = if w.eager_only || rng.below(2) == 0 {
+                    rng.below(eager_limit + 1)
+                } else {
+                    eager_limit + 1 + rng.below(SLOT - 64 - eager_limit)
+                };
+                size.insert((g, i), sz);
+                cap.insert((g, i), sz + rng.below(64));
+            }
+        }
+        let seed_of = |g: usize, i: usize| (seed << 20) ^ ((g as u64) << 3) ^ i as u64;
+        let mut next_msg = vec![0usize; w.tags.len()];
+        let mut sends: Vec<(ReqId, u64)> = Vec::new();
+        let mut posted: VecDeque<(usize, ReqId)> = VecDeque::new();
+        let mut next_group = 0usize;
+        let mut issued = 0u64;
+        let mut done_groups = 0usize;
+        let total_sends: usize = w.groups.iter().map(Vec::len).sum();
+        let mut done_sends = 0usize;
+        let weight = w.skew + w.tags.len() as u64 - 1;
+        for poll in 0..3_000_000u64 {
+            if done_groups == w.groups.len() && done_sends == total_sends {
+                let st = p.snd.stats();
+                assert_eq!(p.snd.in_flight() + p.rcv.in_flight(), 0);
+                if credits {
+                    assert_eq!(p.rnr_naks, 0, "credits on: no RNR (seed {seed})");
+                }
+                return SharedOutcome {
+                    refused_tag: st.tag_waits,
+                    unexpected: p.rcv.stats().unexpected,
+                    rnr: p.rnr_naks,
+                    eager: st.eager,
+                    rendezvous: st.rendezvous,
+                };
+            }
+            // The receiver posts its next grouped receive.
+            if poll >= w.post_delay
+                && posted.len() < w.ahead
+                && next_group < w.groups.len()
+                && rng.below(2) == 0
+            {
+                let g = next_group;
+                let bufs: Vec<(u64, u64, i32)> = w.groups[g]
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &t)| (((g as u64 % 48) * 8 + i as u64) * SLOT, cap[&(g, i)], t))
+                    .collect();
+                let rb: Vec<RecvBuf> = bufs
+                    .iter()
+                    .map(|&(o, c, t)| RecvBuf {
+                        addr: R_USER + o,
+                        cap: c,
+                        rkey: RKEY_USER,
+                        tag: t,
+                    })
+                    .collect();
+                if let Some(id) = p.rcv.irecv(p.now, &rb).expect("irecv") {
+                    for (i, &(o, _, _)) in bufs.iter().enumerate() {
+                        p.recv_bufs.insert((id.slot, i), R_USER + o);
+                    }
+                    p.apply_actions();
+                    posted.push_back((g, id));
+                    next_group += 1;
+                }
+            }
+            // One sender tries its next send.
+            let pick = rng.below(weight);
+            let j = if pick < w.skew {
+                0
+            } else {
+                (pick - w.skew + 1) as usize
+            };
+            let t = w.tags[j];
+            if let Some(&(g, i)) = dests[&t].get(next_msg[j]) {
+                let sz = size[&(g, i)];
+                let off = (issued % 384) * SLOT;
+                assert!(p
+                    .smem
+                    .write(S_USER + off, &pattern(seed_of(g, i), sz as usize)));
+                match p.snd.isend(p.now, S_USER + off, 0, sz, t) {
+                    Ok(Some(id)) => {
+                        p.apply_actions();
+                        sends.push((id, sz));
+                        issued += 1;
+                        next_msg[j] += 1;
+                        assert!(sends.len() < 384, "send data area reused while in flight");
+                    }
+                    Ok(None) => {}
+                    Err(e) => panic!("seed {seed}: isend of tag {t} failed: {e}"),
+                }
+            }
+            // Test a random in-flight send, and the oldest receive.
+            if !sends.is_empty() {
+                let k = rng.below(sends.len() as u64) as usize;
+                let (id, sz) = sends[k];
+                match p.snd.test(id) {
+                    Ok(Some(got)) => {
+                        assert_eq!(got, sz, "seed {seed}");
+                        sends.swap_remove(k);
+                        done_sends += 1;
+                    }
+                    Ok(None) => {}
+                    Err(e) => panic!("seed {seed}: send failed: {e}"),
+                }
+            }
+            if let Some(&(g, id)) = posted.front() {
+                match p.rcv.test(id) {
+                    Ok(Some(sizes)) => {
+                        let n = w.groups[g].len();
+                        assert_eq!(sizes.len(), n);
+                        for (i, &got) in sizes.iter().enumerate() {
+                            let want = size[&(g, i)];
+                            assert_eq!(got, want, "seed {seed}: receive {g} buffer {i} size");
+                            let off = ((g as u64 % 48) * 8 + i as u64) * SLOT;
+                            assert!(
+                                p.received(off, want as usize)
+                                    == pattern(seed_of(g, i), want as usize),
+                                "seed {seed}: receive {g} buffer {i} (tag {}) holds wrong bytes",
+                                w.groups[g][i]
+                            );
+                        }
+                        posted.pop_front();
+                        done_groups += 1;
+                    }
+                    Ok(None) => {}
+                    Err(e) => panic!("seed {seed}: receive {g} failed: {e}"),
+                }
+            }
+            p.step();
+        }
+        panic!(
+            "seed {seed}: livelock: {done_groups}/{} receives, {done_sends}/{total_sends} sends",
+            w.groups.len()
+        );
+    }
+
+    /// Groups of one buffer per sender, buffer order shuffled per group.
+    fn one_per_sender(rng: &mut Rng, tags: &[i32], steps: usize) -> Vec<Vec<i32>> {
+        (0..steps)
+            .map(|_| {
+                let mut g = tags.to_vec();
+                for k in (1..g.len()).rev() {
+                    g.swap(k, rng.below(k as u64 + 1) as usize);
+                }
+                g
+            })
+            .collect()
+    }
+
+    #[test]
+    fn shared_comm_skewed_senders_fill_the_right_buffers_for_many_seeds() {
+        let mut refused = 0;
+        for seed in 0..120u64 {
+            let mut rng = Rng(seed ^ 0xabcd);
+            let k = 1 + (seed % 8) as usize; // 1..=8 senders, groups of n = k
+            let tags: Vec<i32> = (0..k as i32).map(|j| 100 + 7 * j).collect();
+            let w = Shared {
+                groups: one_per_sender(&mut rng, &tags, 24),
+                tags,
+                ahead: 1 + rng.below(8) as usize,
+                skew: 1 + rng.below(12),
+                post_delay: 0,
+                eager_only: false,
+            };
+            let cfg = PairCfg {
+                credits: seed % 3 != 0,
+                ..PairCfg::default()
+            };
+            let o = run_shared(seed, cfg, &w);
+            assert!(o.eager > 0 && o.rendezvous > 0, "seed {seed}: mixed sizes");
+            refused += o.refused_tag;
+        }
+        assert!(
+            refused > 0,
+            "no send was ever refused for its tag: the skew did nothing"
+        );
+    }
+
+    #[test]
+    fn shared_comm_with_repeated_tags_in_a_group_and_varying_group_sizes() {
+        for seed in 0..80u64 {
+            let mut rng = Rng(seed ^ 0x5eed);
+            let tags: Vec<i32> = vec![3, 9, 4, 1];
+            // n = 1..=8 buffers per group, tags drawn with repetition (PXN posts a tag
+            // several times), so some senders have several sends in a group and some none.
+            let groups: Vec<Vec<i32>> = (0..30)
+                .map(|_| {
+                    (0..1 + rng.below(8))
+                        .map(|_| tags[rng.below(tags.len() as u64) as usize])
+                        .collect()
+                })
+                .collect();
+            let w = Shared {
+                groups,
+                tags,
+                ahead: 1 + rng.below(8) as usize,
+                skew: 1 + rng.below(6),
+                post_delay: 0,
+                eager_only: false,
+            };
+            run_shared(seed, PairCfg::default(), &w);
+        }
+    }
+
+    #[test]
+    fn a_sender_eight_steps_ahead_before_any_receive_is_posted_lands_in_place() {
+        // No receive is known: the fast sender's eager sends go out at once and wait in bounce
+        // buffers; its later sends wait for the front group. Credits bound how far it gets.
+        for seed in 0..40u64 {
+            let mut rng = Rng(seed);
+            let tags = vec![10, 20, 30];
+            let w = Shared {
+                groups: one_per_sender(&mut rng, &tags, 16),
+                tags,
+                ahead: 8,
+                skew: 64,
+                post_delay: 400,
+                eager_only: true,
+            };
+            let cfg = PairCfg {
+                rq_depth: 32,
+                rq_low_water: 24,
+                ..PairCfg::default()
+            };
+            let o = run_shared(seed, cfg, &w);
+            assert!(
+                o.unexpected >= 8,
+                "seed {seed}: {} sent ahead",
+                o.unexpected
+            );
+            assert_eq!(o.rnr, 0);
+        }
+    }
+
+    #[test]
+    fn shared_comm_across_sequence_ring_and_generation_wraps() {
+        // r and s cross the 29-bit immediate wrap and the 512-entry CTS ring boundary; request
+        // slot generations cross the 24-bit wr_id wrap.
+        let mut rng = Rng(77);
+        let tags = vec![1, 2, 3, 4];
+        let w = Shared {
+            groups: one_per_sender(&mut rng, &tags, 700),
+            tags,
+            ahead: 6,
+            skew: 5,
+            post_delay: 0,
+            eager_only: false,
+        };
+        let cfg = PairCfg {
+            first_seq: (1u64 << 29) - 300,
+            first_gen: (1u32 << 24) - 3,
+            ..PairCfg::default()
+        };
+        let o = run_shared(7, cfg, &w);
+        assert!(o.refused_tag > 0);
+    }
+
+    #[test]
+    fn a_send_whose_tag_is_not_in_the_front_group_is_retry_later_until_it_is() {
+        let mut p = Pair::new(PairCfg::default(), Knobs::default());
+        let r0 = p.irecv(&[(0, 64, 0), (64, 64, 1)]).unwrap();
+        let r1 = p.irecv(&[(128, 64, 1), (192, 64, 0)]).unwrap();
+        p.drive_until(1000, |p| p.snd.expected_cts() == 2);
+        assert!(p.smem.write(S_USER, &pattern(1, 64)));
+        let a = p
+            .snd
+            .isend(p.now, S_USER, 0, 64, 1)
+            .unwrap()
+            .expect("tag 1 in front");
+        // Tag 1 is used in the front group (receive 0) and receive 1 is not at the front.
+        for _ in 0..3 {
+            assert_eq!(p.snd.isend(p.now, S_USER, 0, 64, 1).unwrap(), None);
+            p.step();
+        }
+        assert_eq!(p.snd.stats().tag_waits, 3);
+        let st = p.snd.stalls(p.now + 10_000_000_000, 1_000_000_000);
+        assert!(
+            st.iter().any(|s| s.what.starts_with("isend")
+                && s.waiting_for.starts_with("a receive buffer with tag 1")),
+            "{st:?}"
+        );
+        // Tag 0 completes receive 0; then tag 1 goes to receive 1.
+        assert!(p.smem.write(S_USER + 64, &pattern(2, 64)));
+        let b = p.snd.isend(p.now, S_USER + 64, 0, 64, 0).unwrap().unwrap();
+        assert!(p.smem.write(S_USER + 128, &pattern(3, 64)));
+        let c = p.snd.isend(p.now, S_USER + 128, 0, 64, 1).unwrap().unwrap();
+        p.apply_actions();
+        assert_eq!(p.wait_recv(r0).unwrap(), vec![64, 64]);
+        assert_eq!(p.received(0, 64), pattern(2, 64));
+        assert_eq!(p.received(64, 64), pattern(1, 64));
+        for id in [a, b, c] {
+            assert_eq!(p.wait_send(id).unwrap(), 64);
+        }
+        assert_eq!(p.received(128, 64), pattern(3, 64));
+        assert_eq!(
+            p.rcv.test(r1).unwrap(),
+            None,
+            "buffer 1 of receive 1 is still empty"
+        );
+        assert_eq!(p.rcv.stats().unexpected, 0);
+    }
+
+    #[test]
+    fn after_a_too_large_send_every_later_call_on_both_comms_fails() {
+        for size in [200usize, 5000] {
+            let mut p = Pair::new(PairCfg::default(), Knobs::default());
+            let r = p.irecv(&[(0, 150, 0)]).unwrap();
+            let r2 = p.irecv(&[(4096, 8192, 0)]).unwrap();
+            p.drive_until(1000, |p| p.snd.expected_cts() == 2);
+            assert!(matches!(
+                p.isend(0, &pattern(1, size), 0),
+                Err(ReqError::Usage(_))
+            ));
+            assert!(matches!(p.wait_recv(r), Err(ReqError::Usage(_))));
+            for _ in 0..2 {
+                assert!(
+                    matches!(p.snd.isend(p.now, S_USER, 0, 8, 0), Err(ReqError::Usage(_))),
+                    "size {size}: the send comm accepted a send after the error"
+                );
+                assert!(matches!(
+                    p.rcv.irecv(p.now, &[RecvBuf::default()]),
+                    Err(ReqError::Usage(_))
+                ));
+            }
+            assert!(matches!(p.rcv.test(r2), Err(ReqError::Usage(_))));
+        }
     }
 }

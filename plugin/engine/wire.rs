@@ -35,9 +35,10 @@
 //! WRITE on the same QP (RC keeps them in order): the bytes actually sent, with bit 63 set when
 //! the send was refused because it was larger than the receive buffer (nothing was written).
 //!
-//! **Immediate data** of that WRITE_WITH_IMM: bits 31..3 = low 29 bits of `s`, bits 2..0 = `i`.
-//! `s` is only a check (arrival order already identifies the send), so its wrap every 2^29
-//! sends is harmless.
+//! **Immediate data** of that WRITE_WITH_IMM: bits 31..3 = low 29 bits of the receive
+//! sequence number `r` (the group the send matched), bits 2..0 = buffer index `i`. At most
+//! `MAX_RECV_REQUESTS` (32) receives are outstanding, so 29 bits name the group unambiguously;
+//! the receiver checks that `(r, i)` is the buffer its own matching gives the send.
 
 /// Most buffers in one grouped receive (reported as `maxRecvs`).
 pub const MAX_RECVS: usize = 8;
@@ -197,17 +198,17 @@ impl CtsEntry {
     }
 }
 
-/// Packs the immediate of a rendezvous WRITE_WITH_IMM.
-pub fn imm_encode(seq: u64, buf_idx: usize) -> u32 {
-    (((seq & 0x1fff_ffff) as u32) << 3) | (buf_idx as u32 & 7)
+/// Packs the immediate of a rendezvous WRITE_WITH_IMM: receive `r` (low 29 bits), buffer `buf_idx`.
+pub fn imm_encode(r: u64, buf_idx: usize) -> u32 {
+    (((r & 0x1fff_ffff) as u32) << 3) | (buf_idx as u32 & 7)
 }
 
-/// Unpacks an immediate into (low 29 bits of `s`, buffer index).
+/// Unpacks an immediate into (low 29 bits of `r`, buffer index).
 pub fn imm_decode(imm: u32) -> (u32, usize) {
     (imm >> 3, (imm & 7) as usize)
 }
 
-/// True when the 29-bit `low` matches `seq`.
+/// True when the 29-bit `low` matches sequence number `seq`.
 pub fn imm_matches(low: u32, seq: u64) -> bool {
     u64::from(low) == seq & 0x1fff_ffff
 }
