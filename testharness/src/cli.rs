@@ -24,6 +24,10 @@ pub enum Collective {
     ReduceScatter,
     /// Each rank sends to rank+1 and receives from rank-1.
     Sendrecv,
+    /// Each rank sends block p of its input to rank p over a full mesh of connections; with
+    /// `--shared-comms K`, K local senders share each connection (NCCL_NET_SHARED_COMMS).
+    #[value(name = "alltoall", alias = "all_to_all", alias = "all-to-all")]
+    Alltoall,
 }
 
 impl Collective {
@@ -34,6 +38,7 @@ impl Collective {
             Collective::AllGather => "all_gather",
             Collective::ReduceScatter => "reduce_scatter",
             Collective::Sendrecv => "sendrecv",
+            Collective::Alltoall => "alltoall",
         }
     }
 
@@ -43,12 +48,15 @@ impl Collective {
     }
 
     /// busbw = algbw × factor (nccl-tests' PERFORMANCE.md): 2(n-1)/n for all-reduce, (n-1)/n for
-    /// all-gather and reduce-scatter (whose size is the total over ranks), 1 for sendrecv.
+    /// all-gather, reduce-scatter (whose size is the total over ranks) and alltoall (size: the
+    /// bytes each rank sends, its own block included), 1 for sendrecv.
     pub fn busbw_factor(self, nranks: usize) -> f64 {
         let n = nranks as f64;
         match self {
             Collective::AllReduce => 2.0 * (n - 1.0) / n,
-            Collective::AllGather | Collective::ReduceScatter => (n - 1.0) / n,
+            Collective::AllGather | Collective::ReduceScatter | Collective::Alltoall => {
+                (n - 1.0) / n
+            }
             Collective::Sendrecv => 1.0,
         }
     }
@@ -191,6 +199,21 @@ pub struct Args {
     #[arg(long, default_value_t = 0)]
     pub dev: i32,
 
+    /// alltoall: K senders of each rank share every net connection, each with its own tag, and
+    /// the receiver posts one grouped receive of n = K per step, as NCCL does for the local
+    /// ranks of a node under NCCL_NET_SHARED_COMMS (PXN). 1..=8 (the plugin's maxRecvs).
+    #[arg(long, value_name = "K", default_value_t = 1)]
+    pub shared_comms: usize,
+
+    /// alltoall: each shared sender's next piece becomes ready after a random delay of up to
+    /// this many microseconds (seeded by --seed), so the senders of a connection drift apart.
+    #[arg(long, value_name = "US", default_value_t = 100)]
+    pub skew_us: u64,
+
+    /// Seed of the alltoall skew and of the order of tags inside each grouped receive.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+
     /// After the plugin run, stream the same bytes per ring link over plain TCP sockets between
     /// the same ranks, and report that bandwidth and the ratio plugin/baseline per size.
     #[arg(long, value_enum, value_name = "KIND")]
@@ -252,6 +275,18 @@ impl Args {
         }
         if self.iters == 0 {
             return Err("iters must be positive".into());
+        }
+        if !(1..=8).contains(&self.shared_comms) {
+            return Err(format!(
+                "--shared-comms must be 1..=8 (the plugin's maxRecvs), not {}",
+                self.shared_comms
+            ));
+        }
+        if self.shared_comms > 1 && self.collective != Collective::Alltoall {
+            return Err("--shared-comms applies to alltoall only".into());
+        }
+        if self.baseline.is_some() && self.collective == Collective::Alltoall {
+            return Err("--baseline streams ring links; alltoall has no ring".into());
         }
         Ok(())
     }

@@ -38,7 +38,7 @@ pub const NAP: Duration = Duration::from_micros(20);
 /// polling while its peer has the work holds a core the peer needs, and a busy rank is
 /// scheduled behind tasks that slept. Short naps leave the core to whoever produces the data
 /// and cost at most about one nap of latency once the wait is already longer than the spin.
-fn idle_wait(idle_for: Duration) {
+pub(crate) fn idle_wait(idle_for: Duration) {
     if idle_for < SPIN_BEFORE_NAP {
         std::thread::yield_now();
     } else {
@@ -97,7 +97,7 @@ pub fn segment(count: usize, n: usize, j: usize) -> (usize, usize) {
 }
 
 /// Cuts `[off, off+len)` into pieces of at most `chunk` bytes.
-fn pieces(off: usize, len: usize, chunk: usize) -> impl Iterator<Item = (usize, usize)> {
+pub(crate) fn pieces(off: usize, len: usize, chunk: usize) -> impl Iterator<Item = (usize, usize)> {
     (0..len.div_ceil(chunk)).map(move |i| {
         let o = i * chunk;
         (off + o, chunk.min(len - o))

@@ -7,6 +7,8 @@
 //! - [`bootstrap`]: launcher variables and the TCP rendezvous served by rank 0.
 //! - [`coll`]: ring schedules for the collectives and the NCCL-style proxy that runs them.
 //! - [`data`]: element types, operators, deterministic data and expected results.
+//! - [`mesh`]: alltoall over a full mesh of connections, shared by several senders with their
+//!   own tags (NCCL_NET_SHARED_COMMS).
 //! - [`perf`]: one rank's benchmark loop; [`launcher`]: `--ranks N` local mode.
 //! - [`report`] and [`stats`]: the table, JSON and plugin counters; [`cputime`]: CPU time and
 //!   run-queue wait of a measurement.
@@ -21,6 +23,7 @@ pub mod coll;
 pub mod cputime;
 pub mod data;
 pub mod launcher;
+pub mod mesh;
 pub mod perf;
 pub mod plugin;
 pub mod report;

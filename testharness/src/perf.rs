@@ -17,6 +17,7 @@ use crate::cli::{Args, Baseline, Collective};
 use crate::coll::{self, Plan, Ring};
 use crate::cputime::{self, CpuUse};
 use crate::data::{count_wrong, DataType, Expected, Pattern, RedOp};
+use crate::mesh::{Mesh, Sharing};
 use crate::plugin::{self, Handle, Net};
 use crate::report::{self, BaselineRow, Measure, Row};
 use crate::stats::{self, RankStats};
@@ -63,6 +64,10 @@ impl Layout {
                 let per = elems / nranks;
                 (per, per, per * nranks, per * nranks)
             }
+            Collective::Alltoall => {
+                let per = elems / nranks;
+                (per, per * nranks, per * nranks, per * nranks)
+            }
             Collective::ReduceScatter => {
                 let per = elems / nranks;
                 (per, per * nranks, per, per * nranks)
@@ -98,6 +103,30 @@ pub fn plan_for(
         Collective::AllGather => coll::all_gather_plan(l.per, es, rank, n, chunk),
         Collective::ReduceScatter => coll::reduce_scatter_plan(l.per, es, rank, n, chunk),
         Collective::Sendrecv => coll::sendrecv_plan(l.in_elems * es, chunk),
+        // The mesh derives its pieces from the block size itself.
+        Collective::Alltoall => Plan::default(),
+    }
+}
+
+/// The plugin connections of a run: a ring for the ring collectives, a full mesh for alltoall.
+enum Conns<'n> {
+    Ring(Ring<'n>),
+    Mesh(Mesh<'n>),
+}
+
+impl<'n> Conns<'n> {
+    fn ring(&mut self) -> Result<&mut Ring<'n>> {
+        match self {
+            Conns::Ring(r) => Ok(r),
+            Conns::Mesh(_) => Err("a ring collective on alltoall's mesh".into()),
+        }
+    }
+
+    fn close(self) -> Result<()> {
+        match self {
+            Conns::Ring(r) => r.close(),
+            Conns::Mesh(m) => m.close(),
+        }
     }
 }
 
@@ -139,7 +168,7 @@ impl Job<'_> {
         let l = &self.layout;
         let scratch = match (self.coll, inplace) {
             (Collective::ReduceScatter, _) => l.in_elems * es,
-            (Collective::Sendrecv, true) => l.in_elems * es,
+            (Collective::Sendrecv | Collective::Alltoall, true) => l.in_elems * es,
             _ => 0,
         };
         Buffers {
@@ -184,7 +213,7 @@ impl Job<'_> {
     }
 
     /// One collective call (including the local copies NCCL's kernels would do).
-    fn call(&self, ring: &mut Ring<'_>, b: &mut Buffers) -> Result<()> {
+    fn call(&self, conns: &mut Conns<'_>, b: &mut Buffers) -> Result<()> {
         let (dtype, op) = (self.dtype, self.op);
         let Buffers {
             inplace,
@@ -192,6 +221,16 @@ impl Job<'_> {
             output,
             scratch,
         } = b;
+        if let Conns::Mesh(mesh) = conns {
+            let block = self.layout.per * self.es();
+            return if *inplace {
+                scratch.copy_from_slice(output);
+                mesh.alltoall(scratch, output, block, self.es())
+            } else {
+                mesh.alltoall(input, output, block, self.es())
+            };
+        }
+        let ring = conns.ring()?;
         match (self.coll, *inplace) {
             (Collective::AllReduce, false) => {
                 output.copy_from_slice(input);
@@ -222,6 +261,7 @@ impl Job<'_> {
                 scratch.copy_from_slice(output);
                 ring.run(self.plan, scratch, output, dtype, op)
             }
+            (Collective::Alltoall, _) => Err("alltoall needs the mesh".into()),
         }
     }
 
@@ -262,6 +302,12 @@ impl Job<'_> {
                     index: i,
                 })
             }
+            // Output block q holds rank q's input block for us.
+            Collective::Alltoall => count_wrong(self.dtype, &b.output, |i| Expected::Input {
+                pattern: p,
+                rank: i / per,
+                index: self.rank * per + i % per,
+            }),
         }
     }
 
@@ -269,7 +315,7 @@ impl Job<'_> {
     /// wait per iteration), then checked iterations.
     fn measure(
         &self,
-        ring: &mut Ring<'_>,
+        ring: &mut Conns<'_>,
         boot: &mut Bootstrap,
         args: &Args,
         inplace: bool,
@@ -552,14 +598,19 @@ pub fn run(args: &Args) -> Result<i32> {
         .into());
     }
     let props = net.properties(args.dev)?;
-    let (handle, listen) = net.listen(args.dev)?;
+    let n = place.nranks;
+    let alltoall = args.collective == Collective::Alltoall;
+    // Alltoall listens once per peer (one handle per connection, as NCCL exchanges them).
+    let (handle_bytes, listen, listens) = if alltoall {
+        let (bytes, listens) = Mesh::listen(&net, args.dev, place.rank, n)?;
+        (bytes, None, listens)
+    } else {
+        let (handle, listen) = net.listen(args.dev)?;
+        (handle.0.to_vec(), Some(listen), Vec::new())
+    };
 
     let mut boot = Bootstrap::connect(&place, RENDEZVOUS_TIMEOUT)?;
-    let handles: Vec<Handle> = boot
-        .allgather(&handle.0)?
-        .iter()
-        .map(|b| Handle::from_bytes(b).ok_or("a rank sent a handle of the wrong size"))
-        .collect::<std::result::Result<_, _>>()?;
+    let all_handles = boot.allgather(&handle_bytes)?;
     let me = json!({
         "rank": place.rank,
         "pid": std::process::id(),
@@ -576,11 +627,34 @@ pub fn run(args: &Args) -> Result<i32> {
         .collect();
 
     let chunk = args.chunk as usize;
-    let mut ring = Ring::connect(&net, args.dev, place.rank, &handles, listen, chunk)?;
+    let sharing = Sharing {
+        senders: args.shared_comms,
+        skew_us: args.skew_us,
+        seed: args.seed,
+    };
+    let mut conns = match listen {
+        Some(listen) => {
+            let handles: Vec<Handle> = all_handles
+                .iter()
+                .map(|b| Handle::from_bytes(b).ok_or("a rank sent a handle of the wrong size"))
+                .collect::<std::result::Result<_, _>>()?;
+            Conns::Ring(Ring::connect(
+                &net, args.dev, place.rank, &handles, listen, chunk,
+            )?)
+        }
+        None => Conns::Mesh(Mesh::connect(
+            &net,
+            args.dev,
+            place.rank,
+            &all_handles,
+            listens,
+            chunk,
+            sharing,
+        )?),
+    };
     boot.barrier()?;
 
     let root = place.rank == 0;
-    let n = place.nranks;
     let transport =
         env::var("VERBSNET_TRANSPORT").unwrap_or_else(|_| "unset (plugin default)".into());
     let out = std::io::stdout();
@@ -606,6 +680,17 @@ pub fn run(args: &Args) -> Result<i32> {
             args.check,
             coll::SLOTS,
         )?;
+        if alltoall {
+            writeln!(
+                o,
+                "#  shared comms: {} sender(s) per connection, tags 0..{}, skew up to {} us per \
+                 piece, seed {}",
+                sharing.senders,
+                sharing.senders - 1,
+                sharing.skew_us,
+                sharing.seed,
+            )?;
+        }
         writeln!(
             o,
             "# plugin: {} ({}) from {} [{}]  NCCL_NET_PLUGIN={value}",
@@ -670,8 +755,8 @@ pub fn run(args: &Args) -> Result<i32> {
             layout,
             plan: &plan,
         };
-        let oop = job.measure(&mut ring, &mut boot, args, false)?;
-        let ip = job.measure(&mut ring, &mut boot, args, true)?;
+        let oop = job.measure(&mut conns, &mut boot, args, false)?;
+        let ip = job.measure(&mut conns, &mut boot, args, true)?;
         let all: Vec<_> = boot
             .allgather(&encode_result([oop, ip]))?
             .iter()
@@ -705,7 +790,7 @@ pub fn run(args: &Args) -> Result<i32> {
         rows.push(row);
     }
 
-    ring.close()?;
+    conns.close()?;
     let baseline = match args.baseline {
         Some(Baseline::Tcp) => Some(run_baseline(args, &mut boot, place.rank, n, chunk)?),
         None => None,
@@ -737,6 +822,11 @@ pub fn run(args: &Args) -> Result<i32> {
                 "iters": args.iters,
                 "warmup_iters": args.warmup_iters,
                 "check": args.check,
+                "shared_comms": alltoall.then(|| json!({
+                    "senders": sharing.senders,
+                    "skew_us": sharing.skew_us,
+                    "seed": sharing.seed,
+                })),
                 "plugin": {
                     "name": net.name(),
                     "symbol": plugin::SYMBOL,

@@ -558,11 +558,83 @@ impl Net {
         Ok(fifo.track(slot, req))
     }
 
+    /// Grouped `irecv` (n = `slots.len()`, 1..=8, at most the device's `maxRecvs`): buffer `i`
+    /// is FIFO slot `slots[i]` with capacity `caps[i]`, expecting tag `tags[i]`, as NCCL's
+    /// proxy posts one receive for the sends of several local ranks sharing the comm
+    /// (`NCCL_NET_SHARED_COMMS`). `None`: not now, retry later.
+    ///
+    /// # Errors
+    /// NULL slot, a non-success return, mismatched lengths, or a busy/out-of-range slot.
+    pub fn irecv_group<'n>(
+        &'n self,
+        comm: &mut RecvComm<'n>,
+        fifo: &mut Fifo<'n>,
+        slots: &[usize],
+        caps: &[usize],
+        tags: &[i32],
+    ) -> Result<Option<Request<'n>>> {
+        let f = self.table().irecv.ok_or(Error::NullSlot("irecv"))?;
+        let n = slots.len();
+        if n == 0 || n > 8 || caps.len() != n || tags.len() != n {
+            return Err(Error::Usage(format!(
+                "grouped irecv of {n} slots, {} capacities, {} tags",
+                caps.len(),
+                tags.len()
+            )));
+        }
+        let mut datas = Vec::with_capacity(n);
+        for (i, (&slot, &cap)) in slots.iter().zip(caps).enumerate() {
+            if slots[..i].contains(&slot) {
+                return Err(Error::Usage(format!("slot {slot} twice in one irecv")));
+            }
+            datas.push(fifo.lend(comm.ptr, slot, cap)?);
+        }
+        let mut sizes: Vec<c_int> = caps.iter().map(|&c| c as c_int).collect();
+        let mut tags = tags.to_vec();
+        let mut mhandles = vec![fifo.mhandle; n];
+        let mut req: *mut c_void = ptr::null_mut();
+        // SAFETY: the four arrays have n entries and outlive the call; every buffer lies inside
+        // the registered FIFO, untouched by Rust while its slot is busy; `comm` is a live recv
+        // comm.
+        check("irecv", unsafe {
+            f(
+                comm.ptr,
+                n as c_int,
+                datas.as_mut_ptr(),
+                sizes.as_mut_ptr(),
+                tags.as_mut_ptr(),
+                mhandles.as_mut_ptr(),
+                &mut req,
+            )
+        })?;
+        let out = fifo.track(slots[0], req);
+        Ok(out.map(|mut r| {
+            for &s in &slots[1..] {
+                fifo.busy[s] = true;
+            }
+            r.more = slots[1..].to_vec();
+            r
+        }))
+    }
+
     /// `test`: `Some(bytes)` when done (the slot becomes free again), `None` while pending.
     ///
     /// # Errors
     /// NULL slot, a non-success return, a request already completed, or the wrong FIFO.
     pub fn test<'n>(&'n self, fifo: &mut Fifo<'n>, req: &mut Request<'n>) -> Result<Option<usize>> {
+        Ok(self.test_group(fifo, req)?.map(|sizes| sizes[0]))
+    }
+
+    /// `test` of a (grouped) request: `Some(bytes of each buffer)` when done (its slots become
+    /// free again), `None` while pending.
+    ///
+    /// # Errors
+    /// NULL slot, a non-success return, a request already completed, or the wrong FIFO.
+    pub fn test_group<'n>(
+        &'n self,
+        fifo: &mut Fifo<'n>,
+        req: &mut Request<'n>,
+    ) -> Result<Option<Vec<usize>>> {
         let f = self.table().test.ok_or(Error::NullSlot("test"))?;
         if req.done {
             return Err(Error::Usage("test on a completed request".into()));
@@ -571,18 +643,25 @@ impl Net {
             return Err(Error::Usage("test with the FIFO of another request".into()));
         }
         let mut done: c_int = 0;
-        let mut sizes: [c_int; 1] = [0];
+        let mut sizes: Vec<c_int> = vec![0; 1 + req.more.len()];
         // SAFETY: `req.ptr` is a live request (never tested to completion before); `done` and
-        // `sizes` (one entry, n = 1) are valid out-pointers.
+        // `sizes` (one entry per buffer of the request) are valid out-pointers.
         check("test", unsafe { f(req.ptr, &mut done, sizes.as_mut_ptr()) })?;
         if done == 0 {
             return Ok(None);
         }
         req.done = true;
         fifo.busy[req.slot] = false;
-        usize::try_from(sizes[0])
+        for &s in &req.more {
+            fifo.busy[s] = false;
+        }
+        sizes
+            .iter()
+            .map(|&z| {
+                usize::try_from(z).map_err(|_| Error::Contract(format!("test reported size {z}")))
+            })
+            .collect::<Result<Vec<_>>>()
             .map(Some)
-            .map_err(|_| Error::Contract(format!("test reported size {}", sizes[0])))
     }
 
     fn owns(&self, other: &Net) -> Result<()> {
@@ -832,6 +911,7 @@ impl<'n> Fifo<'n> {
         Some(Request {
             ptr: req,
             slot,
+            more: Vec::new(),
             fifo: self.mem.ptr,
             done: false,
             _net: PhantomData,
@@ -853,13 +933,15 @@ impl Drop for Fifo<'_> {
 pub struct Request<'n> {
     ptr: *mut c_void,
     slot: usize,
+    /// The other slots of a grouped receive (buffers 1..n).
+    more: Vec<usize>,
     fifo: *mut u8,
     done: bool,
     _net: PhantomData<&'n Net>,
 }
 
 impl Request<'_> {
-    /// The FIFO slot the request uses.
+    /// The FIFO slot the request uses (its first buffer's, for a grouped receive).
     pub fn slot(&self) -> usize {
         self.slot
     }
