@@ -1158,6 +1158,138 @@ fn grouped_receive_with_shuffled_tags_fills_the_right_buffers() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// 7b. Shared comm, skewed senders: NCCL_NET_SHARED_COMMS (on by default, with PXN) shares one
+// connection between the local ranks of a node, each sending with its own tag whenever its GPU
+// finishes a step; the receiver posts one grouped receive per step. A sender whose tag is not
+// in the oldest posted receive must get "retry later", never an error (net_ib/p2p.cc).
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn shared_comm_with_skewed_senders_is_retry_later_never_an_error() {
+    use nccl_net_verbsnet::engine::sim::Rng;
+    let _g = serial();
+    let Some((dev, kind)) = device("shared_comm") else {
+        return;
+    };
+    let cfg = base_cfg();
+    let l = link(&dev, kind, &cfg, &cfg);
+    const K: usize = 4;
+    const STEPS: usize = 48;
+    const AHEAD: usize = 8; // NCCL_STEPS: a sender's own FIFO, and the receives posted ahead
+    const CAP: usize = 16384;
+    let mut rng = Rng(2024);
+    // Size of sender j's piece of step s: eager and rendezvous mixed, 0 included.
+    let sizes: Vec<Vec<usize>> = (0..STEPS)
+        .map(|_| {
+            (0..K)
+                .map(|_| [0, 8, 700, 4096, 9000, 16384][rng.below(6) as usize])
+                .collect()
+        })
+        .collect();
+    // Tag order of each step's grouped receive: shuffled.
+    let orders: Vec<Vec<usize>> = (0..STEPS)
+        .map(|_| {
+            let mut o: Vec<usize> = (0..K).collect();
+            for i in (1..K).rev() {
+                o.swap(i, rng.below(i as u64 + 1) as usize);
+            }
+            o
+        })
+        .collect();
+    let slot = |s: usize, j: usize| ((s % AHEAD) * K + j) * CAP;
+    let seed = |s: usize, j: usize| (s * K + j) as u64 + 7;
+    let sb = Buf::new(&dev, AHEAD * K * CAP).unwrap();
+    let rb = Buf::new(&dev, AHEAD * K * CAP).unwrap();
+    // Sender j tries with probability weight[j] / 16 per pass: sender 0 runs far ahead.
+    let weight = [16u64, 2, 5, 1];
+    let mut next = [0usize; K];
+    let mut in_flight: Vec<VecDeque<(ReqId, usize)>> = vec![VecDeque::new(); K];
+    let mut sent = [0usize; K];
+    let mut posted: VecDeque<(usize, ReqId)> = VecDeque::new();
+    let mut next_step = 0;
+    let mut received = 0;
+    let mut refused = 0u64;
+    let mut max_ahead = 0usize;
+    for _ in 0..POLLS {
+        if received == STEPS && sent.iter().all(|&n| n == STEPS) {
+            break;
+        }
+        if posted.len() < AHEAD && next_step < STEPS && rng.below(3) == 0 {
+            let s = next_step;
+            let bufs: Vec<(u64, u64, i32, &nccl_net_verbsnet::comm::MrHandle)> = orders[s]
+                .iter()
+                .map(|&j| (rb.addr(slot(s, j)), CAP as u64, j as i32, &rb.mr))
+                .collect();
+            if let Some(h) = l.recv.irecv(&bufs).unwrap() {
+                posted.push_back((s, h.id()));
+                next_step += 1;
+            }
+        }
+        if let Some(&(s, id)) = posted.front() {
+            if let Some(got) = l.recv.test(id).unwrap() {
+                let want: Vec<u64> = orders[s].iter().map(|&j| sizes[s][j] as u64).collect();
+                assert_eq!(got, want, "step {s}: sizes in buffer order");
+                for &j in &orders[s] {
+                    let n = sizes[s][j];
+                    assert_eq!(
+                        rb.get(slot(s, j), n),
+                        payload(seed(s, j), n),
+                        "step {s}: buffer of tag {j}"
+                    );
+                }
+                posted.pop_front();
+                received += 1;
+            }
+        }
+        for j in 0..K {
+            if rng.below(16) >= weight[j] {
+                continue;
+            }
+            let s = next[j];
+            if s < STEPS && in_flight[j].len() < AHEAD {
+                sb.fill(slot(s, j), &payload(seed(s, j), sizes[s][j]));
+                match l
+                    .send
+                    .isend(sb.addr(slot(s, j)), sizes[s][j] as u64, j as i32, &sb.mr)
+                    .unwrap()
+                {
+                    Some(h) => {
+                        in_flight[j].push_back((h.id(), s));
+                        next[j] += 1;
+                        let slowest = *next.iter().min().unwrap();
+                        max_ahead = max_ahead.max(next[j] - slowest);
+                    }
+                    None => refused += 1,
+                }
+            }
+            if let Some(&(id, s)) = in_flight[j].front() {
+                if let Some(got) = l.send.test(id).unwrap() {
+                    assert_eq!(got, vec![sizes[s][j] as u64]);
+                    in_flight[j].pop_front();
+                    sent[j] += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(received, STEPS, "receives done");
+    assert_eq!(sent, [STEPS; K], "sends done");
+    let tag_waits = counter(&l.send, "tag_waits");
+    println!(
+        "shared comm: {refused} NULL isends ({tag_waits} for a tag not in the front receive); \
+         accepted sends of one sender led another's by at most {max_ahead} (the front-group \
+         rule holds a sender that is ahead)"
+    );
+    assert!(tag_waits > 0, "no send was ever refused for its tag");
+    assert_eq!(
+        counter(&l.send, "error_completions") + counter(&l.recv, "error_completions"),
+        0
+    );
+    assert_eq!(qp_rnr(std::slice::from_ref(&l)), 0, "credits on: no RNR");
+    assert_eq!(l.send.in_flight() + l.recv.in_flight(), 0);
+    close(vec![l]);
+}
+
+// ---------------------------------------------------------------------------------------------
 // 8. Wrap points: 29-bit immediate sequence, CTS ring slot 512, 24-bit wr_id generation.
 // ---------------------------------------------------------------------------------------------
 
