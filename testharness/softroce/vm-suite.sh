@@ -16,7 +16,8 @@
 #   2. plugin_pair       tests/plugin_pair.rs with VERBSNET_TEST_TRANSPORT=ib
 #   3. scenarios         tests/scenarios.rs with VERBSNET_TEST_TRANSPORT=ib (when it exists)
 #   4. rnr               tests/rnr.rs (RNR retry with device counters, credits, closed peer)
-#   5. perf_*            verbsnet-perf all_reduce --ranks 2 and 4, sendrecv --ranks 2 over ib,
+#   5. perf_*            verbsnet-perf all_reduce --ranks 2 and 4, sendrecv --ranks 2, and
+#                        alltoall --ranks 4 --shared-comms 2, 4, 8 (skewed senders) over ib,
 #                        small sizes: exit 0, #wrong 0, and the log names rxe0, the GID index and
 #                        the MTU (when the harness exists)
 # A test binary that prints SKIP in the VM (no device found) counts as a failure. Each step
@@ -106,6 +107,11 @@ if [ "${1:-}" = --guest ]; then
         perf_step perf_allreduce_2 all_reduce --ranks 2 "${small[@]}" -T 100
         perf_step perf_allreduce_4 all_reduce --ranks 4 "${small[@]}" -T 100
         perf_step perf_sendrecv_2 sendrecv --ranks 2 "${small[@]}" -T 100
+        # NCCL's shared comms: K skewed senders per connection, grouped receives of n = K
+        shared=(-b 16K -e 256K -f 16 --chunk 4K -n 2 -w 1 --skew-us 300 -T 100)
+        for k in 2 4 8; do
+            perf_step "perf_alltoall_4_shared$k" alltoall --ranks 4 --shared-comms "$k" "${shared[@]}"
+        done
     else
         echo "vm-suite: ----  perf_*             verbsnet-perf not in this tree (testharness)"
     fi
