@@ -1289,6 +1289,106 @@ fn shared_comm_with_skewed_senders_is_retry_later_never_an_error() {
     close(vec![l]);
 }
 
+#[test]
+fn a_tag_not_in_the_front_receive_is_retry_later_and_a_too_large_send_poisons_both_comms() {
+    let _g = serial();
+    let Some((dev, kind)) = device("front_group") else {
+        return;
+    };
+    let cfg = base_cfg();
+    let l = link(&dev, kind, &cfg, &cfg);
+    const CAP: usize = 16384;
+    let sb = Buf::new(&dev, 8 * CAP).unwrap();
+    let rb = Buf::new(&dev, 8 * CAP).unwrap();
+    let irecv = |bufs: &[(usize, i32)]| {
+        let b: Vec<(u64, u64, i32, &nccl_net_verbsnet::comm::MrHandle)> = bufs
+            .iter()
+            .map(|&(i, t)| (rb.addr(i * CAP), CAP as u64, t, &rb.mr))
+            .collect();
+        l.recv.irecv(&b).unwrap().expect("irecv slot").id()
+    };
+    // Front receive: tags 0, 1; the next one: tags 1, 0. Sizes: rendezvous, so each send
+    // needs its receive's CTS: the sender then knows both receives.
+    let r0 = irecv(&[(0, 0), (1, 1)]);
+    let r1 = irecv(&[(2, 1), (3, 0)]);
+    for (j, (seed, size)) in [(1u64, 9000usize), (2, 12000), (3, 10000)]
+        .iter()
+        .enumerate()
+    {
+        sb.fill(j * CAP, &payload(*seed, *size));
+    }
+    let a = isend_on(&l, &sb, 0, 9000, 1);
+    // Tag 1 is used in the front receive: retry later, however long, never an error.
+    for _ in 0..1000 {
+        assert!(
+            l.send
+                .isend(sb.addr(CAP), 12000, 1, &sb.mr)
+                .unwrap()
+                .is_none(),
+            "a second tag-1 send skipped the front receive"
+        );
+        l.recv.progress().unwrap();
+    }
+    assert_eq!(counter(&l.send, "tag_waits"), 1000);
+    let b = isend_on(&l, &sb, 2 * CAP, 10000, 0);
+    // The front receive is complete: tag 1 now goes to the next one.
+    let c = isend_on(&l, &sb, CAP, 12000, 1);
+    assert_eq!(wait_on(&l.recv, r0, &l.send), vec![10000, 9000]);
+    assert_eq!(rb.get(0, 10000), payload(3, 10000));
+    assert_eq!(rb.get(CAP, 9000), payload(1, 9000));
+    for id in [a, b, c] {
+        wait_on(&l.send, id, &l.recv);
+    }
+    for _ in 0..1000 {
+        l.recv.progress().unwrap();
+    }
+    assert_eq!(rb.get(2 * CAP, 12000), payload(2, 12000));
+    assert_eq!(
+        l.recv.test(r1).unwrap(),
+        None,
+        "buffer of tag 0 still empty"
+    );
+    // A send larger than its buffer (tag 0 of r1 has CAP bytes): an error, and after it every
+    // call on both comms returns one.
+    let big = Buf::new(&dev, 2 * CAP).unwrap();
+    let err = loop {
+        match l.send.isend(big.addr(0), 2 * CAP as u64, 0, &big.mr) {
+            Ok(Some(h)) => {
+                let id = h.id();
+                break loop {
+                    match l.send.test(id) {
+                        Ok(Some(_)) => panic!("a too-large send completed"),
+                        Ok(None) => l.recv.progress().unwrap(),
+                        Err(e) => break e,
+                    }
+                };
+            }
+            Ok(None) => l.recv.progress().unwrap(),
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(err, Error::Usage(_)), "{err}");
+    let recv_err = loop {
+        match l.recv.test(r1) {
+            Ok(None) => l.send.progress().unwrap_or(()),
+            Ok(Some(s)) => panic!("the receive completed with {s:?}"),
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(recv_err, Error::Usage(_)), "{recv_err}");
+    for _ in 0..3 {
+        assert!(matches!(
+            l.send.isend(sb.addr(0), 8, 0, &sb.mr),
+            Err(Error::Usage(_))
+        ));
+        assert!(matches!(
+            l.recv.irecv(&[(rb.addr(0), 8, 0, &rb.mr)]),
+            Err(Error::Usage(_))
+        ));
+    }
+    close(vec![l]);
+}
+
 // ---------------------------------------------------------------------------------------------
 // 8. Wrap points: 29-bit immediate sequence, CTS ring slot 512, 24-bit wr_id generation.
 // ---------------------------------------------------------------------------------------------
