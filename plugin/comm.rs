@@ -19,8 +19,8 @@ use std::time::Instant;
 use tracing::{info, warn};
 
 use crate::config::Config;
-use crate::engine::recv::MemRead;
-use crate::engine::wire::{CtsEntry, CTS_ENTRY_LEN, EAGER_HDR_LEN, MAX_RECVS, REC_SLOTS};
+use crate::engine::wire::{CTS_ENTRY_LEN, EAGER_HDR_LEN, MAX_RECVS, REC_SLOTS};
+use crate::engine::MemRead;
 use crate::engine::{
     Action, Engine, RecvBuf, RecvEngine, RecvParams, ReqError, ReqId, SendEngine, SendParams,
     Stats, CTRL_STAGE_SLOTS, CTS_RING_ENTRIES, MAX_RECV_REQUESTS, MAX_SEND_REQUESTS,
@@ -372,6 +372,8 @@ impl Comm {
             hdr_stage: bufs.hdr.at(),
             rec_stage: bufs.rec.at(),
             peer_rec_ring: peer.rec_ring,
+            cts_ring: bufs.cts_ring.at().0,
+            credit_word: bufs.credit_word.at().0,
             first_seq: peer.first_seq,
             first_gen: cfg.test_first_gen,
         });
@@ -690,30 +692,8 @@ impl Inner {
                 for wc in &wcs {
                     engine.handle_wc(now, wc);
                 }
-                loop {
-                    let r = engine.expected_cts();
-                    let off = (r % CTS_RING_ENTRIES as u64) as usize * CTS_ENTRY_LEN;
-                    let got = bufs
-                        .cts_ring
-                        .region
-                        .with(off, CTS_ENTRY_LEN, |b| CtsEntry::decode(b, r));
-                    match got {
-                        Ok(Ok(Some(e))) => {
-                            if engine.handle_cts(now, e).is_err() {
-                                break;
-                            }
-                        }
-                        Ok(Ok(None)) => break,
-                        Ok(Err(m)) => {
-                            engine.fail(ReqError::Protocol(m));
-                            break;
-                        }
-                        Err(e) => return Err(Error::Internal(e.to_string())),
-                    }
-                }
-                if let Ok(c) = bufs.credit_word.region.read_u64_volatile(0) {
-                    engine.handle_credit(c);
-                }
+                let written = [&bufs.cts_ring, &bufs.credit_word];
+                engine.poll_peer_writes(now, &Regions(&written));
             }
             Side::Recv { engine, bufs, .. } => {
                 let owned = [&bufs.bounce, &bufs.rec_ring];

@@ -63,6 +63,14 @@ pub const CTS_RING_ENTRIES: usize = 512;
 /// Staging slots for CTS and credit writes on the receive side.
 pub const CTRL_STAGE_SLOTS: usize = 64;
 
+/// Reads plugin-owned memory that the peer or the NIC writes (bounce headers, records, the CTS
+/// ring, the credit word) for the engine. Implementations copy into `out` (no reference into
+/// such memory outlives the call); the engine decides what the bytes mean.
+pub trait MemRead {
+    /// Fills `out` from `addr`; false if the range is not readable.
+    fn read(&self, addr: u64, out: &mut [u8]) -> bool;
+}
+
 /// What the comm driver must do, in order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {

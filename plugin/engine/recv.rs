@@ -7,7 +7,7 @@ use super::wire::{
     REC_TOO_BIG,
 };
 use super::{
-    wc_error, wr_id, wr_parse, Action, ReqError, ReqId, Slots, Stall, Stats, WrKind,
+    wc_error, wr_id, wr_parse, Action, MemRead, ReqError, ReqId, Slots, Stall, Stats, WrKind,
     CTRL_STAGE_SLOTS, CTS_RING_ENTRIES, MAX_RECV_REQUESTS,
 };
 use crate::transport::{RecvWr, SendOpcode, SendWr, Sge, Wc, WcOpcode, WcStatus};
@@ -73,12 +73,6 @@ struct Unexpected {
     tag: i32,
     size: u64,
     bounce: u32,
-}
-
-/// Reads plugin-owned memory for the engine (bounce headers, records).
-pub trait MemRead {
-    /// Fills `out` from `addr`; false if the range is not readable.
-    fn read(&self, addr: u64, out: &mut [u8]) -> bool;
 }
 
 /// The receive engine. See the module docs of [`crate::engine`] for the protocol.

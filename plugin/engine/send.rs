@@ -3,11 +3,12 @@
 use std::collections::VecDeque;
 
 use super::wire::{
-    self, CtsBuf, CtsEntry, EagerHeader, EAGER_HDR_LEN, MAX_RECVS, REC_SLOTS, REC_TOO_BIG,
+    self, CtsBuf, CtsEntry, EagerHeader, CTS_ENTRY_LEN, EAGER_HDR_LEN, MAX_RECVS, REC_SLOTS,
+    REC_TOO_BIG,
 };
 use super::{
-    wc_error, wr_id, wr_parse, Action, ReqError, ReqId, Slots, Stall, Stats, WrKind,
-    MAX_SEND_REQUESTS,
+    wc_error, wr_id, wr_parse, Action, MemRead, ReqError, ReqId, Slots, Stall, Stats, WrKind,
+    CTS_RING_ENTRIES, MAX_SEND_REQUESTS,
 };
 use crate::transport::{SendOpcode, SendWr, Sge, Wc, WcStatus};
 
@@ -27,6 +28,10 @@ pub struct SendParams {
     pub rec_stage: (u64, u32),
     /// The receiver's record ring: `REC_SLOTS * MAX_RECVS * 8` bytes (addr, rkey).
     pub peer_rec_ring: (u64, u32),
+    /// Our CTS ring, which the receiver RDMA-writes: `CTS_RING_ENTRIES * CTS_ENTRY_LEN` bytes.
+    pub cts_ring: u64,
+    /// Our credit word (cumulative credits granted), which the receiver RDMA-writes: 8 bytes.
+    pub credit_word: u64,
     /// Sequence number of the first send and the first receive (0 in production; tests start
     /// near wrap points).
     pub first_seq: u64,
@@ -118,10 +123,48 @@ impl SendEngine {
         }
     }
 
-    /// The receive sequence number whose CTS is expected next (the driver reads CTS ring slot
+    /// The receive sequence number whose CTS is expected next (CTS ring slot
     /// `r % CTS_RING_ENTRIES`).
     pub fn expected_cts(&self) -> u64 {
         self.next_r
+    }
+
+    /// Reads what the receiver RDMA-wrote into our memory since the last call and feeds it in:
+    /// the clear-to-send entries in order from the CTS ring, then the credit word. Call it
+    /// before `isend` and whenever the comm makes progress. An entry not (fully) written yet is
+    /// left for a later call (the sequence word at both ends says so, see [`wire`]); a corrupt
+    /// or out-of-sequence one fails the comm. Returns whether a CTS arrived.
+    pub fn poll_peer_writes(&mut self, now: u64, mem: &dyn MemRead) -> bool {
+        let mut got = false;
+        let mut b = [0u8; CTS_ENTRY_LEN];
+        while self.failed.is_none() {
+            let r = self.next_r;
+            let at = self.p.cts_ring + (r % CTS_RING_ENTRIES as u64) * CTS_ENTRY_LEN as u64;
+            if !mem.read(at, &mut b) {
+                self.fail(ReqError::Local(format!(
+                    "CTS ring slot at {at:#x} is not readable"
+                )));
+                break;
+            }
+            match CtsEntry::decode(&b, r) {
+                Ok(Some(e)) => {
+                    got = true;
+                    if self.handle_cts(now, e).is_err() {
+                        break;
+                    }
+                }
+                Ok(None) => break,
+                Err(m) => {
+                    self.fail(ReqError::Protocol(m));
+                    break;
+                }
+            }
+        }
+        let mut w = [0u8; 8];
+        if mem.read(self.p.credit_word, &mut w) {
+            self.handle_credit(u64::from_le_bytes(w));
+        }
+        got
     }
 
     /// Credits available now (granted minus used); meaningful with gating on.
@@ -550,6 +593,8 @@ mod tests {
             hdr_stage: (0x10_0000, 1),
             rec_stage: (0x20_0000, 2),
             peer_rec_ring: (0x30_0000, 3),
+            cts_ring: 0x50_0000,
+            credit_word: 0x60_0000,
             first_seq: 0,
             first_gen: 0,
         }
@@ -787,6 +832,61 @@ mod tests {
         assert!(
             s[0].waiting_for.starts_with("the caller to test it"),
             "{s:?}"
+        );
+    }
+
+    /// Our CTS ring and credit word as the receiver would write them.
+    struct Written {
+        ring: Vec<u8>,
+        credit: u64,
+    }
+
+    impl MemRead for Written {
+        fn read(&self, addr: u64, out: &mut [u8]) -> bool {
+            if addr == 0x60_0000 && out.len() == 8 {
+                out.copy_from_slice(&self.credit.to_le_bytes());
+                return true;
+            }
+            let Some(off) = addr.checked_sub(0x50_0000).map(|o| o as usize) else {
+                return false;
+            };
+            match self.ring.get(off..off + out.len()) {
+                Some(b) => {
+                    out.copy_from_slice(b);
+                    true
+                }
+                None => false,
+            }
+        }
+    }
+
+    #[test]
+    fn peer_writes_are_read_in_order_and_a_torn_entry_waits() {
+        let mut e = SendEngine::new(params(true, 0));
+        let mut w = Written {
+            ring: vec![0; CTS_RING_ENTRIES * CTS_ENTRY_LEN],
+            credit: 5,
+        };
+        assert!(!e.poll_peer_writes(0, &w), "nothing written yet");
+        assert_eq!(e.credits_available(), 5, "the credit word is read too");
+        // Entry 0 complete, entry 1 torn (head written, tail not yet).
+        w.ring[..CTS_ENTRY_LEN].copy_from_slice(&cts(0, 0, 5, &[(64, 1)]).encode());
+        let one = cts(1, 1, 6, &[(64, 2)]).encode();
+        w.ring[CTS_ENTRY_LEN..CTS_ENTRY_LEN + 8].copy_from_slice(&one[..8]);
+        assert!(e.poll_peer_writes(1, &w));
+        assert_eq!(e.expected_cts(), 1, "the torn entry is left for later");
+        w.ring[CTS_ENTRY_LEN..2 * CTS_ENTRY_LEN].copy_from_slice(&one);
+        assert!(e.poll_peer_writes(2, &w));
+        assert_eq!(e.expected_cts(), 2);
+        assert_eq!(e.stats().cts, 2);
+        // Garbage in the next slot fails the comm as a protocol violation.
+        w.ring[2 * CTS_ENTRY_LEN..2 * CTS_ENTRY_LEN + 8].copy_from_slice(&u64::MAX.to_le_bytes());
+        w.ring[3 * CTS_ENTRY_LEN - 8..3 * CTS_ENTRY_LEN].copy_from_slice(&77u64.to_le_bytes());
+        e.poll_peer_writes(3, &w);
+        assert!(
+            matches!(e.failure(), Some(ReqError::Protocol(_))),
+            "{:?}",
+            e.failure()
         );
     }
 }

@@ -5,8 +5,7 @@
 
 use std::collections::VecDeque;
 
-use super::recv::MemRead;
-use super::wire::{CtsEntry, CTS_ENTRY_LEN, EAGER_HDR_LEN, MAX_RECVS, REC_SLOTS};
+use super::wire::{CTS_ENTRY_LEN, EAGER_HDR_LEN, MAX_RECVS, REC_SLOTS};
 use super::*;
 use crate::transport::{SendOpcode, SendWr, Wc, WcOpcode, WcStatus};
 
@@ -198,6 +197,8 @@ impl Pair {
             hdr_stage: (S_HDR, 3),
             rec_stage: (S_REC, 4),
             peer_rec_ring: (R_REC, RKEY_REC),
+            cts_ring: S_CTS,
+            credit_word: S_CREDIT,
             first_seq: c.first_seq,
             first_gen: c.first_gen,
         });
@@ -426,20 +427,12 @@ impl Pair {
             self.rcv.handle_wc(self.now, &wc, &self.rmem);
             busy = true;
         }
-        loop {
-            let r = self.snd.expected_cts();
-            let at = S_CTS + (r % CTS_RING_ENTRIES as u64) * CTS_ENTRY_LEN as u64;
-            match CtsEntry::decode(&self.smem.get(at, CTS_ENTRY_LEN), r) {
-                Ok(Some(e)) => {
-                    self.snd.handle_cts(self.now, e).expect("in-sequence CTS");
-                    busy = true;
-                }
-                Ok(None) => break,
-                Err(e) => panic!("CTS ring: {e}"),
-            }
-        }
-        let credit = u64::from_le_bytes(self.smem.get(S_CREDIT, 8).try_into().unwrap());
-        self.snd.handle_credit(credit);
+        busy |= self.snd.poll_peer_writes(self.now, &self.smem);
+        assert!(
+            !matches!(self.snd.failure(), Some(ReqError::Protocol(_))),
+            "CTS ring: {:?}",
+            self.snd.failure()
+        );
         self.rcv.flush_credits();
         self.apply_actions();
         // Advance the clock: 1 us per step, or jump to the next timer when idle.
