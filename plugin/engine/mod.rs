@@ -36,6 +36,8 @@
 //!   explicit 8-byte credit write when it has no CTS to send. With gating off the sender relies
 //!   on the QP's RNR retry, as NCCL does.
 
+#![forbid(unsafe_code)]
+
 pub mod recv;
 pub mod send;
 pub mod wire;
