@@ -6,6 +6,7 @@
 //! - [`baseline`]: `--baseline tcp`, a plain TCP ring streaming the same bytes.
 //! - [`bootstrap`]: launcher variables and the TCP rendezvous served by rank 0.
 //! - [`coll`]: ring schedules for the collectives and the NCCL-style proxy that runs them.
+//! - [`doctor`]: `verbsnet-perf doctor`, the preflight checks (one verdict line per check).
 //! - [`data`]: element types, operators, deterministic data and expected results.
 //! - [`perf`]: one rank's benchmark loop; [`launcher`]: `--ranks N` local mode.
 //! - [`report`] and [`stats`]: the table, JSON and plugin counters; [`cputime`]: CPU time and
@@ -20,6 +21,7 @@ pub mod cli;
 pub mod coll;
 pub mod cputime;
 pub mod data;
+pub mod doctor;
 pub mod launcher;
 pub mod perf;
 pub mod plugin;
