@@ -142,7 +142,7 @@ if [ "${1:-}" = --guest ]; then
             '^fail +gid rxe0:1 .*\[1\] ::ffff:192\.0\.2\.1 the automatic choice' \
             '^warn +transport +auto: tcp .*none is usable'
         doctor_step doctor_gid_linklocal 1 "VERBSNET_IB_GID_INDEX=0" "" \
-            '^warn +gid rxe0:1 +index 0 fe80:.*link-local.*fix: .*unset VERBSNET_IB_GID_INDEX'
+            '^warn +gid rxe0:1 +index 0 fe80:.*fix: .*link-local.*unset VERBSNET_IB_GID_INDEX'
         doctor_step doctor_depth 2 "VERBSNET_RQ_DEPTH=32768" "" \
             '^fail +depth\.cq rxe0 .*fix: set VERBSNET_RQ_DEPTH <= [0-9]+'
         doctor_step doctor_typo 1 "VERBSNET_RQDEPTH=512" "" \

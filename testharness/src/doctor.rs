@@ -416,15 +416,56 @@ fn local_checks(
     net.map(|(n, _)| (n, local))
 }
 
-/// Resolves the plugin and probes its tables; pushes `plugin.load` and `plugin.abi`. Returns
-/// the value that loads (for `Net::load`) on success.
+/// Resolves the plugin exactly as NCCL does (no fallback directory) and probes its tables;
+/// pushes `plugin.load` and `plugin.abi`. Found only next to this binary (the harness's own
+/// fallback, which NCCL does not have) is a `warn`; NCCL resolving to another copy than the one
+/// built next to this binary is a `warn` too. Returns what to pass to `Net::load` when a
+/// library with `ncclNetPlugin_v8` was found.
 fn check_plugin_load(value: &str, exe_dir: Option<&Path>, report: &mut Report) -> Option<String> {
     let shown = if env::var_os("NCCL_NET_PLUGIN").is_some() {
         format!("NCCL_NET_PLUGIN={value}")
     } else {
         format!("NCCL_NET_PLUGIN unset (NCCL loads \"{value}\")")
     };
-    match plugin::probe(value, exe_dir, NCCL_NET_SYMBOLS) {
+    let expect = format!(
+        "dlopen finds {} (LD_LIBRARY_PATH, the loader's cache, or a path), as NCCL resolves it",
+        plugin::plugin_candidates(value).join(" or ")
+    );
+    let ours = exe_dir
+        .map(|d| d.join("libnccl-net-verbsnet.so"))
+        .filter(|p| p.exists());
+    let canon = |p: &Path| fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    let found = match plugin::probe(value, None, NCCL_NET_SYMBOLS) {
+        Ok(p) => {
+            let at = if p.path == Path::new(&p.candidate) {
+                format!("{shown}: {}", p.path.display())
+            } else {
+                format!(
+                    "{shown}: {} (dlopen(\"{}\"))",
+                    p.path.display(),
+                    p.candidate
+                )
+            };
+            let c = match &ours {
+                Some(o) if canon(o) != canon(&p.path) => Check::new(
+                    "plugin.load",
+                    Verdict::Warn,
+                    format!(
+                        "{at}: NCCL resolves to that file, not to the build next to this \
+                         verbsnet-perf ({})",
+                        o.display()
+                    ),
+                )
+                .expect(expect)
+                .fix(format!(
+                    "make sure the file NCCL loads is the one you built: NCCL_NET_PLUGIN={}",
+                    o.display()
+                )),
+                _ => Check::new("plugin.load", Verdict::Ok, at).expect(expect),
+            };
+            report.push(c);
+            p
+        }
         Err(e) => {
             let tried = match &e {
                 plugin::Error::NotFound { tried, .. } => tried
@@ -434,45 +475,60 @@ fn check_plugin_load(value: &str, exe_dir: Option<&Path>, report: &mut Report) -
                     .join("; "),
                 other => other.to_string(),
             };
-            report.push(
-                Check::new(
-                    "plugin.load",
-                    Verdict::Fail,
-                    format!("{shown}: not found ({tried})"),
-                )
-                .expect(format!(
-                    "dlopen finds {} (LD_LIBRARY_PATH, the loader's cache, or a path)",
-                    plugin::plugin_candidates(value).join(" or ")
-                ))
-                .fix(
-                    "cargo build --release, then export \
-                         LD_LIBRARY_PATH=$PWD/target/release:$LD_LIBRARY_PATH, or set \
-                         NCCL_NET_PLUGIN to the .so's absolute path",
-                ),
-            );
-            None
-        }
-        Ok(p) => {
-            report.push(
-                Check::new(
-                    "plugin.load",
-                    Verdict::Ok,
-                    if p.path == Path::new(&p.candidate) {
-                        format!("{shown}: {}", p.path.display())
-                    } else {
-                        format!(
-                            "{shown}: {} (dlopen(\"{}\"))",
-                            p.path.display(),
-                            p.candidate
+            let fallback = plugin::probe(value, exe_dir, NCCL_NET_SYMBOLS)
+                .ok()
+                .filter(|p| p.path.is_absolute());
+            match fallback {
+                Some(p) => {
+                    let dir = p
+                        .path
+                        .parent()
+                        .unwrap_or(Path::new("."))
+                        .display()
+                        .to_string();
+                    report.push(
+                        Check::new(
+                            "plugin.load",
+                            Verdict::Warn,
+                            format!(
+                                "{shown}: NCCL would not find it ({tried}); only verbsnet-perf \
+                                 finds {} next to itself",
+                                p.path.display()
+                            ),
                         )
-                    },
-                )
-                .expect("the library resolves as NCCL resolves it"),
-            );
-            report.push(abi_check(&p.found));
-            (p.found.iter().any(|s| s == plugin::SYMBOL)).then_some(p.candidate)
+                        .expect(expect)
+                        .fix(format!(
+                            "export LD_LIBRARY_PATH={dir}:$LD_LIBRARY_PATH, or \
+                             NCCL_NET_PLUGIN={}",
+                            p.path.display()
+                        )),
+                    );
+                    plugin::Probe {
+                        candidate: p.path.display().to_string(),
+                        ..p
+                    }
+                }
+                None => {
+                    report.push(
+                        Check::new(
+                            "plugin.load",
+                            Verdict::Fail,
+                            format!("{shown}: not found ({tried})"),
+                        )
+                        .expect(expect)
+                        .fix(
+                            "cargo build --release, then export \
+                             LD_LIBRARY_PATH=$PWD/target/release:$LD_LIBRARY_PATH, or set \
+                             NCCL_NET_PLUGIN to the .so's absolute path",
+                        ),
+                    );
+                    return None;
+                }
+            }
         }
-    }
+    };
+    report.push(abi_check(&found.found));
+    (found.found.iter().any(|s| s == plugin::SYMBOL)).then_some(found.candidate)
 }
 
 /// Which table NCCL would take from the exported `found` symbols (NCCL tries v12 … v6 and takes

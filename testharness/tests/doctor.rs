@@ -175,6 +175,50 @@ fn unresolvable_plugin_fails_with_the_candidates_and_the_fix() {
 }
 
 #[test]
+fn plugin_that_only_the_harness_finds_is_a_warning_naming_ld_library_path() {
+    // NCCL_NET_PLUGIN unset: NCCL dlopens "verbsnet", then "libnccl-net-verbsnet.so" through
+    // the loader's path, which does not include target/<profile>; verbsnet-perf's own
+    // fallback (next to the binary) must not count as "NCCL finds it".
+    let dir = exe().parent().unwrap().to_path_buf();
+    let mut c = doctor(&[]);
+    c.env_remove("NCCL_NET_PLUGIN")
+        .env_remove("LD_LIBRARY_PATH");
+    let (o, v) = run_json(c);
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    assert_check(
+        &v,
+        "plugin.load",
+        "warn",
+        &format!("export LD_LIBRARY_PATH={}:$LD_LIBRARY_PATH", dir.display()),
+    );
+    assert_eq!(check(&v, "plugin.init")["verdict"], "ok");
+
+    // With the directory on LD_LIBRARY_PATH, NCCL's own search finds it.
+    let mut c = doctor(&[]);
+    c.env_remove("NCCL_NET_PLUGIN").env("LD_LIBRARY_PATH", &dir);
+    let (o, v) = run_json(c);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert_eq!(check(&v, "plugin.load")["verdict"], "ok");
+
+    // NCCL resolving to another copy than the build next to this binary is named.
+    let other = std::env::temp_dir().join(format!("verbsnet-doctor-copy-{}", std::process::id()));
+    std::fs::create_dir_all(&other).unwrap();
+    let copy = other.join("libnccl-net-verbsnet.so");
+    std::fs::copy(plugin(), &copy).unwrap();
+    let mut c = doctor(&[]);
+    c.env("NCCL_NET_PLUGIN", &copy);
+    let (o, v) = run_json(c);
+    std::fs::remove_dir_all(&other).unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    assert_check(
+        &v,
+        "plugin.load",
+        "warn",
+        &format!("NCCL_NET_PLUGIN={}", plugin().display()),
+    );
+}
+
+#[test]
 fn typo_in_a_knob_is_named_with_the_intended_one() {
     let mut c = doctor(&[]);
     c.env("VERBSNET_RQDEPTH", "512");
