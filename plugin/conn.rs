@@ -315,7 +315,9 @@ impl HelloReader {
     }
 }
 
-pub(crate) fn qp_config(cfg: &Config) -> QpConfig {
+/// The QP settings every connection asks for under `cfg` (public so that `verbsnet-perf doctor`
+/// checks them against the device's limits).
+pub fn qp_config(cfg: &Config) -> QpConfig {
     // Sender: data WRs (2 per rendezvous) for every request slot; receiver: CTS and credit writes.
     QpConfig {
         max_recv_wr: cfg.rq_depth,

@@ -20,6 +20,11 @@
 #                        alltoall --ranks 4 --shared-comms 2, 4, 8 (skewed senders) over ib,
 #                        small sizes: exit 0, #wrong 0, and the log names rxe0, the GID index and
 #                        the MTU (when the harness exists)
+#   6. doctor_*          verbsnet-perf doctor on rxe0: exit 0 and the port/GID/depth/memlock/
+#                        counter lines when healthy, --json; provoked faults (forced empty or
+#                        link-local GID index, RQ depth over max_cqe, a typo'd knob, an unresolvable plugin,
+#                        low memlock without CAP_IPC_LOCK) each with its verdict and fix; and
+#                        --listen/--peer over rxe0 (path MTU, latency, bandwidth)
 # A test binary that prints SKIP in the VM (no device found) counts as a failure. Each step
 # prints one summary line, the run ends with "vm-suite: N passed, M failed"; the exit status is
 # 0 only when every step passed (255: the VM failed, 124: timeout). Full logs of every step are
@@ -91,6 +96,23 @@ if [ "${1:-}" = --guest ]; then
         pass "$name" "0 wrong, rxe0 gid_index=$gid mtu=$mtu, avg busbw ${avg} GB/s ($(secs "$t0"))"
     }
 
+    # doctor_step NAME EXIT "ENV=V ..." "ARGS ..." PATTERN...: `verbsnet-perf doctor` on rxe0
+    # (NCCL_NET=verbsnet, the plugin by path, counters read 1 s apart) must exit EXIT and print
+    # a line matching each PATTERN (grep -E). $DOCTOR_WRAP (words) runs before the binary.
+    doctor_step() {
+        local name=$1 want=$2 envs=$3 dargs=$4 t0 rc log missing=() p; shift 4
+        log=$logs/$name.log
+        t0=$(date +%s.%N)
+        # shellcheck disable=SC2086 # envs, dargs and DOCTOR_WRAP are word lists
+        env NCCL_NET_PLUGIN="$PLUGIN_SO" NCCL_NET=verbsnet $envs \
+            timeout -k 5 60 ${DOCTOR_WRAP:-} "$PERF_BIN" doctor --interval 1 $dargs > "$log" 2>&1
+        rc=$?
+        if [ "$rc" != "$want" ]; then fail "$name" "exit $rc, expected $want ($(secs "$t0"))"; return; fi
+        for p in "$@"; do grep -qE -- "$p" "$log" || missing+=("'$p'"); done
+        if [ ${#missing[@]} -gt 0 ]; then fail "$name" "no line matches ${missing[*]}"; return; fi
+        pass "$name" "exit $rc, $# line(s) as expected ($(secs "$t0"))"
+    }
+
     devs=$(cd /sys/class/infiniband 2>/dev/null && echo *)
     echo "vm-suite: in the VM: kernel $(uname -r), $(nproc) vCPUs, verbs devices: ${devs:-none}"
     test_step ib_transport "$BIN_ib_transport" RUST_TEST_THREADS=2
@@ -114,6 +136,39 @@ if [ "${1:-}" = --guest ]; then
         done
     else
         echo "vm-suite: ----  perf_*             verbsnet-perf not in this tree (testharness)"
+    fi
+    if [ -n "${PERF_BIN:-}" ] && "$PERF_BIN" doctor --help > /dev/null 2>&1; then
+        doctor_step doctor_ok 0 "" "" \
+            '^ok +transport +auto: ib \(rxe0:1\)' '^ok +port rxe0:1 +ACTIVE, Ethernet, active MTU [0-9]+' \
+            '^ok +gid rxe0:1 +index 1 ::ffff:192\.0\.2\.1 RoCE v2' '^ok +depth\.(rq|sq|cq) rxe0' \
+            '^ok +memlock' '^ok +counters rxe0:1 +none moved' 'doctor: [0-9]+ ok, 0 warn, 0 fail'
+        doctor_step doctor_json 0 "" "--json" '"exit":0' '"verdict":"ok"' '"name":"gid rxe0:1"'
+        doctor_step doctor_gid_index 2 "VERBSNET_IB_GID_INDEX=5" "" \
+            '^fail +port rxe0:1 .*GID 5 is empty.*fix: unset VERBSNET_IB_GID_INDEX' \
+            '^fail +gid rxe0:1 .*\[1\] ::ffff:192\.0\.2\.1 the automatic choice' \
+            '^warn +transport +auto: tcp .*none is usable'
+        doctor_step doctor_gid_linklocal 1 "VERBSNET_IB_GID_INDEX=0" "" \
+            '^warn +gid rxe0:1 +index 0 fe80:.*fix: .*link-local.*unset VERBSNET_IB_GID_INDEX'
+        doctor_step doctor_depth 2 "VERBSNET_RQ_DEPTH=32768" "" \
+            '^fail +depth\.cq rxe0 .*fix: set VERBSNET_RQ_DEPTH <= [0-9]+'
+        doctor_step doctor_typo 1 "VERBSNET_RQDEPTH=512" "" \
+            '^warn +env VERBSNET_RQDEPTH .*fix: rename it to VERBSNET_RQ_DEPTH'
+        doctor_step doctor_plugin 2 "NCCL_NET_PLUGIN=/nonexistent/libnccl-net-verbsnet.so" "" \
+            '^fail +plugin\.load .*fix: .*LD_LIBRARY_PATH'
+        # root has CAP_IPC_LOCK: drop it (bounding and inheritable sets) and lower the limit
+        DOCTOR_WRAP="prlimit --memlock=65536:65536 setpriv --inh-caps=-ipc_lock --bounding-set=-ipc_lock" \
+            doctor_step doctor_memlock 2 "" "--comms 4" \
+            '^fail +memlock +RLIMIT_MEMLOCK 64 KiB .*CAP_IPC_LOCK no.*ENOMEM.*fix: raise the limit'
+        # a real connection through the plugin over rxe0, both ends in this VM
+        env NCCL_NET_PLUGIN="$PLUGIN_SO" NCCL_NET=verbsnet timeout -k 5 60 "$PERF_BIN" doctor \
+            --interval 0 --listen 127.0.0.1:29650 --pings 200 --bw-bytes 16M > "$logs/doctor_listen.log" 2>&1 &
+        lpid=$!
+        doctor_step doctor_peer 0 "" "--peer 127.0.0.1:29650 --pings 200 --bw-bytes 16M" \
+            '^ok +peer\.transport +here ib \(rxe0:1\)' '^ok +peer\.mtu +here 4096, peer 4096: path MTU 4096' \
+            '^ok +peer\.connect' '^ok +peer\.latency +[0-9.]+ us' '^ok +peer\.bandwidth +[0-9.]+ GB/s'
+        wait "$lpid" || fail doctor_listen "the listening side exited $?"
+    else
+        echo "vm-suite: ----  doctor_*           verbsnet-perf doctor not in this tree"
     fi
     echo "vm-suite: $passed passed, $failed failed${failures[*]:+ (${failures[*]})}"
     [ "$failed" = 0 ]

@@ -673,6 +673,66 @@ impl Net {
     }
 }
 
+/// What [`probe`] found for an `NCCL_NET_PLUGIN` value.
+#[derive(Clone, Debug)]
+pub struct Probe {
+    /// The candidate that loaded (as passed to `dlopen`).
+    pub candidate: String,
+    /// The file the loader mapped.
+    pub path: PathBuf,
+    /// Those of the asked symbols that the library exports, in the order asked.
+    pub found: Vec<String>,
+    /// Failed candidates before it, with the loader's message.
+    pub tried: Vec<(String, String)>,
+}
+
+/// Loads the plugin as [`Net::load`] does (same candidates, same flags) and reports which of
+/// `symbols` it exports, without calling anything in it (for `verbsnet-perf doctor`, which
+/// probes `ncclNetPlugin_v12` … `_v6` in NCCL's order).
+///
+/// # Errors
+/// [`Error::NotFound`] when no candidate loads.
+pub fn probe(value: &str, exe_dir: Option<&Path>, symbols: &[&str]) -> Result<Probe> {
+    let mut tried = Vec::new();
+    for candidate in search_order(value, exe_dir) {
+        // SAFETY: as in `Net::load`: the plugin's only initialisers are the standard library's.
+        let opened = unsafe {
+            Library::open(
+                Some(OsStr::new(&candidate)),
+                libc::RTLD_NOW | libc::RTLD_LOCAL,
+            )
+        };
+        let lib = match opened {
+            Ok(lib) => lib,
+            Err(e) => {
+                tried.push((candidate, e.to_string()));
+                continue;
+            }
+        };
+        let mut found = Vec::new();
+        let mut path = None;
+        for sym in symbols {
+            // SAFETY: only the symbol's address is taken; nothing is read or called.
+            let s: std::result::Result<Symbol<*const c_void>, _> =
+                unsafe { lib.get(sym.as_bytes()) };
+            if let Ok(s) = s {
+                path = path.or_else(|| loaded_path(*s));
+                found.push((*sym).to_string());
+            }
+        }
+        return Ok(Probe {
+            path: path.unwrap_or_else(|| PathBuf::from(&candidate)),
+            candidate,
+            found,
+            tried,
+        });
+    }
+    Err(Error::NotFound {
+        value: value.to_string(),
+        tried,
+    })
+}
+
 /// # Safety
 /// `p` is NULL or a NUL-terminated string valid for the call.
 unsafe fn opt_cstr(p: *const c_char) -> Option<String> {
