@@ -1,9 +1,10 @@
 //! Build script for the verbsnet plugin.
 //!
-//! 1. Runs bindgen over our own ABI header (`nccl-headers/verbsnet_net_v8.h`) into
-//!    `$OUT_DIR/nccl_net_v8.rs`, included by `plugin/ffi/abi.rs`.
-//! 2. Restricts the cdylib's dynamic symbol table to `ncclNetPlugin_v8` with a linker
-//!    version script (`plugin/ffi/exports.map`).
+//! 1. Runs bindgen over our own ABI header (`nccl-headers/verbsnet_net.h`, one section per
+//!    ABI version v7 … v12) into `$OUT_DIR/nccl_net.rs`, included by `plugin/ffi/abi.rs`
+//!    (which asserts every table's and properties struct's layout at compile time).
+//! 2. Restricts the cdylib's dynamic symbol table to `ncclNetPlugin_v7` … `ncclNetPlugin_v12`
+//!    with a linker version script (`plugin/ffi/exports.map`).
 //! 3. Cargo cannot put a dash in a library file name, so the cdylib is produced as
 //!    `libnccl_net_verbsnet.so`; NCCL looks for `libnccl-net-<NCCL_NET_PLUGIN>.so`
 //!    (ext-net plugin loading rules). We create the symlink
@@ -12,7 +13,7 @@ use std::env;
 use std::path::PathBuf;
 
 fn main() {
-    let header = "nccl-headers/verbsnet_net_v8.h";
+    let header = "nccl-headers/verbsnet_net.h";
     println!("cargo:rerun-if-changed={header}");
     println!("cargo:rerun-if-changed=plugin/ffi/exports.map");
 
@@ -28,9 +29,9 @@ fn main() {
         .derive_default(true)
         .layout_tests(false)
         .generate()
-        .expect("bindgen over nccl-headers/verbsnet_net_v8.h (needs libclang-dev)");
+        .expect("bindgen over nccl-headers/verbsnet_net.h (needs libclang-dev)");
     bindings
-        .write_to_file(out.join("nccl_net_v8.rs"))
+        .write_to_file(out.join("nccl_net.rs"))
         .expect("write bindings");
 
     let map = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap()).join("plugin/ffi/exports.map");

@@ -191,6 +191,11 @@ pub struct Args {
     #[arg(long, default_value_t = 0)]
     pub dev: i32,
 
+    /// ncclNet ABI version to drive (7..=12) [default: the newest the plugin exports, probed
+    /// v12 → v7 as NCCL does].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(7..=12))]
+    pub net_version: Option<u32>,
+
     /// After the plugin run, stream the same bytes per ring link over plain TCP sockets between
     /// the same ranks, and report that bandwidth and the ratio plugin/baseline per size.
     #[arg(long, value_enum, value_name = "KIND")]
