@@ -108,9 +108,10 @@ impl Drop for Context {
     /// PDs once no comm holds them any more).
     fn drop(&mut self) {
         let mut g = lock(&SHARED);
-        if let Some(s) = g.as_mut() {
+        // Only contexts made from the shared state count (tests make others).
+        if let Some(s) = g.as_mut().filter(|s| Arc::ptr_eq(&s.net, &self.net)) {
             s.users = s.users.saturating_sub(1);
-            if s.users == 0 && Arc::ptr_eq(&s.net, &self.net) {
+            if s.users == 0 {
                 *g = None;
                 info!(target: "verbsnet::init", "last context finalized: plugin state released");
             }
@@ -408,8 +409,9 @@ pub fn connect(
     let cfg = conn_config(&ctx, tc);
     let mut c = Connecting::resume_or_start(handle)?;
     match c.step(&d.dev, &d.props.name, &cfg) {
-        Ok(Some(comm)) => {
+        Ok(Some(mut comm)) => {
             Connecting::clear(handle);
+            comm.set_comm_id(ctx.comm_id);
             Ok(Some(SendComm { comm, _ctx: ctx }))
         }
         Ok(None) => {
@@ -426,9 +428,12 @@ pub fn connect(
 impl ListenComm {
     /// One non-blocking step of `accept`: `Ok(None)` = call again.
     pub fn accept(&mut self) -> Result<Option<RecvComm>, Error> {
-        Ok(self.listen.accept()?.map(|comm| RecvComm {
-            comm,
-            _ctx: self.ctx.clone(),
+        Ok(self.listen.accept()?.map(|mut comm| {
+            comm.set_comm_id(self.ctx.comm_id);
+            RecvComm {
+                comm,
+                _ctx: self.ctx.clone(),
+            }
         }))
     }
 }
@@ -481,4 +486,40 @@ impl RecvComm {
 /// `test(request)`: `Ok(Some(sizes))` when done (one size for a send, n for a grouped receive).
 pub fn test(req: &ReqHandle, comm: &Comm) -> Result<Option<Vec<u64>>, Error> {
     comm.test(req.id())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ctx(tc: Option<u8>) -> Context {
+        let cfg = crate::config::Config {
+            ib_tc: 7,
+            ..Default::default()
+        };
+        Context {
+            net: Arc::new(Net {
+                cfg,
+                kind: crate::transport::Kind::Tcp,
+                devs: Vec::new(),
+                listen_ip: std::net::Ipv4Addr::LOCALHOST.into(),
+            }),
+            comm_id: Some(1),
+            traffic_class: tc,
+        }
+    }
+
+    #[test]
+    fn a_communicator_traffic_class_overrides_the_knob_and_a_connection_one_overrides_both() {
+        assert_eq!(conn_config(&ctx(None), None).ib_tc, 7);
+        assert_eq!(conn_config(&ctx(Some(106)), None).ib_tc, 106);
+        assert_eq!(conn_config(&ctx(Some(106)), Some(40)).ib_tc, 40);
+        assert_eq!(conn_config(&ctx(None), Some(0)).ib_tc, 0);
+        assert_eq!(traffic_class(-1, "x"), Ok(None));
+        assert_eq!(traffic_class(255, "x"), Ok(Some(255)));
+        assert!(
+            matches!(traffic_class(256, "the communicator's"), Err(Error::Usage(m)) if m.contains("256"))
+        );
+        assert!(matches!(traffic_class(-2, "x"), Err(Error::Usage(_))));
+    }
 }

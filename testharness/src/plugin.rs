@@ -1070,6 +1070,13 @@ impl Drop for Net {
     }
 }
 
+/// Bytes of heap the process's allocator has handed out and not got back (glibc
+/// `mallinfo2().uordblks`): the measure of the leak checks across plugin load cycles.
+pub fn heap_in_use_bytes() -> usize {
+    // SAFETY: mallinfo2 only reads the allocator's statistics and returns them by value.
+    unsafe { libc::mallinfo2() }.uordblks
+}
+
 /// # Safety
 /// `p` is NULL or a NUL-terminated string valid for the call.
 unsafe fn opt_cstr(p: *const c_char) -> Option<String> {

@@ -523,6 +523,33 @@ fn every_net_version_carries_all_reduce_and_the_default_is_the_newest() {
 }
 
 #[test]
+fn main_collectives_through_the_v8_table() {
+    for coll in ["all_reduce", "all_gather", "reduce_scatter", "sendrecv"] {
+        let (o, j) = run_json(&[
+            coll,
+            "--ranks",
+            "2",
+            "-b",
+            "8",
+            "-e",
+            "1M",
+            "-f",
+            "8",
+            "-n",
+            "2",
+            "-w",
+            "1",
+            "--transport",
+            "tcp",
+            "--net-version",
+            "8",
+        ]);
+        assert_clean(coll, 2, &o, &j);
+        assert_eq!(j["plugin"]["symbol"], "ncclNetPlugin_v8");
+    }
+}
+
+#[test]
 fn an_unknown_net_version_is_refused_before_any_rank_starts() {
     let o = perf(&["sendrecv", "--ranks", "2", "--net-version", "13"])
         .output()
