@@ -512,3 +512,66 @@ fn v12_contexts_carry_a_message_with_optional_completion_and_finalize_in_turn() 
         );
     }
 }
+
+/// One message of exactly maxP2pBytes (1 GiB), the largest NCCL may hand a v9+ plugin, through
+/// the v9 table (`size_t` sizes) over tcp: it arrives whole and `test` reports its size.
+#[test]
+fn v9_moves_one_message_of_max_p2p_bytes() {
+    let t = &ncclNetPlugin_v9.0;
+    let p = setup();
+    let len: usize = 1 << 30;
+    let mut sbuf: Vec<u8> = (0..len).map(|i| (i >> 12) as u8 ^ (i as u8)).collect();
+    let mut rbuf = vec![0u8; len];
+    // SAFETY: every pointer below is valid for its call; buffers outlive their registration.
+    unsafe {
+        let (mut smh, mut rmh): (*mut c_void, *mut c_void) = (ptr::null_mut(), ptr::null_mut());
+        let r = t.regMr.unwrap()(p.send, sbuf.as_mut_ptr().cast(), len, 1, &mut smh);
+        assert_eq!(r, ncclResult_t::ncclSuccess);
+        let r = t.regMr.unwrap()(p.recv, rbuf.as_mut_ptr().cast(), len, 1, &mut rmh);
+        assert_eq!(r, ncclResult_t::ncclSuccess);
+        let mut datas = [rbuf.as_mut_ptr().cast::<c_void>()];
+        let (mut sizes, mut tags, mut mhs) = ([len], [1], [rmh]);
+        let mut rreq: *mut c_void = ptr::null_mut();
+        while rreq.is_null() {
+            let r = t.irecv.unwrap()(
+                p.recv,
+                1,
+                datas.as_mut_ptr(),
+                sizes.as_mut_ptr(),
+                tags.as_mut_ptr(),
+                mhs.as_mut_ptr(),
+                &mut rreq,
+            );
+            assert_eq!(r, ncclResult_t::ncclSuccess);
+        }
+        let mut sreq: *mut c_void = ptr::null_mut();
+        let (mut sdone, mut rdone) = (0, 0);
+        let (mut ssize, mut rsize) = ([0 as c_int], [0 as c_int]);
+        while sreq.is_null() {
+            let r = t.isend.unwrap()(p.send, sbuf.as_mut_ptr().cast(), len, 1, smh, &mut sreq);
+            assert_eq!(r, ncclResult_t::ncclSuccess);
+            if sreq.is_null() {
+                let r = t.test.unwrap()(rreq, &mut rdone, rsize.as_mut_ptr());
+                assert_eq!(r, ncclResult_t::ncclSuccess);
+            }
+        }
+        let start = std::time::Instant::now();
+        while sdone == 0 || rdone == 0 {
+            if sdone == 0 {
+                let r = t.test.unwrap()(sreq, &mut sdone, ssize.as_mut_ptr());
+                assert_eq!(r, ncclResult_t::ncclSuccess);
+            }
+            if rdone == 0 {
+                let r = t.test.unwrap()(rreq, &mut rdone, rsize.as_mut_ptr());
+                assert_eq!(r, ncclResult_t::ncclSuccess);
+            }
+            assert!(start.elapsed().as_secs() < 300, "1 GiB never completed");
+        }
+        assert_eq!((ssize[0], rsize[0]), (len as c_int, len as c_int));
+        assert!(rbuf == sbuf, "the 1 GiB message arrived changed");
+        assert_eq!(t.deregMr.unwrap()(p.send, smh), ncclResult_t::ncclSuccess);
+        assert_eq!(t.deregMr.unwrap()(p.recv, rmh), ncclResult_t::ncclSuccess);
+        assert_eq!(t.closeSend.unwrap()(p.send), ncclResult_t::ncclSuccess);
+        assert_eq!(t.closeRecv.unwrap()(p.recv), ncclResult_t::ncclSuccess);
+    }
+}
