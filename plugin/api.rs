@@ -200,13 +200,6 @@ pub fn finalize(ctx: Arc<Context>) {
     drop(ctx);
 }
 
-/// Ends the v7–v10 process-wide context, as a v11 `finalize` would (tests and the harness;
-/// NCCL never calls it because those versions have no `finalize`).
-pub fn finalize_legacy() {
-    let c = lock(&LEGACY).take();
-    drop(c);
-}
-
 /// The shared state of any live context (for `devices`/`getProperties`, which take none).
 pub fn net() -> Result<Arc<Net>, Error> {
     lock(&SHARED)

@@ -23,8 +23,8 @@
 #                        shows "traffic class 106" in its connections' INFO lines)
 #   6. perf_*            verbsnet-perf over ib, small sizes: all_reduce --ranks 2 and 4,
 #                        all_gather, reduce_scatter and sendrecv --ranks 2 through ncclNet v12
-#                        (the default, newest) and v8; a sendrecv smoke run through v7, v9, v10
-#                        and v11; VERBSNET_IB_TC=106 VERBSNET_IB_SL=3 shown on every connection.
+#                        (the default, newest) and v8; an all_reduce smoke run through v7, v9,
+#                        v10 and v11; VERBSNET_IB_TC=106 VERBSNET_IB_SL=3 shown on every connection.
 #                        Each: exit 0, #wrong 0, the symbol used, and the log names rxe0, the
 #                        GID index and the MTU (when the harness exists)
 # A test binary that prints SKIP in the VM (no device found) counts as a failure. Each step
@@ -140,7 +140,7 @@ if [ "${1:-}" = --guest ]; then
         perf_step perf_allreduce_4_v8 all_reduce --ranks 4 --net-version 8 "${small[@]}" -T 100
         # a smoke run through every other version
         for v in 7 9 10 11; do
-            perf_step "perf_smoke_v$v" sendrecv --ranks 2 --net-version "$v" -b 8 -e 64K -f 8 -n 2 -w 1 -T 100
+            perf_step "perf_smoke_v$v" all_reduce --ranks 2 --net-version "$v" -b 8 -e 64K -f 8 -n 2 -w 1 -T 100
         done
         PERF_ENV="VERBSNET_IB_TC=106 VERBSNET_IB_SL=3" PERF_EXPECT="traffic class 106 SL 3" \
             perf_step perf_tc_106 sendrecv --ranks 2 -b 8 -e 64K -f 8 -n 2 -w 1 -T 100
