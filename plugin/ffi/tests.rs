@@ -575,3 +575,41 @@ fn v9_moves_one_message_of_max_p2p_bytes() {
         assert_eq!(t.closeRecv.unwrap()(p.recv), ncclResult_t::ncclSuccess);
     }
 }
+
+#[test]
+fn v10_connect_reads_its_config_which_may_be_null() {
+    let t = &ncclNetPlugin_v10.0;
+    let _ = setup();
+    let mut handle = [0xabu8; 128];
+    let mut send: *mut c_void = ptr::null_mut();
+    let mut cfg = ncclNetCommConfig_v10_t { trafficClass: 300 };
+    // SAFETY: valid pointers; the handle is garbage on purpose (never reached: the config is
+    // checked first).
+    let r = unsafe {
+        t.connect.unwrap()(
+            0,
+            &mut cfg,
+            handle.as_mut_ptr().cast(),
+            &mut send,
+            ptr::null_mut(),
+        )
+    };
+    assert_eq!(
+        r,
+        ncclResult_t::ncclInvalidUsage,
+        "trafficClass 300 is not a byte"
+    );
+    // NULL config (NCCL's GDR probe): accepted; the garbage handle is what fails.
+    // SAFETY: as above.
+    let r = unsafe {
+        t.connect.unwrap()(
+            0,
+            ptr::null_mut(),
+            handle.as_mut_ptr().cast(),
+            &mut send,
+            ptr::null_mut(),
+        )
+    };
+    assert_eq!(r, ncclResult_t::ncclInvalidArgument);
+    assert!(send.is_null());
+}
