@@ -82,6 +82,11 @@ pub struct Config {
     pub ib_timeout: u8,
     /// `VERBSNET_IB_RETRY_CNT`: transport retries (0..=7).
     pub ib_retry_cnt: u8,
+    /// `VERBSNET_IB_TC`: GRH traffic class of RC QPs (0..=255); a communicator's
+    /// `trafficClass` (ncclNet v10+) overrides it.
+    pub ib_tc: u8,
+    /// `VERBSNET_IB_SL`: service level of RC QPs (0..=15).
+    pub ib_sl: u8,
     /// `VERBSNET_IB_HCA`: device filter (`[^][=]name[:port],...`).
     pub ib_hca: Option<String>,
     /// `VERBSNET_IB_GID_INDEX`: force a GID index (default: automatic RoCE v2 IPv4 choice).
@@ -127,6 +132,8 @@ impl Default for Config {
             rnr_retry: 7,
             ib_timeout: 20,
             ib_retry_cnt: 7,
+            ib_tc: 0,
+            ib_sl: 0,
             ib_hca: None,
             ib_gid_index: None,
             socket_addr: None,
@@ -287,6 +294,23 @@ pub const KNOBS: &[Knob] = &[
         reason: "the maximum transport retries, as NCCL_IB_RETRY_CNT",
         show: |c| c.ib_retry_cnt.to_string(),
     },
+    // -- traffic class and service level (issue 9) --
+    Knob {
+        var: "VERBSNET_IB_TC",
+        key: "ib_tc",
+        default: "0",
+        accepted: "an integer in 0..=255",
+        reason: "the GRH traffic class (DSCP << 2 | ECN) of RC QPs, as NCCL_IB_TC (default 0);                  a communicator's trafficClass (ncclNet v10+) overrides it when set",
+        show: |c| c.ib_tc.to_string(),
+    },
+    Knob {
+        var: "VERBSNET_IB_SL",
+        key: "ib_sl",
+        default: "0",
+        accepted: "an integer in 0..=15",
+        reason: "the InfiniBand service level of RC QPs, as NCCL_IB_SL (default 0)",
+        show: |c| c.ib_sl.to_string(),
+    },
     Knob {
         var: "VERBSNET_IB_HCA",
         key: "ib_hca",
@@ -415,6 +439,8 @@ impl Config {
         c.rnr_retry = env.small("VERBSNET_RNR_RETRY", 0, 7)?.unwrap_or(7);
         c.ib_timeout = env.small("VERBSNET_IB_TIMEOUT", 1, 31)?.unwrap_or(20);
         c.ib_retry_cnt = env.small("VERBSNET_IB_RETRY_CNT", 0, 7)?.unwrap_or(7);
+        c.ib_tc = env.small("VERBSNET_IB_TC", 0, 255)?.unwrap_or(0);
+        c.ib_sl = env.small("VERBSNET_IB_SL", 0, 15)?.unwrap_or(0);
 
         c.ib_hca = env.value("VERBSNET_IB_HCA").map(|v| v.trim().to_string());
         // -1 is NCCL_IB_GID_INDEX's spelling of "auto"; accept it for copied settings.
@@ -947,7 +973,7 @@ mod tests {
             Config::default().describe(),
             "transport=auto rq_depth=128 rq_batch=16 rq_low_water=112 eager_buf_size=8192 \
              eager_limit=8192 credits=on rnr_timer=12 rnr_retry=7 ib_timeout=20 ib_retry_cnt=7 \
-             ib_hca=all ib_gid_index=auto socket_addr=auto socket_ifname=auto hang_timeout=60s \
+             ib_tc=0 ib_sl=0 ib_hca=all ib_gid_index=auto socket_addr=auto socket_ifname=auto hang_timeout=60s \
              stats_interval=off stats_file=off debug=warn"
         );
         let c = ok(&[
@@ -966,14 +992,29 @@ mod tests {
             c.describe(),
             "transport=tcp rq_depth=4 rq_batch=4 rq_low_water=1 eager_buf_size=8192 \
              eager_limit=8192 credits=off rnr_timer=12 rnr_retry=7 ib_timeout=20 ib_retry_cnt=7 \
-             ib_hca=mlx5_0:1 ib_gid_index=3 socket_addr=10.0.0.1 socket_ifname=eth0 \
+             ib_tc=0 ib_sl=0 ib_hca=mlx5_0:1 ib_gid_index=3 socket_addr=10.0.0.1 socket_ifname=eth0 \
              hang_timeout=off stats_interval=0.5s stats_file=off debug=trace"
         );
     }
 
     #[test]
+    fn traffic_class_and_service_level_are_bounded() {
+        let c = ok(&[("VERBSNET_IB_TC", "106"), ("VERBSNET_IB_SL", "15")]);
+        assert_eq!((c.ib_tc, c.ib_sl), (106, 15));
+        assert_eq!((Config::default().ib_tc, Config::default().ib_sl), (0, 0));
+        assert_eq!(
+            err(&[("VERBSNET_IB_TC", "256")]),
+            r#"VERBSNET_IB_TC="256" is not valid: expected an integer in 0..=255"#
+        );
+        assert_eq!(
+            err(&[("VERBSNET_IB_SL", "16")]),
+            r#"VERBSNET_IB_SL="16" is not valid: expected an integer in 0..=15"#
+        );
+    }
+
+    #[test]
     fn registry_is_complete_and_unique() {
-        assert_eq!(KNOBS.len(), 19);
+        assert_eq!(KNOBS.len(), 21);
         for (i, k) in KNOBS.iter().enumerate() {
             assert!(k.var.starts_with("VERBSNET_"), "{}", k.var);
             assert_eq!(k.var, format!("VERBSNET_{}", k.key.to_ascii_uppercase()));

@@ -3,7 +3,7 @@
 
 use std::ffi::CString;
 use std::net::{IpAddr, Ipv4Addr};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use tracing::{info, warn};
 
@@ -35,26 +35,10 @@ pub struct Net {
     pub listen_ip: IpAddr,
 }
 
-static NET: RwLock<Option<Arc<Net>>> = RwLock::new(None);
-
-/// The initialized plugin, or an error telling the caller to call init first.
-pub fn get() -> Result<Arc<Net>, Error> {
-    NET.read()
-        .ok()
-        .and_then(|g| g.clone())
-        .ok_or_else(|| Error::Internal("the plugin is used before init succeeded".into()))
-}
-
-/// `init`: parses the configuration once, picks the transport and opens its devices.
-/// A second call keeps the first configuration (NCCL may call init more than once).
-pub fn init(logger: crate::ffi::abi::ncclDebugLogger_t) -> Result<(), Error> {
-    if let Ok(Some(_)) = NET.read().map(|g| g.clone()) {
-        crate::log::init(
-            logger,
-            crate::log::level().unwrap_or(crate::config::DebugLevel::Warn),
-        );
-        return Ok(());
-    }
+/// Opens the plugin: parses the configuration, picks the transport and opens its devices.
+/// [`crate::api`] calls it when the first context is made and keeps the result, shared and
+/// reference-counted, until the last context is finalized.
+pub fn open_net(logger: crate::ffi::abi::ncclDebugLogger_t) -> Result<Net, Error> {
     let cfg = match Config::from_env() {
         Ok(c) => c,
         Err(e) => {
@@ -101,16 +85,12 @@ pub fn init(logger: crate::ffi::abi::ncclDebugLogger_t) -> Result<(), Error> {
         kind.as_str(),
         names.join(" ")
     );
-    let net = Arc::new(Net {
+    Ok(Net {
         cfg,
         kind,
         devs: entries,
         listen_ip,
-    });
-    if let Ok(mut g) = NET.write() {
-        *g = Some(net);
-    }
-    Ok(())
+    })
 }
 
 fn open(cfg: &Config) -> Result<(Kind, Vec<Arc<dyn Device>>), Error> {
@@ -185,4 +165,17 @@ fn listen_ip(cfg: &Config) -> Result<IpAddr, Error> {
         .find(|(_, ip, up)| *up && ip.is_ipv4() && !ip.is_loopback())
         .map(|(_, ip, _)| *ip)
         .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST)))
+}
+
+/// The device `dev` of `net`, or an error naming how many there are.
+pub fn dev_entry(net: &Net, dev: i32) -> Result<&DevEntry, Error> {
+    usize::try_from(dev)
+        .ok()
+        .and_then(|d| net.devs.get(d))
+        .ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "device {dev} does not exist (this plugin has {})",
+                net.devs.len()
+            ))
+        })
 }

@@ -528,7 +528,8 @@ fn check_plugin_load(value: &str, exe_dir: Option<&Path>, report: &mut Report) -
         }
     };
     report.push(abi_check(&found.found));
-    (found.found.iter().any(|s| s == plugin::SYMBOL)).then_some(found.candidate)
+    let drivable = |s: &String| plugin::VERSIONS.iter().any(|&v| *s == plugin::symbol(v));
+    found.found.iter().any(drivable).then_some(found.candidate)
 }
 
 /// Which table NCCL would take from the exported `found` symbols (NCCL tries v12 … v6 and takes
@@ -598,7 +599,7 @@ fn init_plugin(
         Err(e) => {
             report.push(
                 Check::new("plugin.init", Verdict::Fail, e.to_string())
-                    .expect(format!("{} with name {wanted}", plugin::SYMBOL))
+                    .expect(format!("an ncclNetPlugin_v7 … v12 table with name {wanted}"))
                     .fix(format!("check NCCL_NET_PLUGIN={shown_value} and NCCL_NET")),
             );
             return None;

@@ -418,7 +418,9 @@ fn open_ports(
         let props = DeviceProps {
             name: info.label(),
             pci_path: pci_path(&dev_dir),
-            guid: u64::from_be(attr.node_guid),
+            // The NIC chip, as NCCL's IB transport reports (`net_ib/init.cc`): functions
+            // and ports of one NIC share it, so NCCL's topology sees them as one chip.
+            guid: u64::from_be(attr.sys_image_guid),
             speed_mbps: speed.unwrap_or(10_000).min(i32::MAX as u32) as i32,
             port: i32::from(port),
             latency_us: 0.0,

@@ -350,7 +350,7 @@ impl QueuePair for IbQueuePair {
         attr.max_dest_rd_atomic = 1;
         attr.min_rnr_timer = self.cfg.min_rnr_timer.min(31);
         attr.ah_attr.port_num = self.port.port;
-        attr.ah_attr.sl = 0;
+        attr.ah_attr.sl = self.cfg.service_level.min(15);
         attr.ah_attr.dlid = peer.lid;
         if self.port.link_layer == LINK_LAYER_ETHERNET {
             // RoCE: every packet carries a GRH (it becomes the IP header)
@@ -358,7 +358,7 @@ impl QueuePair for IbQueuePair {
             attr.ah_attr.grh.dgid.raw = peer.gid;
             attr.ah_attr.grh.sgid_index = self.port.gid_index;
             attr.ah_attr.grh.hop_limit = 255;
-            attr.ah_attr.grh.traffic_class = 0;
+            attr.ah_attr.grh.traffic_class = self.cfg.traffic_class;
             attr.ah_attr.grh.flow_label = 0;
         }
         let mask = ibv_qp_attr_mask::IBV_QP_STATE
