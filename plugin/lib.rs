@@ -15,6 +15,7 @@
 pub mod config;
 pub mod engine;
 pub mod ffi;
+pub mod ifselect;
 pub mod log;
 pub mod transport;
 

@@ -391,13 +391,24 @@ impl QueuePair for IbQueuePair {
         }
         self.oob = Some(oob);
         self.established = true;
+        let (local_mtu, peer_mtu) = (
+            convert::mtu_bytes(self.port.active_mtu).unwrap_or(0),
+            convert::mtu_bytes(u32::from(peer.mtu)).unwrap_or(0),
+        );
+        let mtu_note = if local_mtu == peer_mtu {
+            String::new()
+        } else {
+            format!(
+                "; path MTU is the smaller of this port's {local_mtu} and the peer's {peer_mtu}"
+            )
+        };
         info!(
             dev = %self.port.label(),
             qp_num = self.qpn,
             remote_qp_num = peer.qpn,
             remote_gid = %Ipv6Addr::from(peer.gid),
             mtu = convert::mtu_bytes(mtu).unwrap_or(0),
-            "QP connected (RTS)"
+            "QP connected (RTS){mtu_note}"
         );
         Ok(())
     }
