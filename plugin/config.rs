@@ -96,6 +96,9 @@ pub struct Config {
     /// `NCCL_SOCKET_FAMILY` as set (`AF_INET` or `AF_INET6`; other values are ignored, as NCCL
     /// does).
     pub nccl_socket_family: Option<String>,
+    /// `VERBSNET_SOCKET_KEEPALIVE`: bound for noticing a silent peer host on an ib
+    /// connection's set-up socket with TCP keepalive (0 = off).
+    pub socket_keepalive: Option<Duration>,
     /// `VERBSNET_HANG_TIMEOUT`: seconds without progress before the watchdog WARNs (0 = off).
     pub hang_timeout: Option<Duration>,
     /// `VERBSNET_STATS_INTERVAL`: seconds between periodic counter lines (0 = off).
@@ -139,6 +142,7 @@ impl Default for Config {
             socket_ifname: None,
             nccl_socket_ifname: None,
             nccl_socket_family: None,
+            socket_keepalive: Some(Duration::from_secs(20)),
             hang_timeout: Some(Duration::from_secs(60)),
             stats_interval: None,
             stats_file: None,
@@ -328,6 +332,14 @@ pub const KNOBS: &[Knob] = &[
         show: |c| show_opt_str(c.socket_ifname.as_deref(), "auto"),
     },
     Knob {
+        var: "VERBSNET_SOCKET_KEEPALIVE",
+        key: "socket_keepalive",
+        default: "20",
+        accepted: "a number of seconds >= 0 (fractions allowed, 0 = off)",
+        reason: "a powered-off peer host is noticed within 20 s even with no WR in flight",
+        show: |c| show_duration(c.socket_keepalive),
+    },
+    Knob {
         var: "VERBSNET_HANG_TIMEOUT",
         key: "hang_timeout",
         default: "60",
@@ -442,6 +454,9 @@ impl Config {
         c.nccl_socket_ifname = env.value("NCCL_SOCKET_IFNAME");
         c.nccl_socket_family = env.value("NCCL_SOCKET_FAMILY");
 
+        if let Some(t) = env.seconds("VERBSNET_SOCKET_KEEPALIVE")? {
+            c.socket_keepalive = t;
+        }
         if let Some(t) = env.seconds("VERBSNET_HANG_TIMEOUT")? {
             c.hang_timeout = t;
         }
@@ -643,6 +658,7 @@ mod tests {
         assert_eq!((c.rnr_timer, c.rnr_retry), (12, 7));
         assert_eq!((c.ib_timeout, c.ib_retry_cnt), (20, 6));
         assert_eq!(c.hang_timeout, Some(Duration::from_secs(60)));
+        assert_eq!(c.socket_keepalive, Some(Duration::from_secs(20)));
         assert_eq!(c.stats_interval, None);
         assert_eq!(c.debug, DebugLevel::Warn);
     }
@@ -970,7 +986,8 @@ mod tests {
             Config::default().describe(),
             "transport=auto rq_depth=128 rq_batch=16 rq_low_water=112 eager_buf_size=8192 \
              eager_limit=8192 credits=on rnr_timer=12 rnr_retry=7 ib_timeout=20 ib_retry_cnt=6 \
-             ib_hca=all ib_gid_index=auto socket_addr=auto socket_ifname=auto hang_timeout=60s \
+             ib_hca=all ib_gid_index=auto socket_addr=auto socket_ifname=auto socket_keepalive=20s \
+             hang_timeout=60s \
              stats_interval=off stats_file=off debug=warn"
         );
         let c = ok(&[
@@ -990,13 +1007,13 @@ mod tests {
             "transport=tcp rq_depth=4 rq_batch=4 rq_low_water=1 eager_buf_size=8192 \
              eager_limit=8192 credits=off rnr_timer=12 rnr_retry=7 ib_timeout=20 ib_retry_cnt=6 \
              ib_hca=mlx5_0:1 ib_gid_index=3 socket_addr=10.0.0.1 socket_ifname=eth0 \
-             hang_timeout=off stats_interval=0.5s stats_file=off debug=trace"
+             socket_keepalive=20s hang_timeout=off stats_interval=0.5s stats_file=off debug=trace"
         );
     }
 
     #[test]
     fn registry_is_complete_and_unique() {
-        assert_eq!(KNOBS.len(), 19);
+        assert_eq!(KNOBS.len(), 20);
         for (i, k) in KNOBS.iter().enumerate() {
             assert!(k.var.starts_with("VERBSNET_"), "{}", k.var);
             assert_eq!(k.var, format!("VERBSNET_{}", k.key.to_ascii_uppercase()));
