@@ -17,7 +17,8 @@
 #
 # Environment: SOFTROCE_NETDEV, SOFTROCE_NDEVS, SOFTROCE_MTU (see guest-setup.sh);
 #   SOFTROCE_CACHE (kernel/initramfs cache, default /var/tmp/verbsnet-softroce);
-#   SOFTROCE_VERBOSE=1 (kernel messages on the console); SOFTROCE_QEMU_EXTRA (more QEMU args).
+#   SOFTROCE_VERBOSE=1 (kernel messages on the console); SOFTROCE_QEMU_EXTRA (more QEMU args);
+#   SOFTROCE_PIDFILE (the VM's stoppable pid is written there).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 usage() { sed -n '4,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
@@ -114,7 +115,11 @@ done
 qemu+=(${SOFTROCE_QEMU_EXTRA:-})
 
 set +e
-timeout -k 10 "$timeout_s" "${qemu[@]}" < /dev/null
+timeout -k 10 "$timeout_s" "${qemu[@]}" < /dev/null &
+qemu_pid=$!
+# SOFTROCE_PIDFILE: where a caller (run-two-vms.sh) finds the VM to stop it (SIGTERM)
+[ -n "${SOFTROCE_PIDFILE:-}" ] && echo "$qemu_pid" > "$SOFTROCE_PIDFILE"
+wait "$qemu_pid"
 qemu_rc=$?
 set -e
 if [ "$qemu_rc" = 124 ] || [ "$qemu_rc" = 137 ]; then

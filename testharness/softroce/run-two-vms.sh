@@ -20,7 +20,9 @@
 # Output: each line is prefixed with "[a] " or "[b] ". Exit status: 0 when both commands
 # exited 0; otherwise a's status if it is not 0, else b's (255: a VM or its setup failed, 124:
 # -T timeout). Both statuses are printed on the last line ("run-two-vms: a exit X, b exit Y") and,
-# with TWOVM_STATUS_FILE=PATH, written there as "X Y".
+# with TWOVM_STATUS_FILE=PATH, written there as "X Y". A VM that fails to boot or set up (255)
+# stops the other one (which would otherwise wait for its peer until -T), unless
+# TWOVM_KEEP_SURVIVOR is set (trials where a VM powers itself off on purpose, also 255).
 #
 # Environment: SOFTROCE_MTU (both NICs, default 9000), SOFTROCE_MTU_A / SOFTROCE_MTU_B (one
 # NIC each, e.g. a path-MTU mismatch), everything else run-in-vm.sh understands (SOFTROCE_*,
@@ -57,20 +59,33 @@ vm() {
     env SOFTROCE_NETDEV=virtio SOFTROCE_ADDR="192.0.2.$((idx + 1))/24" SOFTROCE_MTU="$mtu" \
         TWOVM_ROLE="$role" TWOVM_INDEX="$idx" TWOVM_SELF="192.0.2.$((idx + 1))" \
         TWOVM_PEER="192.0.2.$((2 - idx))" TWOVM_IFNAME=eth0 SOFTROCE_HOSTNAME="vm-$role" \
-        SOFTROCE_QEMU_EXTRA="${SOFTROCE_QEMU_EXTRA:-} $nic" \
+        SOFTROCE_QEMU_EXTRA="${SOFTROCE_QEMU_EXTRA:-} $nic" SOFTROCE_PIDFILE="$piddir/$role" \
         "$HERE/run-in-vm.sh" "${opts[@]}" -- "$@" 2>&1 | sed -u "s/^/[$role] /"
     return "${PIPESTATUS[0]}"
 }
 
+piddir=$(mktemp -d /var/tmp/verbsnet-twovm.XXXXXX)
+trap 'rm -rf "$piddir"' EXIT
 mtu=${SOFTROCE_MTU:-9000}
 vm a 0 "$port_a" "$port_b" 52:54:00:12:34:01 "${SOFTROCE_MTU_A:-$mtu}" "$@" &
 pid_a=$!
 vm b 1 "$port_b" "$port_a" 52:54:00:12:34:02 "${SOFTROCE_MTU_B:-$mtu}" "$@" &
 pid_b=$!
-trap 'kill "$pid_a" "$pid_b" 2>/dev/null' INT TERM
+# stop_vm ROLE: SIGTERM to that VM's QEMU (through its `timeout`), if it still runs
+stop_vm() { [ -s "$piddir/$1" ] && kill "$(cat "$piddir/$1")" 2>/dev/null; return 0; }
+trap 'stop_vm a; stop_vm b' INT TERM
 set +e
-wait "$pid_a"; rc_a=$?
-wait "$pid_b"; rc_b=$?
+# When one VM fails to boot or set up (255), the other would wait for it: stop it too.
+wait -n -p first "$pid_a" "$pid_b"; rc_first=$?
+if [ "$first" = "$pid_a" ]; then
+    rc_a=$rc_first
+    [ "$rc_a" = 255 ] && [ -z "${TWOVM_KEEP_SURVIVOR:-}" ] && stop_vm b
+    wait "$pid_b"; rc_b=$?
+else
+    rc_b=$rc_first
+    [ "$rc_b" = 255 ] && [ -z "${TWOVM_KEEP_SURVIVOR:-}" ] && stop_vm a
+    wait "$pid_a"; rc_a=$?
+fi
 set -e
 echo "run-two-vms: a exit $rc_a, b exit $rc_b"
 [ -n "${TWOVM_STATUS_FILE:-}" ] && echo "$rc_a $rc_b" > "$TWOVM_STATUS_FILE"

@@ -50,8 +50,9 @@ if [ "${1:-}" = --guest ]; then
             [ -e "$logs/.barrier.$1.$other" ] && return 0
             sleep 0.1
         done
-        echo "twohost-suite: vm-$role: the other host never reached $1" >&2
-        return 1
+        # the other VM is gone or stuck: every later step would wait as long
+        echo "twohost-suite: FAIL  vm-$role: the other host never reached $1; stopping"
+        exit 1
     }
     port=29500
 

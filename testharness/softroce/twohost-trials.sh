@@ -159,4 +159,4 @@ printf 'PLUGIN_SO=%q\nPERF_BIN=%q\n' "$ROOT/target/release/libnccl-net-verbsnet.
     "$ROOT/target/release/verbsnet-perf" > "$logs/manifest.env"
 share=(-w "$ROOT")
 case "$logs" in "$ROOT"/*) ;; *) share+=(-w "$logs") ;; esac
-"$HERE/run-two-vms.sh" "${share[@]}" -T 1500 -- bash "$HERE/twohost-trials.sh" --guest "$logs" "${trials[@]}"
+TWOVM_KEEP_SURVIVOR=1 "$HERE/run-two-vms.sh" "${share[@]}" -T 1500 -- bash "$HERE/twohost-trials.sh" --guest "$logs" "${trials[@]}"
