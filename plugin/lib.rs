@@ -18,6 +18,7 @@
 pub mod config;
 pub mod engine;
 pub mod ffi;
+pub mod ifselect;
 pub mod log;
 pub mod transport;
 

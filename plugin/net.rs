@@ -2,7 +2,7 @@
 //! address the out-of-band listeners use.
 
 use std::ffi::CString;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use tracing::{info, warn};
@@ -58,7 +58,7 @@ pub fn open_net(logger: crate::ffi::abi::ncclDebugLogger_t) -> Result<Net, Error
     info!(target: "verbsnet::init", "verbsnet {} configuration: {}", env!("CARGO_PKG_VERSION"), cfg.describe());
 
     let (kind, devs) = open(&cfg)?;
-    let listen_ip = listen_ip(&cfg)?;
+    let (listen_ip, listen_why) = listen_ip(&cfg)?;
     let mut entries = Vec::new();
     for dev in devs {
         let props = dev.props();
@@ -81,7 +81,7 @@ pub fn open_net(logger: crate::ffi::abi::ncclDebugLogger_t) -> Result<Net, Error
         .collect();
     info!(
         target: "verbsnet::init",
-        "using transport {}: {}; out-of-band address {listen_ip}",
+        "using transport {}: {}; out-of-band address {listen_why}",
         kind.as_str(),
         names.join(" ")
     );
@@ -127,44 +127,21 @@ fn open(cfg: &Config) -> Result<(Kind, Vec<Arc<dyn Device>>), Error> {
     }
 }
 
-/// The out-of-band listen address: `VERBSNET_SOCKET_ADDR`, else the first address of
-/// `VERBSNET_SOCKET_IFNAME`, else the first IPv4 address of an up, non-loopback interface,
-/// else 127.0.0.1.
-fn listen_ip(cfg: &Config) -> Result<IpAddr, Error> {
+/// The out-of-band listen address: `VERBSNET_SOCKET_ADDR`, else the interface choice of
+/// [`crate::ifselect`] (`VERBSNET_SOCKET_IFNAME`, `NCCL_SOCKET_IFNAME`, `NCCL_SOCKET_FAMILY`,
+/// NCCL's default order), with the reason for the log.
+fn listen_ip(cfg: &Config) -> Result<(IpAddr, String), Error> {
     if let Some(a) = cfg.socket_addr {
-        return Ok(a);
+        return Ok((a, format!("{a} (VERBSNET_SOCKET_ADDR)")));
     }
-    let addrs: Vec<(String, IpAddr, bool)> = nix::ifaddrs::getifaddrs()
-        .map(|it| {
-            it.filter_map(|ifa| {
-                let up = ifa.flags.contains(nix::net::if_::InterfaceFlags::IFF_UP);
-                let sa = ifa.address?;
-                let ip = if let Some(v4) = sa.as_sockaddr_in() {
-                    IpAddr::V4(v4.ip())
-                } else {
-                    IpAddr::V6(sa.as_sockaddr_in6()?.ip())
-                };
-                Some((ifa.interface_name, ip, up))
-            })
-            .collect()
-        })
-        .unwrap_or_default();
-    if let Some(name) = &cfg.socket_ifname {
-        return addrs
-            .iter()
-            .find(|(n, _, _)| n == name)
-            .map(|(_, ip, _)| *ip)
-            .ok_or_else(|| {
-                Error::Usage(format!(
-                    "VERBSNET_SOCKET_IFNAME={name}: no such interface with an IP address"
-                ))
-            });
-    }
-    Ok(addrs
-        .iter()
-        .find(|(_, ip, up)| *up && ip.is_ipv4() && !ip.is_loopback())
-        .map(|(_, ip, _)| *ip)
-        .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST)))
+    let req = crate::ifselect::Request::new(
+        cfg.socket_ifname.as_deref(),
+        cfg.nccl_socket_ifname.as_deref(),
+        cfg.nccl_socket_family.as_deref(),
+    );
+    let c = crate::ifselect::choose(&crate::ifselect::system_interfaces(), &req)
+        .map_err(Error::Usage)?;
+    Ok((c.addr, c.to_string()))
 }
 
 /// The device `dev` of `net`, or an error naming how many there are.

@@ -6,7 +6,8 @@
 #     verbsnet-perf through the real .so, `verbsnet-perf doctor` with provoked faults, and a
 #     PNG from two --json runs (testharness/plot.py);
 #  3. the GPU check's CPU self-test (the check itself needs a GPU machine: docs/gpu-check.md);
-#  4. the soft-RoCE VM suite: the ib transport and the plugin on rdma_rxe (QEMU, Debian kernel).
+#  4. the soft-RoCE VM suite: the ib transport and the plugin on rdma_rxe (QEMU, Debian kernel);
+#  5. the two-host suite: the plugin across two soft-RoCE VMs joined by a virtual wire.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -25,3 +26,5 @@ if [ -x testharness/softroce/vm-suite.sh ]; then
 else
   CARGO_PROFILE_ARGS=--release testharness/softroce/vm-tests.sh
 fi
+echo "== two-host soft-RoCE suite (two VMs, one wire)"
+testharness/softroce/twohost-suite.sh

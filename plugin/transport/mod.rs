@@ -163,6 +163,10 @@ impl WcStatus {
             WcStatus::LocalLength => "a message was longer than the receive buffer",
             WcStatus::LocalProtection => "a local buffer was not registered (regMr) or was freed",
             WcStatus::WrFlush => "flushed after an earlier error on the same QP",
+            WcStatus::LocalQpOperation => {
+                "the local QP could not send: its port or link went down, or (rxe) a \
+                 retransmission could not leave the host (check `rdma link` and `ip link`)"
+            }
             _ => "see the first error completion on this QP",
         }
     }

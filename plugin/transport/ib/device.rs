@@ -274,6 +274,7 @@ pub fn open_devices(cfg: &crate::config::Config) -> Result<Vec<Arc<dyn Device>>,
         })?,
         None => HcaFilter::default(),
     };
+    super::qp::set_oob_keepalive(cfg.socket_keepalive);
     let verbs = dl::verbs()?;
     let mut num = 0;
     // SAFETY: num is a valid out-pointer; the list is freed below with ibv_free_device_list.
