@@ -83,9 +83,10 @@ impl MrHandle {
     pub fn register(dev: &dyn Device, region: Region) -> Result<MrHandle, Error> {
         let mr = dev.reg_mr(region.clone()).map_err(|e| {
             Error::System(format!(
-                "registering {} bytes at {:#x} failed: {e}",
+                "registering {} bytes at {:#x} failed: {e}{}",
                 region.len(),
-                region.addr()
+                region.addr(),
+                enomem_hint(&e, region.len())
             ))
         })?;
         Ok(MrHandle {
@@ -121,10 +122,16 @@ pub(crate) struct Owned {
 
 impl Owned {
     pub(crate) fn alloc(dev: &dyn Device, len: usize) -> Result<Owned, Error> {
-        let region = Region::alloc(len);
+        let region = Region::try_alloc(len).map_err(|e| {
+            Error::System(format!(
+                "a {len}-byte protocol buffer: {e} (lower VERBSNET_RQ_DEPTH or \
+                 VERBSNET_EAGER_BUF_SIZE)"
+            ))
+        })?;
         let mr = dev.reg_mr(region.clone()).map_err(|e| {
             Error::System(format!(
-                "registering a {len}-byte protocol buffer failed: {e}"
+                "registering a {len}-byte protocol buffer failed: {e}{}",
+                enomem_hint(&e, len)
             ))
         })?;
         Ok(Owned {
@@ -140,6 +147,18 @@ impl Owned {
 
     fn remote(&self) -> (u64, u32) {
         (self.region.addr(), self.keys.rkey)
+    }
+}
+
+/// The `RLIMIT_MEMLOCK` hint for a registration that failed with `ENOMEM`, else nothing.
+fn enomem_hint(e: &crate::transport::TransportError, len: usize) -> String {
+    match e {
+        crate::transport::TransportError::Io { source, .. }
+            if source.raw_os_error() == Some(libc::ENOMEM) =>
+        {
+            crate::limits::enomem_hint(len)
+        }
+        _ => String::new(),
     }
 }
 
@@ -199,12 +218,21 @@ pub(crate) struct SendBuffers {
 }
 
 impl SendBuffers {
+    /// Bytes of the header staging, record staging, CTS ring and credit word.
+    pub const SIZES: [usize; 4] = [
+        MAX_SEND_REQUESTS * EAGER_HDR_LEN,
+        MAX_SEND_REQUESTS * 8,
+        CTS_RING_ENTRIES * CTS_ENTRY_LEN,
+        8,
+    ];
+
     pub(crate) fn alloc(dev: &dyn Device) -> Result<SendBuffers, Error> {
+        let [hdr, rec, cts, credit] = SendBuffers::SIZES;
         Ok(SendBuffers {
-            hdr: Owned::alloc(dev, MAX_SEND_REQUESTS * EAGER_HDR_LEN)?,
-            rec: Owned::alloc(dev, MAX_SEND_REQUESTS * 8)?,
-            cts_ring: Owned::alloc(dev, CTS_RING_ENTRIES * CTS_ENTRY_LEN)?,
-            credit_word: Owned::alloc(dev, 8)?,
+            hdr: Owned::alloc(dev, hdr)?,
+            rec: Owned::alloc(dev, rec)?,
+            cts_ring: Owned::alloc(dev, cts)?,
+            credit_word: Owned::alloc(dev, credit)?,
         })
     }
 
@@ -229,12 +257,26 @@ pub(crate) struct RecvBuffers {
 }
 
 impl RecvBuffers {
+    /// Bytes of the bounce pool (`rq_depth × (64 + eager_buf_size)`), the record ring and the
+    /// control staging under `cfg`.
+    pub fn sizes(cfg: &Config) -> [u64; 3] {
+        let stride = EAGER_HDR_LEN as u64 + u64::from(cfg.eager_buf_size);
+        [
+            u64::from(cfg.rq_depth) * stride,
+            (REC_SLOTS * MAX_RECVS * 8) as u64,
+            (CTRL_STAGE_SLOTS * CTS_ENTRY_LEN) as u64,
+        ]
+    }
+
+    /// Allocates and registers the buffers; the footprint is checked against
+    /// [`crate::limits::MAX_COMM_BYTES`] first, and an allocation failure is an error.
     pub(crate) fn alloc(dev: &dyn Device, cfg: &Config) -> Result<RecvBuffers, Error> {
-        let stride = EAGER_HDR_LEN + cfg.eager_buf_size as usize;
+        crate::limits::check_cap(cfg)?;
+        let [bounce, rec, ctrl] = RecvBuffers::sizes(cfg).map(|n| n as usize);
         Ok(RecvBuffers {
-            bounce: Owned::alloc(dev, cfg.rq_depth as usize * stride)?,
-            rec_ring: Owned::alloc(dev, REC_SLOTS * MAX_RECVS * 8)?,
-            ctrl: Owned::alloc(dev, CTRL_STAGE_SLOTS * CTS_ENTRY_LEN)?,
+            bounce: Owned::alloc(dev, bounce)?,
+            rec_ring: Owned::alloc(dev, rec)?,
+            ctrl: Owned::alloc(dev, ctrl)?,
         })
     }
 }

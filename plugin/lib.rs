@@ -20,6 +20,7 @@ pub mod transport;
 
 pub mod comm;
 pub mod conn;
+pub mod limits;
 pub mod net;
 #[doc(hidden)]
 pub mod testkit;

@@ -74,6 +74,8 @@ pub fn init(logger: crate::ffi::abi::ncclDebugLogger_t) -> Result<(), Error> {
     info!(target: "verbsnet::init", "verbsnet {} configuration: {}", env!("CARGO_PKG_VERSION"), cfg.describe());
 
     let (kind, devs) = open(&cfg)?;
+    // Resource limits: what one comm will pin, against the cap and RLIMIT_MEMLOCK.
+    crate::limits::check(&cfg, kind)?;
     let listen_ip = listen_ip(&cfg)?;
     let mut entries = Vec::new();
     for dev in devs {
