@@ -533,3 +533,201 @@ fn refused_clients_see_their_connection_closed() {
     assert_eq!(l.pending(), 0);
     assert_eq!(l.refused(), hellos.len() as u64);
 }
+
+type Outcome = Option<Result<Vec<u64>, Error>>;
+
+/// Tests `req` on `c` once: `Some` once it is no longer in progress.
+fn poll_req(c: &Comm, req: Result<nccl_net_verbsnet::engine::ReqId, Error>) -> Outcome {
+    match req {
+        Err(e) => Some(Err(e)),
+        Ok(id) => match c.test(id) {
+            Ok(None) => None,
+            other => Some(other.map(|v| v.unwrap())),
+        },
+    }
+}
+
+fn too_large_send(size: usize, cap: u64) {
+    let Some((dev, kind)) = device("sticky errors") else {
+        return;
+    };
+    let l = nccl_net_verbsnet::testkit::connect(&dev, kind, &base_cfg(), &base_cfg(), 5_000_000)
+        .unwrap();
+    let sb = Buf::new(&dev, size.max(64)).unwrap();
+    let rb = Buf::new(&dev, size.max(64)).unwrap();
+    let r = l
+        .recv
+        .irecv(&[(rb.addr(0), cap, 7, &rb.mr)])
+        .unwrap()
+        .unwrap()
+        .id();
+    // The sender may learn the receive's size (its CTS) before the isend: then the isend
+    // itself fails.
+    let s = loop {
+        match l.send.isend(sb.addr(0), size as u64, 7, &sb.mr) {
+            Ok(Some(h)) => break Ok(h.id()),
+            Ok(None) => {}
+            Err(e) => break Err(e),
+        }
+        let _ = l.recv.progress();
+    };
+    let (mut so, mut ro): (Outcome, Outcome) = (None, None);
+    for _ in 0..2_000_000u64 {
+        if so.is_none() {
+            so = poll_req(&l.send, s.clone());
+        } else {
+            let _ = l.send.progress();
+        }
+        if ro.is_none() {
+            ro = poll_req(&l.recv, Ok(r));
+        } else {
+            let _ = l.recv.progress();
+        }
+        if so.is_some() && ro.is_some() {
+            break;
+        }
+    }
+    println!("send of {size} into {cap}: send side {so:?}, recv side {ro:?}");
+    // The sender: its request fails, and so does every later call.
+    let Some(Err(se)) = so else {
+        panic!("sender: {so:?}")
+    };
+    assert!(matches!(se, Error::Usage(_) | Error::Remote(_)), "{se:?}");
+    let later = l
+        .send
+        .isend(sb.addr(0), 8, 9, &sb.mr)
+        .map(|o| o.map(|h| h.id()));
+    assert_eq!(later, Err(se.clone()));
+    if let Ok(s) = s {
+        assert_eq!(l.send.test(s).unwrap_err(), se);
+    }
+    assert_eq!(l.send.progress(), Err(se.clone()));
+    assert_eq!(l.send.sticky_error(), Some(se));
+    // The receiver sees the misuse too, and every later call on it returns that error.
+    let Some(Err(re)) = ro else {
+        panic!("receiver: {ro:?}")
+    };
+    assert!(matches!(re, Error::Usage(_) | Error::Remote(_)), "{re:?}");
+    assert_eq!(l.recv.sticky_error(), Some(re.clone()));
+    assert_eq!(l.recv.test(r).unwrap_err(), re);
+    assert_eq!(
+        l.recv
+            .irecv(&[(rb.addr(0), 64, 8, &rb.mr)])
+            .map(|o| o.map(|h| h.id())),
+        Err(re.clone())
+    );
+    assert_eq!(l.recv.progress(), Err(re));
+}
+
+#[test]
+fn a_too_large_rendezvous_send_fails_both_comms_for_every_later_call() {
+    let _g = serial();
+    too_large_send(32 << 10, 16 << 10);
+}
+
+#[test]
+fn a_too_large_eager_send_fails_both_comms_for_every_later_call() {
+    let _g = serial();
+    too_large_send(128, 64);
+}
+
+#[test]
+fn completions_in_the_cq_are_delivered_before_the_peer_close_is_reported() {
+    let _g = serial();
+    let Some((dev, kind)) = device("close after data") else {
+        return;
+    };
+    let (_warns, _cap) = capture();
+    // More messages than one CQ poll (64) hands out, all in flight when the sender closes.
+    const RECVS: usize = 20;
+    const GROUP: usize = 4;
+    const N: usize = RECVS * GROUP;
+    let cfg = Config {
+        peer_check_interval: Duration::from_millis(1),
+        ..base_cfg()
+    };
+    let nccl_net_verbsnet::testkit::Link { send, recv, .. } =
+        nccl_net_verbsnet::testkit::connect(&dev, kind, &cfg, &cfg, 5_000_000).unwrap();
+    let sb = Buf::new(&dev, 64 * N).unwrap();
+    let rb = Buf::new(&dev, 64 * N).unwrap();
+    let reqs: Vec<_> = (0..RECVS)
+        .map(|i| {
+            let bufs: Vec<_> = (0..GROUP)
+                .map(|k| (rb.addr(64 * (i * GROUP + k)), 64, 0, &rb.mr))
+                .collect();
+            recv.irecv(&bufs).unwrap().unwrap().id()
+        })
+        .collect();
+    let mut sent = 0;
+    for _ in 0..1_000_000 {
+        if sent == N {
+            break;
+        }
+        sb.fill(64 * sent, &[sent as u8; 64]);
+        if send
+            .isend(sb.addr(64 * sent), 64, 0, &sb.mr)
+            .unwrap()
+            .is_some()
+        {
+            sent += 1;
+        }
+        // Let the receiver grant credits and CTS, but not look at data: no test on it yet.
+        if sent % 16 == 0 {
+            recv.progress().unwrap();
+        }
+    }
+    assert_eq!(sent, N);
+    for _ in 0..10_000 {
+        let _ = send.progress();
+    }
+    send.close();
+    std::thread::sleep(Duration::from_millis(50));
+    for (i, &r) in reqs.iter().enumerate() {
+        let mut got = None;
+        for _ in 0..1_000_000 {
+            match recv.test(r) {
+                Ok(None) => {}
+                other => {
+                    got = Some(other);
+                    break;
+                }
+            }
+        }
+        assert_eq!(
+            got,
+            Some(Ok(Some(vec![64; GROUP]))),
+            "receive {i} of {RECVS}: its data was sent before the close"
+        );
+    }
+    for k in 0..N {
+        assert_eq!(rb.get(64 * k, 64), vec![k as u8; 64], "message {k}");
+    }
+    // Then the close is reported, on every later call.
+    let mut e = None;
+    for _ in 0..1_000_000 {
+        match recv.irecv(&[(rb.addr(0), 64, 0, &rb.mr)]) {
+            Ok(Some(h)) => {
+                let id = h.id();
+                loop {
+                    match recv.test(id) {
+                        Ok(None) => {}
+                        Ok(Some(v)) => panic!("a receive completed after the close: {v:?}"),
+                        Err(x) => {
+                            e = Some(x);
+                            break;
+                        }
+                    }
+                }
+                break;
+            }
+            Ok(None) => {}
+            Err(x) => {
+                e = Some(x);
+                break;
+            }
+        }
+    }
+    let e = e.expect("the close is reported");
+    assert!(matches!(e, Error::Remote(_)), "{e:?}");
+    assert_eq!(recv.sticky_error(), Some(e));
+}
