@@ -731,3 +731,65 @@ fn completions_in_the_cq_are_delivered_before_the_peer_close_is_reported() {
     assert!(matches!(e, Error::Remote(_)), "{e:?}");
     assert_eq!(recv.sticky_error(), Some(e));
 }
+
+#[test]
+fn a_too_large_send_that_arrives_before_its_receive_fails_both_comms_for_every_later_call() {
+    let _g = serial();
+    let Some((dev, kind)) = device("sticky errors") else {
+        return;
+    };
+    let l = nccl_net_verbsnet::testkit::connect(&dev, kind, &base_cfg(), &base_cfg(), 5_000_000)
+        .unwrap();
+    let sb = Buf::new(&dev, 256).unwrap();
+    let rb = Buf::new(&dev, 256).unwrap();
+    // Eager: the 128 bytes land in a bounce buffer before any receive is posted.
+    let s = l
+        .send
+        .isend(sb.addr(0), 128, 7, &sb.mr)
+        .unwrap()
+        .unwrap()
+        .id();
+    for _ in 0..10_000 {
+        l.recv.progress().unwrap();
+        l.send.progress().unwrap();
+    }
+    let r = l
+        .recv
+        .irecv(&[(rb.addr(0), 64, 7, &rb.mr)])
+        .unwrap()
+        .unwrap()
+        .id();
+    let (mut so, mut ro) = (None, None);
+    for _ in 0..1_000_000 {
+        if so.is_none() {
+            so = poll_req(&l.send, Ok(s));
+        }
+        if ro.is_none() {
+            ro = poll_req(&l.recv, Ok(r));
+        }
+        if so.is_some() && ro.is_some() {
+            break;
+        }
+    }
+    let Some(Err(se @ Error::Usage(_))) = so else {
+        panic!("sender: {so:?}")
+    };
+    let Some(Err(re @ Error::Usage(_))) = ro else {
+        panic!("receiver: {ro:?}")
+    };
+    // The next send is refused at once instead of never completing; so is every later call.
+    assert_eq!(
+        l.send
+            .isend(sb.addr(0), 8, 8, &sb.mr)
+            .map(|o| o.map(|h| h.id())),
+        Err(se.clone())
+    );
+    assert_eq!(l.send.test(s), Err(se));
+    assert_eq!(
+        l.recv
+            .irecv(&[(rb.addr(0), 64, 8, &rb.mr)])
+            .map(|o| o.map(|h| h.id())),
+        Err(re.clone())
+    );
+    assert_eq!(l.recv.test(r), Err(re));
+}
