@@ -25,6 +25,7 @@ pub mod transport;
 pub mod api;
 pub mod comm;
 pub mod conn;
+pub mod limits;
 pub mod net;
 #[doc(hidden)]
 pub mod testkit;
