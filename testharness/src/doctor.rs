@@ -398,8 +398,20 @@ fn local_checks(
         );
     }
 
-    // --- pinned memory
-    let uses_ib = local.transport == "ib";
+    // --- pinned memory (when init failed, e.g. on this very limit, by the transport the
+    // configuration would pick: ib where a verbs port is usable)
+    let usable_port = surveyed
+        .as_ref()
+        .is_ok_and(|d| d.iter().flat_map(|d| d.ports.iter()).any(|p| p.usable.is_ok()));
+    let uses_ib = if net.is_some() {
+        local.transport == "ib"
+    } else {
+        match cfg_for_devices.transport {
+            TransportChoice::Ib => true,
+            TransportChoice::Tcp => false,
+            TransportChoice::Auto => usable_port,
+        }
+    };
     let memlock = read_memlock();
     report.push(memlock_check(
         &cfg_for_devices,
