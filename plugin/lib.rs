@@ -4,7 +4,8 @@
 //! - [`ffi`]: the exported `ncclNetPlugin_v8` table, one shim per slot, panic containment,
 //!   error → `ncclResult_t`, and the only raw-memory access ([`ffi::mem`]).
 //! - `comm` / `conn`: send/receive comms: drive the engine, post its WRs to a transport,
-//!   run the non-blocking connection handshake.
+//!   run the non-blocking connection handshake; [`pool`]: the shared bounce pool receive
+//!   queues grow from.
 //! - [`engine`]: the pure protocol engine (no I/O, no clock): request slots, posting-order
 //!   matching, eager and rendezvous paths, RQ batching, credits.
 //! - [`transport`]: one verbs-shaped interface; `ib` (libibverbs) and `tcp` (userspace).
@@ -21,5 +22,6 @@ pub mod transport;
 pub mod comm;
 pub mod conn;
 pub mod net;
+pub mod pool;
 #[doc(hidden)]
 pub mod testkit;

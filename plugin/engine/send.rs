@@ -8,7 +8,7 @@ use super::wire::{
 };
 use super::{
     wc_error, wr_id, wr_parse, Action, MemRead, ReqError, ReqId, Slots, Stall, Stats, WrKind,
-    CTS_RING_ENTRIES, MAX_SEND_REQUESTS,
+    CTS_RING_ENTRIES, MAX_SEND_REQUESTS, MAX_SPECULATIVE,
 };
 use crate::transport::{SendOpcode, SendWr, Sge, Wc, WcStatus};
 
@@ -228,7 +228,7 @@ impl SendEngine {
                 Some(i) => Some(i),
                 None => return Ok(self.refuse(now, Refusal::Tag(tag))),
             },
-            None if eager => None,
+            None if eager && self.unassigned.len() < MAX_SPECULATIVE => None,
             None => return Ok(self.refuse(now, Refusal::Cts)),
         };
         if self.p.credits && self.credits_available() == 0 {
@@ -740,6 +740,29 @@ mod tests {
     }
 
     #[test]
+    fn speculative_eager_sends_are_capped_so_the_cts_ring_cannot_overrun() {
+        let mut e = SendEngine::new(params(false, 0));
+        for _ in 0..MAX_SPECULATIVE {
+            assert!(e.isend(0, 0x1000, 5, 8, 0).unwrap().is_some());
+        }
+        assert_eq!(
+            e.isend(0, 0x1000, 5, 8, 0).unwrap(),
+            None,
+            "no receive known"
+        );
+        assert_eq!(e.stats().cts_waits, 1);
+        e.handle_cts(0, cts(0, 0, 0, &[(8, 0)])).unwrap();
+        assert!(
+            e.isend(0, 0x1000, 5, 8, 0).unwrap().is_some(),
+            "one matched: one more"
+        );
+        const { assert!(MAX_SPECULATIVE + MAX_RECV_REQUESTS_FOR_RING < CTS_RING_ENTRIES) };
+    }
+
+    /// Receives that can be posted (and their CTS unread) at once.
+    const MAX_RECV_REQUESTS_FOR_RING: usize = crate::engine::MAX_RECV_REQUESTS;
+
+    #[test]
     fn out_of_sequence_cts_fails_the_comm() {
         let mut e = SendEngine::new(params(true, 8));
         assert!(e.handle_cts(0, cts(1, 0, 8, &[(50, 4)])).is_err());
@@ -749,6 +772,10 @@ mod tests {
     #[test]
     fn slot_limit_returns_none_then_recovers() {
         let mut e = SendEngine::new(params(false, 0));
+        // Receives for every slot: 32 groups of 8 buffers, and one more for the retry.
+        for r in 0..=(MAX_SEND_REQUESTS / MAX_RECVS) as u64 {
+            e.handle_cts(0, cts(r, r * 8, 0, &[(8, 0); 8])).unwrap();
+        }
         let mut ids = Vec::new();
         for _ in 0..MAX_SEND_REQUESTS {
             ids.push(e.isend(0, 0x1000, 5, 8, 0).unwrap().unwrap());
@@ -766,7 +793,6 @@ mod tests {
                 imm: None,
             },
         );
-        e.handle_cts(0, cts(0, 0, 0, &[(8, 0)])).unwrap();
         assert_eq!(e.test(id).unwrap(), Some(8));
         assert!(e.isend(0, 0x1000, 5, 8, 0).unwrap().is_some());
     }

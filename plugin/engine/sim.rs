@@ -84,6 +84,8 @@ pub const R_BOUNCE: u64 = 0x2000_0000;
 pub const R_REC: u64 = 0x2100_0000;
 pub const R_CTRL: u64 = 0x2200_0000;
 pub const R_USER: u64 = 0x2400_0000;
+/// The receiver's shared bounce pool.
+pub const R_POOL: u64 = 0x2800_0000;
 const USER_LEN: usize = 1 << 20;
 const RKEY_CTS: u32 = 11;
 const RKEY_CREDIT: u32 = 12;
@@ -117,6 +119,12 @@ impl Default for Knobs {
 /// Pair configuration.
 pub struct PairCfg {
     pub rq_depth: u32,
+    /// Initial (and idle) depth; `None`: fixed depth `rq_depth`.
+    pub rq_min: Option<u32>,
+    /// Idle time before the depth shrinks by a batch, ns.
+    pub shrink_after_ns: u64,
+    /// Bounce buffers in the shared pool the receiver grows from.
+    pub pool_bufs: u32,
     pub rq_batch: u32,
     pub rq_low_water: u32,
     pub eager_buf_size: u64,
@@ -133,6 +141,9 @@ impl Default for PairCfg {
     fn default() -> Self {
         PairCfg {
             rq_depth: 16,
+            rq_min: None,
+            shrink_after_ns: 1_000_000_000,
+            pool_bufs: 256,
             rq_batch: 4,
             rq_low_water: 12,
             eager_buf_size: 256,
@@ -155,6 +166,8 @@ pub struct Pair {
     rqp: Qp,
     withheld: Vec<RecvWr>,
     pub knobs: Knobs,
+    /// Free buffers of the shared pool (addr, lkey).
+    pub pool: Vec<(u64, u32)>,
     pub now: u64,
     /// RNR NAKs seen by the sender.
     pub rnr_naks: u64,
@@ -173,12 +186,20 @@ impl Pair {
         smem.add(S_CREDIT, 8, RKEY_CREDIT);
         smem.add(S_USER, USER_LEN, 0);
         let stride = EAGER_HDR_LEN + c.eager_buf_size as usize;
-        rmem.add(R_BOUNCE, c.rq_depth as usize * stride, 0);
+        let rq_min = c.rq_min.unwrap_or(c.rq_depth);
+        rmem.add(R_BOUNCE, rq_min as usize * stride, 0);
+        rmem.add(R_POOL, (c.pool_bufs as usize).max(1) * stride, 0);
+        let pool: Vec<(u64, u32)> = (0..u64::from(c.pool_bufs))
+            .rev()
+            .map(|i| (R_POOL + i * stride as u64, 5))
+            .collect();
         rmem.add(R_REC, REC_SLOTS * MAX_RECVS * 8, RKEY_REC);
         rmem.add(R_CTRL, CTRL_STAGE_SLOTS * CTS_ENTRY_LEN, 0);
         rmem.add(R_USER, USER_LEN, RKEY_USER);
         let rcv = RecvEngine::new(RecvParams {
             rq_depth: c.rq_depth,
+            rq_min,
+            shrink_after_ns: c.shrink_after_ns,
             rq_batch: c.rq_batch,
             rq_low_water: c.rq_low_water,
             eager_buf_size: c.eager_buf_size,
@@ -211,6 +232,7 @@ impl Pair {
             rqp: Qp::default(),
             withheld: Vec::new(),
             knobs,
+            pool,
             now: 0,
             rnr_naks: 0,
             recv_bufs: Default::default(),
@@ -227,26 +249,38 @@ impl Pair {
                     assert!(self.smem.write(addr, &bytes), "sender stage {addr:#x}")
                 }
                 Action::PostSend(wr) => self.sqp.sq.push_back(wr),
-                Action::PostRecv(_) | Action::Copy { .. } => panic!("sender posted a receive/copy"),
+                other => panic!("sender action {other:?}"),
             }
         }
-        for a in self.rcv.drain_actions() {
-            match a {
-                Action::Stage { addr, bytes } => {
-                    assert!(self.rmem.write(addr, &bytes), "receiver stage {addr:#x}")
-                }
-                Action::PostSend(wr) => self.rqp.sq.push_back(wr),
-                Action::PostRecv(wrs) => {
-                    if self.knobs.withhold_recvs {
-                        self.withheld.extend(wrs);
-                    } else {
-                        self.rqp.rq.extend(wrs);
+        loop {
+            let actions = self.rcv.drain_actions();
+            if actions.is_empty() {
+                break;
+            }
+            for a in actions {
+                match a {
+                    Action::Stage { addr, bytes } => {
+                        assert!(self.rmem.write(addr, &bytes), "receiver stage {addr:#x}")
                     }
-                }
-                Action::Copy { src, req, buf, len } => {
-                    let dst = self.recv_bufs[&(req.slot, buf)];
-                    let data = self.rmem.get(src, len as usize);
-                    assert!(self.rmem.write(dst, &data));
+                    Action::PostSend(wr) => self.rqp.sq.push_back(wr),
+                    Action::PostRecv(wrs) => {
+                        if self.knobs.withhold_recvs {
+                            self.withheld.extend(wrs);
+                        } else {
+                            self.rqp.rq.extend(wrs);
+                        }
+                    }
+                    Action::Copy { src, req, buf, len } => {
+                        let dst = self.recv_bufs[&(req.slot, buf)];
+                        let data = self.rmem.get(src, len as usize);
+                        assert!(self.rmem.write(dst, &data));
+                    }
+                    Action::WantBounce(k) => {
+                        let n = self.pool.len().min(k as usize);
+                        let got = self.pool.split_off(self.pool.len() - n);
+                        self.rcv.add_bounce(k, &got);
+                    }
+                    Action::ReturnBounce(bufs) => self.pool.extend(bufs),
                 }
             }
         }
