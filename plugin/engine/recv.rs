@@ -4,7 +4,7 @@ use std::collections::VecDeque;
 
 use super::wire::{
     self, CtsBuf, CtsEntry, EagerHeader, CTS_ENTRY_LEN, EAGER_HDR_LEN, MAX_RECVS, REC_SLOTS,
-    REC_TOO_BIG,
+    REC_STARVED, REC_TOO_BIG,
 };
 use super::{
     wc_error, wr_id, wr_parse, Action, MemRead, ReqError, ReqId, Slots, Stall, Stats, WrKind,
@@ -162,17 +162,24 @@ impl RecvEngine {
         e
     }
 
-    /// Receive WRs per post call at the current depth.
+    /// Receive WRs per post call at the current depth: `rq_batch` at full depth, at most half
+    /// the depth below it (so a small queue is refilled before it runs dry under one message
+    /// at a time, and running dry means more messages in flight than the depth).
     fn batch(&self) -> u32 {
-        self.p.rq_batch.min(self.target).max(1)
+        if self.target >= self.p.rq_depth {
+            self.p.rq_batch
+        } else {
+            self.p.rq_batch.min(self.target / 2).max(1)
+        }
     }
 
-    /// The refill mark at the current depth: as far below the depth as `rq_low_water` is
-    /// below `rq_depth` (so at fixed depth it is `rq_low_water` itself).
+    /// The refill mark: `rq_low_water` at full depth; below it, as soon as one batch fits.
     fn low_water(&self) -> u32 {
-        self.target
-            .saturating_sub(self.p.rq_depth - self.p.rq_low_water)
-            .max(1)
+        if self.target >= self.p.rq_depth {
+            self.p.rq_low_water
+        } else {
+            (self.target + 1 - self.batch()).max(1)
+        }
     }
 
     /// Address and lkey of bounce buffer `id`.
@@ -239,14 +246,18 @@ impl RecvEngine {
         self.extra.drain(..).flatten().collect()
     }
 
-    /// The RQ ran dry: grow the depth by a batch (up to `rq_depth`), asking the pool for the
-    /// buffers.
+    /// The RQ ran dry: double the depth (by at least a batch, up to `rq_depth`), asking the
+    /// pool for the buffers. Doubling reaches the full default depth from 2 in six steps, so a
+    /// burst pays a few credit waits, not one per batch.
     fn grow(&mut self, now: u64) {
         self.pressure_ns = now;
         if self.target >= self.p.rq_depth || self.wanted > 0 {
             return;
         }
-        let k = self.batch().min(self.p.rq_depth - self.target);
+        let k = self
+            .target
+            .max(self.p.rq_batch)
+            .min(self.p.rq_depth - self.target);
         self.target += k;
         self.stats.rq_grows += 1;
         let need = self.target.saturating_sub(self.owned);
@@ -642,6 +653,9 @@ impl RecvEngine {
                     return;
                 }
                 self.next_arrival = s.wrapping_add(1);
+                if h.starved {
+                    self.grow(now);
+                }
                 let u = Unexpected {
                     s,
                     tag: h.tag,
@@ -692,6 +706,8 @@ impl RecvEngine {
                 let rec = mem
                     .read(rec_ring + slot as u64 * 8, &mut rb)
                     .then(|| u64::from_le_bytes(rb));
+                let starved = rec.is_some_and(|v| v & REC_TOO_BIG == 0 && v & REC_STARVED != 0);
+                let rec = rec.map(|v| if starved { v & !REC_STARVED } else { v });
                 match rec {
                     Some(v) if v & REC_TOO_BIG != 0 => {
                         let size = v & !REC_TOO_BIG;
@@ -707,6 +723,9 @@ impl RecvEngine {
                     Some(v) if v <= req.bufs[i].cap => {
                         req.sizes[i] = v;
                         self.stats.rendezvous += 1;
+                        if starved {
+                            self.grow(now);
+                        }
                     }
                     _ => {
                         self.fail(ReqError::Protocol(format!("bad rendezvous record {rec:?}")));

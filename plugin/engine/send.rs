@@ -4,7 +4,7 @@ use std::collections::VecDeque;
 
 use super::wire::{
     self, CtsBuf, CtsEntry, EagerHeader, CTS_ENTRY_LEN, EAGER_HDR_LEN, MAX_RECVS, REC_SLOTS,
-    REC_TOO_BIG,
+    REC_STARVED, REC_TOO_BIG,
 };
 use super::{
     wc_error, wr_id, wr_parse, Action, MemRead, ReqError, ReqId, Slots, Stall, Stats, WrKind,
@@ -101,6 +101,9 @@ pub struct SendEngine {
     actions: Vec<Action>,
     stats: Stats,
     refusing: Option<(u64, Refusal, bool)>,
+    /// Refused for want of a credit since the last credit-consuming send: the next one tells
+    /// the receiver (eager header flag, record bit 62), which grows its queue.
+    starved: bool,
 }
 
 impl SendEngine {
@@ -119,6 +122,7 @@ impl SendEngine {
             actions: Vec::new(),
             stats: Stats::default(),
             refusing: None,
+            starved: false,
             p,
         }
     }
@@ -284,7 +288,12 @@ impl SendEngine {
                     },
                     signaled: false,
                 }));
-                self.post_record(id, r, i, size, WrKind::RndvImm);
+                let starved = if std::mem::take(&mut self.starved) {
+                    REC_STARVED
+                } else {
+                    0
+                };
+                self.post_record(id, r, i, size | starved, WrKind::RndvImm);
                 Ok(Some(id))
             }
             _ => {
@@ -295,7 +304,14 @@ impl SendEngine {
                 let hdr_addr = self.p.hdr_stage.0 + u64::from(id.slot) * EAGER_HDR_LEN as u64;
                 self.actions.push(Action::Stage {
                     addr: hdr_addr,
-                    bytes: EagerHeader { tag, seq: s, size }.encode().to_vec(),
+                    bytes: EagerHeader {
+                        tag,
+                        seq: s,
+                        size,
+                        starved: std::mem::take(&mut self.starved),
+                    }
+                    .encode()
+                    .to_vec(),
                 });
                 self.actions.push(Action::PostSend(SendWr {
                     wr_id: wr_id(WrKind::Eager, id.gen, id.slot),
@@ -322,7 +338,10 @@ impl SendEngine {
 
     fn refuse(&mut self, now: u64, why: Refusal) -> Option<ReqId> {
         match why {
-            Refusal::Credit => self.stats.credit_stalls += 1,
+            Refusal::Credit => {
+                self.stats.credit_stalls += 1;
+                self.starved = true;
+            }
             Refusal::Cts => self.stats.cts_waits += 1,
             Refusal::Tag(_) => self.stats.tag_waits += 1,
             Refusal::Slots => self.stats.slots_full += 1,
