@@ -372,9 +372,20 @@ pub struct Comm {
     label: String,
     is_send: bool,
     cfg: Config,
+    /// The NCCL communicator (ncclNet v11+ `commId`) this comm belongs to, for the stats.
+    comm_id: Option<u64>,
 }
 
 impl Comm {
+    /// Tags the comm with its communicator (ncclNet v11+ `commId`): its label and its
+    /// `VERBSNET_STATS_FILE` line (`"comm_id"`) carry it, so counters group by communicator.
+    pub(crate) fn set_comm_id(&mut self, comm_id: Option<u64>) {
+        if let Some(id) = comm_id {
+            self.label = format!("{} [commId {id:#x}]", self.label);
+        }
+        self.comm_id = comm_id;
+    }
+
     fn boxed(
         dev: Arc<dyn Device>,
         inner: Inner,
@@ -401,6 +412,7 @@ impl Comm {
             label,
             is_send,
             cfg: cfg.clone(),
+            comm_id: None,
         });
         let p: *mut Comm = &mut *c;
         for r in c.reqs.iter() {
@@ -648,7 +660,7 @@ impl Comm {
             let line = g.stats_line(&*self.dev);
             info!(target: "verbsnet::init", "closing {}: {line}", self.label);
             if let Some(path) = &self.cfg.stats_file {
-                let json = g.stats_json(self.is_send, &self.label, &*self.dev);
+                let json = g.stats_json(self.is_send, &self.label, self.comm_id, &*self.dev);
                 let _ = std::fs::OpenOptions::new()
                     .create(true)
                     .append(true)
@@ -712,12 +724,22 @@ impl Inner {
             .join(" ")
     }
 
-    fn stats_json(&self, is_send: bool, label: &str, dev: &dyn Device) -> String {
+    fn stats_json(
+        &self,
+        is_send: bool,
+        label: &str,
+        comm_id: Option<u64>,
+        dev: &dyn Device,
+    ) -> String {
         let mut s = format!(
             "{{\"side\":\"{}\",\"comm\":\"{}\"",
             if is_send { "send" } else { "recv" },
             label.replace(['"', '\\'], "'")
         );
+        if let Some(id) = comm_id {
+            // a string: the harness sums numeric fields as counters
+            s.push_str(&format!(",\"comm_id\":\"{id:#x}\""));
+        }
         for (k, v) in self.counters(dev) {
             s.push_str(&format!(",\"{k}\":{v}"));
         }

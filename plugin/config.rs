@@ -92,14 +92,28 @@ pub struct Config {
     pub ib_timeout: u8,
     /// `VERBSNET_IB_RETRY_CNT`: transport retries (0..=7).
     pub ib_retry_cnt: u8,
+    /// `VERBSNET_IB_TC`: GRH traffic class of RC QPs (0..=255); a communicator's
+    /// `trafficClass` (ncclNet v10+) overrides it.
+    pub ib_tc: u8,
+    /// `VERBSNET_IB_SL`: service level of RC QPs (0..=15).
+    pub ib_sl: u8,
     /// `VERBSNET_IB_HCA`: device filter (`[^][=]name[:port],...`).
     pub ib_hca: Option<String>,
     /// `VERBSNET_IB_GID_INDEX`: force a GID index (default: automatic RoCE v2 IPv4 choice).
     pub ib_gid_index: Option<u32>,
     /// `VERBSNET_SOCKET_ADDR`: IP address for the out-of-band listener (and tcp data).
     pub socket_addr: Option<IpAddr>,
-    /// `VERBSNET_SOCKET_IFNAME`: interface whose address the listener uses.
+    /// `VERBSNET_SOCKET_IFNAME`: interface list (`[^][=]name,...`, NCCL_SOCKET_IFNAME's
+    /// syntax) whose first address the listener uses; see [`crate::ifselect`].
     pub socket_ifname: Option<String>,
+    /// `NCCL_SOCKET_IFNAME` as set (used when `VERBSNET_SOCKET_IFNAME` is unset).
+    pub nccl_socket_ifname: Option<String>,
+    /// `NCCL_SOCKET_FAMILY` as set (`AF_INET` or `AF_INET6`; other values are ignored, as NCCL
+    /// does).
+    pub nccl_socket_family: Option<String>,
+    /// `VERBSNET_SOCKET_KEEPALIVE`: bound for noticing a silent peer host on an ib
+    /// connection's set-up socket with TCP keepalive (0 = off).
+    pub socket_keepalive: Option<Duration>,
     /// `VERBSNET_HANG_TIMEOUT`: seconds without progress before the watchdog WARNs (0 = off).
     pub hang_timeout: Option<Duration>,
     /// `VERBSNET_STATS_INTERVAL`: seconds between periodic counter lines (0 = off).
@@ -139,11 +153,16 @@ impl Default for Config {
             rnr_timer: 12,
             rnr_retry: 7,
             ib_timeout: 20,
-            ib_retry_cnt: 7,
+            ib_retry_cnt: 6,
+            ib_tc: 0,
+            ib_sl: 0,
             ib_hca: None,
             ib_gid_index: None,
             socket_addr: None,
             socket_ifname: None,
+            nccl_socket_ifname: None,
+            nccl_socket_family: None,
+            socket_keepalive: Some(Duration::from_secs(20)),
             hang_timeout: Some(Duration::from_secs(60)),
             stats_interval: None,
             stats_file: None,
@@ -325,10 +344,27 @@ pub const KNOBS: &[Knob] = &[
     Knob {
         var: "VERBSNET_IB_RETRY_CNT",
         key: "ib_retry_cnt",
-        default: "7",
+        default: "6",
         accepted: "an integer in 0..=7",
-        reason: "the maximum transport retries, as NCCL_IB_RETRY_CNT",
+        reason: "a silent peer fails WRs after (6+1) x 4.3 s = 30 s; 7 (NCCL's) is endless on rxe",
         show: |c| c.ib_retry_cnt.to_string(),
+    },
+    // -- traffic class and service level (issue 9) --
+    Knob {
+        var: "VERBSNET_IB_TC",
+        key: "ib_tc",
+        default: "0",
+        accepted: "an integer in 0..=255",
+        reason: "the GRH traffic class (DSCP << 2 | ECN) of RC QPs, as NCCL_IB_TC (default 0);                  a communicator's trafficClass (ncclNet v10+) overrides it when set",
+        show: |c| c.ib_tc.to_string(),
+    },
+    Knob {
+        var: "VERBSNET_IB_SL",
+        key: "ib_sl",
+        default: "0",
+        accepted: "an integer in 0..=15",
+        reason: "the InfiniBand service level of RC QPs, as NCCL_IB_SL (default 0)",
+        show: |c| c.ib_sl.to_string(),
     },
     Knob {
         var: "VERBSNET_IB_HCA",
@@ -358,9 +394,17 @@ pub const KNOBS: &[Knob] = &[
         var: "VERBSNET_SOCKET_IFNAME",
         key: "socket_ifname",
         default: "auto",
-        accepted: "a non-empty interface name",
-        reason: "auto takes the first non-loopback interface with an address",
+        accepted: "an interface list as NCCL_SOCKET_IFNAME: [^][=]name[,name...] (prefixes)",
+        reason: "auto: NCCL_SOCKET_IFNAME, else NCCL's order (ib*, then not docker/lo/virbr/veth)",
         show: |c| show_opt_str(c.socket_ifname.as_deref(), "auto"),
+    },
+    Knob {
+        var: "VERBSNET_SOCKET_KEEPALIVE",
+        key: "socket_keepalive",
+        default: "20",
+        accepted: "a number of seconds >= 0 (fractions allowed, 0 = off)",
+        reason: "a powered-off peer host is noticed within 20 s even with no WR in flight",
+        show: |c| show_duration(c.socket_keepalive),
     },
     Knob {
         var: "VERBSNET_HANG_TIMEOUT",
@@ -466,7 +510,9 @@ impl Config {
         c.rnr_timer = env.small("VERBSNET_RNR_TIMER", 0, 31)?.unwrap_or(12);
         c.rnr_retry = env.small("VERBSNET_RNR_RETRY", 0, 7)?.unwrap_or(7);
         c.ib_timeout = env.small("VERBSNET_IB_TIMEOUT", 1, 31)?.unwrap_or(20);
-        c.ib_retry_cnt = env.small("VERBSNET_IB_RETRY_CNT", 0, 7)?.unwrap_or(7);
+        c.ib_retry_cnt = env.small("VERBSNET_IB_RETRY_CNT", 0, 7)?.unwrap_or(6);
+        c.ib_tc = env.small("VERBSNET_IB_TC", 0, 255)?.unwrap_or(0);
+        c.ib_sl = env.small("VERBSNET_IB_SL", 0, 15)?.unwrap_or(0);
 
         c.ib_hca = env.value("VERBSNET_IB_HCA").map(|v| v.trim().to_string());
         // -1 is NCCL_IB_GID_INDEX's spelling of "auto"; accept it for copied settings.
@@ -478,10 +524,17 @@ impl Config {
             let addr = v.trim().parse::<IpAddr>();
             c.socket_addr = Some(addr.map_err(|_| invalid("VERBSNET_SOCKET_ADDR", &v))?);
         }
-        c.socket_ifname = env
-            .value("VERBSNET_SOCKET_IFNAME")
-            .map(|v| v.trim().to_string());
+        if let Some(v) = env.value("VERBSNET_SOCKET_IFNAME") {
+            crate::ifselect::IfList::parse(&v)
+                .map_err(|_| invalid("VERBSNET_SOCKET_IFNAME", &v))?;
+            c.socket_ifname = Some(v.trim().to_string());
+        }
+        c.nccl_socket_ifname = env.value("NCCL_SOCKET_IFNAME");
+        c.nccl_socket_family = env.value("NCCL_SOCKET_FAMILY");
 
+        if let Some(t) = env.seconds("VERBSNET_SOCKET_KEEPALIVE")? {
+            c.socket_keepalive = t;
+        }
         if let Some(t) = env.seconds("VERBSNET_HANG_TIMEOUT")? {
             c.hang_timeout = t;
         }
@@ -681,8 +734,9 @@ mod tests {
         assert_eq!((c.eager_buf_size, c.eager_limit), (8192, 8192));
         assert!(c.credits);
         assert_eq!((c.rnr_timer, c.rnr_retry), (12, 7));
-        assert_eq!((c.ib_timeout, c.ib_retry_cnt), (20, 7));
+        assert_eq!((c.ib_timeout, c.ib_retry_cnt), (20, 6));
         assert_eq!(c.hang_timeout, Some(Duration::from_secs(60)));
+        assert_eq!(c.socket_keepalive, Some(Duration::from_secs(20)));
         assert_eq!(c.stats_interval, None);
         assert_eq!(c.debug, DebugLevel::Warn);
     }
@@ -924,6 +978,17 @@ mod tests {
         ]);
         assert_eq!(c.socket_addr, Some("10.0.0.1".parse().unwrap()));
         assert_eq!(c.socket_ifname.as_deref(), Some("eth0"));
+        assert_eq!(
+            err(&[("VERBSNET_SOCKET_IFNAME", "^=")]),
+            r#"VERBSNET_SOCKET_IFNAME="^=" is not valid: expected an interface list as NCCL_SOCKET_IFNAME: [^][=]name[,name...] (prefixes)"#
+        );
+        let c = ok(&[
+            ("NCCL_SOCKET_IFNAME", "^docker"),
+            ("NCCL_SOCKET_FAMILY", "AF_INET6"),
+        ]);
+        assert_eq!(c.socket_ifname, None);
+        assert_eq!(c.nccl_socket_ifname.as_deref(), Some("^docker"));
+        assert_eq!(c.nccl_socket_family.as_deref(), Some("AF_INET6"));
         let c = ok(&[("VERBSNET_SOCKET_ADDR", " fd00::1 ")]);
         assert_eq!(c.socket_addr, Some("fd00::1".parse().unwrap()));
         assert_eq!(
@@ -999,8 +1064,9 @@ mod tests {
             Config::default().describe(),
             "transport=auto rq_depth=128 rq_batch=16 rq_low_water=112 rq_min_depth=2 \
              rq_shrink_after=2s rq_pool_size=268435456 eager_buf_size=8192 \
-             eager_limit=8192 credits=on rnr_timer=12 rnr_retry=7 ib_timeout=20 ib_retry_cnt=7 \
-             ib_hca=all ib_gid_index=auto socket_addr=auto socket_ifname=auto hang_timeout=60s \
+             eager_limit=8192 credits=on rnr_timer=12 rnr_retry=7 ib_timeout=20 ib_retry_cnt=6 \
+             ib_tc=0 ib_sl=0 ib_hca=all ib_gid_index=auto socket_addr=auto socket_ifname=auto socket_keepalive=20s \
+             hang_timeout=60s \
              stats_interval=off stats_file=off debug=warn"
         );
         let c = ok(&[
@@ -1019,15 +1085,30 @@ mod tests {
             c.describe(),
             "transport=tcp rq_depth=4 rq_batch=4 rq_low_water=1 rq_min_depth=2 \
              rq_shrink_after=2s rq_pool_size=268435456 eager_buf_size=8192 \
-             eager_limit=8192 credits=off rnr_timer=12 rnr_retry=7 ib_timeout=20 ib_retry_cnt=7 \
-             ib_hca=mlx5_0:1 ib_gid_index=3 socket_addr=10.0.0.1 socket_ifname=eth0 \
-             hang_timeout=off stats_interval=0.5s stats_file=off debug=trace"
+             eager_limit=8192 credits=off rnr_timer=12 rnr_retry=7 ib_timeout=20 ib_retry_cnt=6 \
+             ib_tc=0 ib_sl=0 ib_hca=mlx5_0:1 ib_gid_index=3 socket_addr=10.0.0.1 socket_ifname=eth0 \
+             socket_keepalive=20s hang_timeout=off stats_interval=0.5s stats_file=off debug=trace"
+        );
+    }
+
+    #[test]
+    fn traffic_class_and_service_level_are_bounded() {
+        let c = ok(&[("VERBSNET_IB_TC", "106"), ("VERBSNET_IB_SL", "15")]);
+        assert_eq!((c.ib_tc, c.ib_sl), (106, 15));
+        assert_eq!((Config::default().ib_tc, Config::default().ib_sl), (0, 0));
+        assert_eq!(
+            err(&[("VERBSNET_IB_TC", "256")]),
+            r#"VERBSNET_IB_TC="256" is not valid: expected an integer in 0..=255"#
+        );
+        assert_eq!(
+            err(&[("VERBSNET_IB_SL", "16")]),
+            r#"VERBSNET_IB_SL="16" is not valid: expected an integer in 0..=15"#
         );
     }
 
     #[test]
     fn registry_is_complete_and_unique() {
-        assert_eq!(KNOBS.len(), 22);
+        assert_eq!(KNOBS.len(), 25);
         for (i, k) in KNOBS.iter().enumerate() {
             assert!(k.var.starts_with("VERBSNET_"), "{}", k.var);
             assert_eq!(k.var, format!("VERBSNET_{}", k.key.to_ascii_uppercase()));

@@ -315,7 +315,9 @@ impl HelloReader {
     }
 }
 
-pub(crate) fn qp_config(cfg: &Config) -> QpConfig {
+/// The QP settings every connection asks for under `cfg` (public so that `verbsnet-perf doctor`
+/// checks them against the device's limits).
+pub fn qp_config(cfg: &Config) -> QpConfig {
     // Sender: data WRs (2 per rendezvous) for every request slot; receiver: CTS and credit writes.
     QpConfig {
         max_recv_wr: cfg.rq_depth,
@@ -325,6 +327,8 @@ pub(crate) fn qp_config(cfg: &Config) -> QpConfig {
         rnr_retry: cfg.rnr_retry,
         timeout: cfg.ib_timeout,
         retry_cnt: cfg.ib_retry_cnt,
+        traffic_class: cfg.ib_tc,
+        service_level: cfg.ib_sl,
     }
 }
 
@@ -521,12 +525,14 @@ impl Listen {
             info!(
                 target: "verbsnet::init",
                 "{label}: connected; RQ depth {} posted in batches of {}, low-water {}, credits {} granted \
-                 initially, credit gating {} (the sender's VERBSNET_CREDITS)",
+                 initially, credit gating {} (the sender's VERBSNET_CREDITS), traffic class {} SL {}",
                 self.cfg.rq_depth,
                 self.cfg.rq_batch,
                 self.cfg.rq_low_water,
                 engine.granted(),
-                if engine.credits() { "on" } else { "off" }
+                if engine.credits() { "on" } else { "off" },
+                self.cfg.ib_tc,
+                self.cfg.ib_sl
             );
             return Ok(Some(Comm::new_recv(
                 self.dev.clone(),
@@ -735,10 +741,13 @@ impl Connecting {
             let label = format!("send comm {local} -> {} ({dev_name})", self.handle.addr);
             info!(
                 target: "verbsnet::init",
-                "{label}: connected; eager limit {} B, credit gating {}, {} initial credits",
+                "{label}: connected; eager limit {} B, credit gating {}, {} initial credits, \
+                 traffic class {} SL {}",
                 u64::from(cfg.eager_limit).min(peer.eager_buf_size),
                 if cfg.credits { "on" } else { "off" },
-                peer.initial_credits
+                peer.initial_credits,
+                cfg.ib_tc,
+                cfg.ib_sl
             );
             return Ok(Some(Comm::new_send(
                 dev.clone(),

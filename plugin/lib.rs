@@ -1,8 +1,11 @@
-//! verbsnet: an NCCL network plugin (`ncclNet_v8`) over RDMA verbs.
+//! verbsnet: an NCCL network plugin (`ncclNet_v7` … `ncclNet_v12`) over RDMA verbs.
 //!
 //! Layers (top to bottom):
-//! - [`ffi`]: the exported `ncclNetPlugin_v8` table, one shim per slot, panic containment,
-//!   error → `ncclResult_t`, and the only raw-memory access ([`ffi::mem`]).
+//! - [`ffi`]: the exported `ncclNetPlugin_v7` … `ncclNetPlugin_v12` tables (one adapter per
+//!   version), shim bodies written once, panic containment, error → `ncclResult_t`, and the
+//!   only raw-memory access ([`ffi::mem`]).
+//! - [`api`]: the version-independent plugin API: per-communicator contexts, the shared,
+//!   reference-counted plugin state, typed listen/send/receive comms, one error type.
 //! - `comm` / `conn`: send/receive comms: drive the engine, post its WRs to a transport,
 //!   run the non-blocking connection handshake; [`pool`]: the shared bounce pool receive
 //!   queues grow from.
@@ -16,9 +19,11 @@
 pub mod config;
 pub mod engine;
 pub mod ffi;
+pub mod ifselect;
 pub mod log;
 pub mod transport;
 
+pub mod api;
 pub mod comm;
 pub mod conn;
 pub mod net;

@@ -2,8 +2,8 @@
 //! address the out-of-band listeners use.
 
 use std::ffi::CString;
-use std::net::{IpAddr, Ipv4Addr};
-use std::sync::{Arc, RwLock};
+use std::net::IpAddr;
+use std::sync::Arc;
 
 use tracing::{info, warn};
 
@@ -35,26 +35,10 @@ pub struct Net {
     pub listen_ip: IpAddr,
 }
 
-static NET: RwLock<Option<Arc<Net>>> = RwLock::new(None);
-
-/// The initialized plugin, or an error telling the caller to call init first.
-pub fn get() -> Result<Arc<Net>, Error> {
-    NET.read()
-        .ok()
-        .and_then(|g| g.clone())
-        .ok_or_else(|| Error::Internal("the plugin is used before init succeeded".into()))
-}
-
-/// `init`: parses the configuration once, picks the transport and opens its devices.
-/// A second call keeps the first configuration (NCCL may call init more than once).
-pub fn init(logger: crate::ffi::abi::ncclDebugLogger_t) -> Result<(), Error> {
-    if let Ok(Some(_)) = NET.read().map(|g| g.clone()) {
-        crate::log::init(
-            logger,
-            crate::log::level().unwrap_or(crate::config::DebugLevel::Warn),
-        );
-        return Ok(());
-    }
+/// Opens the plugin: parses the configuration, picks the transport and opens its devices.
+/// [`crate::api`] calls it when the first context is made and keeps the result, shared and
+/// reference-counted, until the last context is finalized.
+pub fn open_net(logger: crate::ffi::abi::ncclDebugLogger_t) -> Result<Net, Error> {
     let cfg = match Config::from_env() {
         Ok(c) => c,
         Err(e) => {
@@ -74,7 +58,7 @@ pub fn init(logger: crate::ffi::abi::ncclDebugLogger_t) -> Result<(), Error> {
     info!(target: "verbsnet::init", "verbsnet {} configuration: {}", env!("CARGO_PKG_VERSION"), cfg.describe());
 
     let (kind, devs) = open(&cfg)?;
-    let listen_ip = listen_ip(&cfg)?;
+    let (listen_ip, listen_why) = listen_ip(&cfg)?;
     let mut entries = Vec::new();
     for dev in devs {
         let props = dev.props();
@@ -97,20 +81,16 @@ pub fn init(logger: crate::ffi::abi::ncclDebugLogger_t) -> Result<(), Error> {
         .collect();
     info!(
         target: "verbsnet::init",
-        "using transport {}: {}; out-of-band address {listen_ip}",
+        "using transport {}: {}; out-of-band address {listen_why}",
         kind.as_str(),
         names.join(" ")
     );
-    let net = Arc::new(Net {
+    Ok(Net {
         cfg,
         kind,
         devs: entries,
         listen_ip,
-    });
-    if let Ok(mut g) = NET.write() {
-        *g = Some(net);
-    }
-    Ok(())
+    })
 }
 
 fn open(cfg: &Config) -> Result<(Kind, Vec<Arc<dyn Device>>), Error> {
@@ -147,42 +127,32 @@ fn open(cfg: &Config) -> Result<(Kind, Vec<Arc<dyn Device>>), Error> {
     }
 }
 
-/// The out-of-band listen address: `VERBSNET_SOCKET_ADDR`, else the first address of
-/// `VERBSNET_SOCKET_IFNAME`, else the first IPv4 address of an up, non-loopback interface,
-/// else 127.0.0.1.
-fn listen_ip(cfg: &Config) -> Result<IpAddr, Error> {
+/// The out-of-band listen address: `VERBSNET_SOCKET_ADDR`, else the interface choice of
+/// [`crate::ifselect`] (`VERBSNET_SOCKET_IFNAME`, `NCCL_SOCKET_IFNAME`, `NCCL_SOCKET_FAMILY`,
+/// NCCL's default order), with the reason for the log.
+fn listen_ip(cfg: &Config) -> Result<(IpAddr, String), Error> {
     if let Some(a) = cfg.socket_addr {
-        return Ok(a);
+        return Ok((a, format!("{a} (VERBSNET_SOCKET_ADDR)")));
     }
-    let addrs: Vec<(String, IpAddr, bool)> = nix::ifaddrs::getifaddrs()
-        .map(|it| {
-            it.filter_map(|ifa| {
-                let up = ifa.flags.contains(nix::net::if_::InterfaceFlags::IFF_UP);
-                let sa = ifa.address?;
-                let ip = if let Some(v4) = sa.as_sockaddr_in() {
-                    IpAddr::V4(v4.ip())
-                } else {
-                    IpAddr::V6(sa.as_sockaddr_in6()?.ip())
-                };
-                Some((ifa.interface_name, ip, up))
-            })
-            .collect()
+    let req = crate::ifselect::Request::new(
+        cfg.socket_ifname.as_deref(),
+        cfg.nccl_socket_ifname.as_deref(),
+        cfg.nccl_socket_family.as_deref(),
+    );
+    let c = crate::ifselect::choose(&crate::ifselect::system_interfaces(), &req)
+        .map_err(Error::Usage)?;
+    Ok((c.addr, c.to_string()))
+}
+
+/// The device `dev` of `net`, or an error naming how many there are.
+pub fn dev_entry(net: &Net, dev: i32) -> Result<&DevEntry, Error> {
+    usize::try_from(dev)
+        .ok()
+        .and_then(|d| net.devs.get(d))
+        .ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "device {dev} does not exist (this plugin has {})",
+                net.devs.len()
+            ))
         })
-        .unwrap_or_default();
-    if let Some(name) = &cfg.socket_ifname {
-        return addrs
-            .iter()
-            .find(|(n, _, _)| n == name)
-            .map(|(_, ip, _)| *ip)
-            .ok_or_else(|| {
-                Error::Usage(format!(
-                    "VERBSNET_SOCKET_IFNAME={name}: no such interface with an IP address"
-                ))
-            });
-    }
-    Ok(addrs
-        .iter()
-        .find(|(_, ip, up)| *up && ip.is_ipv4() && !ip.is_loopback())
-        .map(|(_, ip, _)| *ip)
-        .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST)))
 }

@@ -101,6 +101,8 @@ fn qp_config() -> QpConfig {
         rnr_retry: 7,
         timeout: 14,
         retry_cnt: 7,
+        traffic_class: 0,
+        service_level: 0,
     }
 }
 
@@ -214,6 +216,12 @@ fn device_properties() {
     assert_eq!(p.port, 1);
     assert!(p.speed_mbps > 0);
     assert!(p.max_comms > 0);
+    // guid = the NIC chip's sys_image_guid, as NCCL's IB transport reports (net_ib/init.cc)
+    let sysfs = format!("/sys/class/infiniband/{}/sys_image_guid", hca());
+    if let Ok(text) = std::fs::read_to_string(&sysfs) {
+        let want = u64::from_str_radix(&text.trim().replace(':', ""), 16).expect("a GUID");
+        assert_eq!(p.guid, want, "guid vs {sysfs} ({})", text.trim());
+    }
     if hca().starts_with("rxe") {
         assert_eq!(p.pci_path, None, "rxe is not a PCI device");
         // rxe: GID 0 is link-local, GID 1 the IPv4-mapped RoCE v2 one; the choice is logged

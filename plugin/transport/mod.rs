@@ -163,6 +163,10 @@ impl WcStatus {
             WcStatus::LocalLength => "a message was longer than the receive buffer",
             WcStatus::LocalProtection => "a local buffer was not registered (regMr) or was freed",
             WcStatus::WrFlush => "flushed after an earlier error on the same QP",
+            WcStatus::LocalQpOperation => {
+                "the local QP could not send: its port or link went down, or (rxe) a \
+                 retransmission could not leave the host (check `rdma link` and `ip link`)"
+            }
             _ => "see the first error completion on this QP",
         }
     }
@@ -245,6 +249,11 @@ pub struct QpConfig {
     pub timeout: u8,
     /// Transport retries before `RetryExceeded` (0..=7).
     pub retry_cnt: u8,
+    /// GRH traffic class (RoCE: the IP header's DSCP/ECN byte); `VERBSNET_IB_TC` or the
+    /// communicator's `trafficClass`.
+    pub traffic_class: u8,
+    /// Service level (`VERBSNET_IB_SL`, 0..=15).
+    pub service_level: u8,
 }
 
 /// Counters a transport keeps per QP (the engine keeps its own).
@@ -279,7 +288,8 @@ pub struct DeviceProps {
     pub name: String,
     /// Realpath of the PCI device in sysfs, or `None` (tcp, rxe).
     pub pci_path: Option<String>,
-    /// Node/port GUID; devices with the same GUID are treated as one port by NCCL.
+    /// The NIC chip's GUID (ib: `sys_image_guid`); NCCL treats devices with the same GUID as one
+    /// NIC (functions of one chip).
     pub guid: u64,
     /// Link speed in Mbps.
     pub speed_mbps: i32,

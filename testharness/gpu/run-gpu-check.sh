@@ -440,8 +440,8 @@ PYEOF
         if [[ "$VN_NCCL_WHEEL" == *,* ]]; then
             vn_pf_warn "several NCCL wheels installed ($VN_NCCL_WHEEL): they share nvidia/nccl; the files there win"
         fi
-        if [[ -n "$VN_NCCL_VERSION" ]] && ! vn_version_ge "$VN_NCCL_VERSION" 2.20.0; then
-            vn_pf_miss "NCCL >= 2.20 (verbsnet exports ncclNetPlugin_v8 only; $VN_NCCL_VERSION probes v7 at most)"
+        if [[ -n "$VN_NCCL_VERSION" ]] && ! vn_version_ge "$VN_NCCL_VERSION" 2.19.0; then
+            vn_pf_miss "NCCL >= 2.19 (verbsnet exports ncclNetPlugin_v7 ... v12; $VN_NCCL_VERSION probes v6 at most)"
         fi
     else
         vn_pf_miss "NCCL wheel: no include/nccl.h + lib/libnccl.so.2 (pip install nvidia-nccl-cu13 or -cu12, or set VERBSNET_NCCL_HOME)${out:+; python said: $(tr '\n' ' ' <<<"$out")}"

@@ -11,9 +11,16 @@
 #                           only works with GID index 0 (the IPv4 route to a local address goes
 #                           through lo).
 #                    lo     rxe0 on lo (127.0.0.1); only GID index 1 works.
+#                    virtio rxe0 on the VM's virtio-net NIC (run-two-vms.sh gives each VM one,
+#                           wired to the other VM), address SOFTROCE_ADDR (e.g. 192.0.2.1/24).
 #                    none   set up nothing.
 #   SOFTROCE_NDEVS   1 (default) or 2 (veth only)
 #   SOFTROCE_MTU     netdev MTU (default 9000 => active_mtu 4096; 1500 => 1024)
+#   SOFTROCE_ADDR    address/prefix of the virtio NIC (virtio only; default 192.0.2.1/24)
+#   SOFTROCE_HOSTNAME the guest's host name (default: unchanged, "(none)")
+#   SOFTROCE_DECOYS  space-separated NAME=ADDR/PREFIX: dummy netdevs made up and given an address
+#                    BEFORE the NIC, so that they come first in interface order (e.g.
+#                    "docker0=172.17.0.1/16", to test the choice of the set-up interface)
 set -u
 say() { echo "guest-setup: $*" >&2; }
 NETDEV=${SOFTROCE_NETDEV:-dummy}
@@ -24,6 +31,14 @@ MTU=${SOFTROCE_MTU:-9000}
 # crc32_generic: rxe computes its ICRC with the kernel's "crc32" shash
 modprobe -a crc32_generic ib_core ib_uverbs rdma_ucm rdma_rxe || { say "modprobe failed"; exit 1; }
 ip link set lo up
+[ -n "${SOFTROCE_HOSTNAME:-}" ] && hostname "$SOFTROCE_HOSTNAME"
+if [ -n "${SOFTROCE_DECOYS:-}" ]; then
+    modprobe dummy numdummies=0
+    for d in $SOFTROCE_DECOYS; do
+        ip link add "${d%%=*}" type dummy && ip link set "${d%%=*}" up \
+            && ip addr add "${d#*=}" dev "${d%%=*}" || { say "decoy $d failed"; exit 1; }
+    done
+fi
 
 netdevs=()
 case "$NETDEV" in
@@ -48,8 +63,26 @@ veth)
 lo)
     netdevs=(lo)
     ;;
+virtio)
+    # The kernel names it (no udev here): the netdev whose driver is virtio_net.
+    modprobe virtio_net || { say "modprobe virtio_net failed"; exit 1; }
+    nic=
+    for _ in $(seq 100); do
+        for d in /sys/class/net/*; do
+            [ "$(basename "$(readlink -f "$d/device/driver" 2>/dev/null)")" = virtio_net ] \
+                && nic=${d##*/} && break
+        done
+        [ -n "$nic" ] && break
+        sleep 0.05
+    done
+    [ -n "$nic" ] || { say "no virtio-net NIC in this VM"; exit 1; }
+    ip link set "$nic" mtu "$MTU" || { say "ip link set $nic mtu $MTU failed"; exit 1; }
+    ip link set "$nic" up
+    ip addr add "${SOFTROCE_ADDR:-192.0.2.1/24}" dev "$nic" || exit 1
+    netdevs=("$nic")
+    ;;
 *)
-    say "unknown SOFTROCE_NETDEV=$NETDEV (dummy|veth|lo|none)"
+    say "unknown SOFTROCE_NETDEV=$NETDEV (dummy|veth|lo|virtio|none)"
     exit 1
     ;;
 esac

@@ -2,7 +2,7 @@
 # vm-suite.sh: the ib transport's CI suite on soft-RoCE, in ONE VM boot. This is what CI calls.
 #
 # usage: testharness/softroce/vm-suite.sh
-# env:   VM_SUITE_TIMEOUT (seconds for the whole VM, default 600), VM_SUITE_LOGS (directory for
+# env:   VM_SUITE_TIMEOUT (seconds for the whole VM, default 900), VM_SUITE_LOGS (directory for
 #        the per-step logs, default target/vm-suite), CARGO_PROFILE_ARGS (for the test binaries,
 #        e.g. --release to reuse a `cargo test --release` build), plus everything run-in-vm.sh
 #        understands (SOFTROCE_*). Needs install-deps.sh (qemu, kernel, rdma-core, ...) and a
@@ -20,6 +20,22 @@
 #                        alltoall --ranks 4 --shared-comms 2, 4, 8 (skewed senders) over ib,
 #                        small sizes: exit 0, #wrong 0, and the log names rxe0, the GID index and
 #                        the MTU (when the harness exists)
+#   6. doctor_*          verbsnet-perf doctor on rxe0: exit 0 and the port/GID/depth/memlock/
+#                        counter lines when healthy, --json; provoked faults (forced empty or
+#                        link-local GID index, RQ depth over max_cqe, a typo'd knob, an unresolvable plugin,
+#                        low memlock without CAP_IPC_LOCK) each with its verdict and fix; and
+#                        --listen/--peer over rxe0 (path MTU, latency, bandwidth)
+#   5. lifecycle         testharness/tests/lifecycle.rs over ib: 23 init/finalize/dlclose
+#                        cycles leave fds, threads and `rdma resource` counts at baseline (heap:
+#                        on the host, 400 cycles over tcp);
+#                        two v11 communicators finalized in turn (the one with trafficClass 106
+#                        shows "traffic class 106" in its connections' INFO lines)
+#   6. perf_*            verbsnet-perf over ib, small sizes: all_reduce --ranks 2 and 4,
+#                        all_gather, reduce_scatter and sendrecv --ranks 2 through ncclNet v12
+#                        (the default, newest) and v8; an all_reduce smoke run through v7, v9,
+#                        v10 and v11; VERBSNET_IB_TC=106 VERBSNET_IB_SL=3 shown on every connection.
+#                        Each: exit 0, #wrong 0, the symbol used, and the log names rxe0, the
+#                        GID index and the MTU (when the harness exists)
 # A test binary that prints SKIP in the VM (no device found) counts as a failure. Each step
 # prints one summary line, the run ends with "vm-suite: N passed, M failed"; the exit status is
 # 0 only when every step passed (255: the VM failed, 124: timeout). Full logs of every step are
@@ -64,11 +80,13 @@ if [ "${1:-}" = --guest ]; then
     }
 
     # perf_step NAME ARGS...: verbsnet-perf over ib, exit 0, no wrong elements, rxe0/GID/MTU logged
+    # (PERF_ENV: extra VAR=VALUE words for the run; PERF_EXPECT: a line the log must contain)
     perf_step() {
         local name=$1 t0 rc log missing=(); shift
         log=$logs/$name.log
         t0=$(date +%s.%N)
-        env VERBSNET_DEBUG=info NCCL_NET_PLUGIN="$PLUGIN_SO" \
+        # shellcheck disable=SC2086 # PERF_ENV is a word list
+        env VERBSNET_DEBUG=info NCCL_NET_PLUGIN="$PLUGIN_SO" ${PERF_ENV:-} \
             timeout -k 5 120 "$PERF_BIN" "$@" --transport ib > "$log" 2>&1
         rc=$?
         if [ $rc != 0 ]; then fail "$name" "exit $rc ($(secs "$t0"))"; return; fi
@@ -81,6 +99,10 @@ if [ "${1:-}" = --guest ]; then
         grep -q 'rxe0' "$log" || missing+=("rxe0")
         grep -qE 'gid_index[=: ]+[0-9]' "$log" || missing+=("the GID index")
         grep -qE 'mtu[=: ]+[0-9]+' "$log" || missing+=("the MTU")
+        grep -qE '^# plugin: verbsnet \(ncclNetPlugin_v[0-9]+\)' "$log" || missing+=("the table used")
+        if [ -n "${PERF_EXPECT:-}" ]; then
+            grep -qF "$PERF_EXPECT" "$log" || missing+=("'$PERF_EXPECT'")
+        fi
         if [ ${#missing[@]} -gt 0 ]; then
             fail "$name" "the output lacks ${missing[*]}"; return
         fi
@@ -88,7 +110,26 @@ if [ "${1:-}" = --guest ]; then
         avg=$(grep -m1 'Avg bus bandwidth' "$log" | awk -F: '{ gsub(/ /, "", $2); print $2 }')
         gid=$(grep -m1 -oE 'gid_index[=: ]+[0-9]+' "$log" | grep -oE '[0-9]+$')
         mtu=$(grep -m1 -oE 'mtu[=: ]+[0-9]+' "$log" | grep -oE '[0-9]+$')
-        pass "$name" "0 wrong, rxe0 gid_index=$gid mtu=$mtu, avg busbw ${avg} GB/s ($(secs "$t0"))"
+        local sym
+        sym=$(grep -m1 -oE 'ncclNetPlugin_v[0-9]+' "$log")
+        pass "$name" "0 wrong, $sym, rxe0 gid_index=$gid mtu=$mtu, avg busbw ${avg} GB/s ($(secs "$t0"))"
+    }
+
+    # doctor_step NAME EXIT "ENV=V ..." "ARGS ..." PATTERN...: `verbsnet-perf doctor` on rxe0
+    # (NCCL_NET=verbsnet, the plugin by path, counters read 1 s apart) must exit EXIT and print
+    # a line matching each PATTERN (grep -E). $DOCTOR_WRAP (words) runs before the binary.
+    doctor_step() {
+        local name=$1 want=$2 envs=$3 dargs=$4 t0 rc log missing=() p; shift 4
+        log=$logs/$name.log
+        t0=$(date +%s.%N)
+        # shellcheck disable=SC2086 # envs, dargs and DOCTOR_WRAP are word lists
+        env NCCL_NET_PLUGIN="$PLUGIN_SO" NCCL_NET=verbsnet $envs \
+            timeout -k 5 60 ${DOCTOR_WRAP:-} "$PERF_BIN" doctor --interval 1 $dargs > "$log" 2>&1
+        rc=$?
+        if [ "$rc" != "$want" ]; then fail "$name" "exit $rc, expected $want ($(secs "$t0"))"; return; fi
+        for p in "$@"; do grep -qE -- "$p" "$log" || missing+=("'$p'"); done
+        if [ ${#missing[@]} -gt 0 ]; then fail "$name" "no line matches ${missing[*]}"; return; fi
+        pass "$name" "exit $rc, $# line(s) as expected ($(secs "$t0"))"
     }
 
     devs=$(cd /sys/class/infiniband 2>/dev/null && echo *)
@@ -102,18 +143,73 @@ if [ "${1:-}" = --guest ]; then
     fi
     # one thread: the RNR counters are device-wide
     test_step rnr "$BIN_rnr" RUST_TEST_THREADS=1
+    if [ -n "${BIN_lifecycle:-}" ]; then
+        test_step lifecycle "$BIN_lifecycle" RUST_TEST_THREADS=1 VERBSNET_TRANSPORT=ib VERBSNET_DEBUG=info \
+            VERBSNET_TEST_CYCLES=3,20
+        # communicator a: no trafficClass (VERBSNET_IB_TC, 0); b: trafficClass 106 (overrides)
+        for want in "traffic class 0 SL 0" "traffic class 106 SL 0"; do
+            grep -qF "$want" "$logs/lifecycle.log" \
+                || fail lifecycle "no connection INFO line with '$want' in lifecycle.log"
+        done
+    fi
     if [ -n "${PERF_BIN:-}" ]; then
         small=(-b 8 -e 1M -f 8 -n 2 -w 1)
+        # the main collectives through the newest table (v12, the default) and v8
         perf_step perf_allreduce_2 all_reduce --ranks 2 "${small[@]}" -T 100
         perf_step perf_allreduce_4 all_reduce --ranks 4 "${small[@]}" -T 100
+        perf_step perf_allgather_2 all_gather --ranks 2 "${small[@]}" -T 100
+        perf_step perf_reducescatter_2 reduce_scatter --ranks 2 "${small[@]}" -T 100
         perf_step perf_sendrecv_2 sendrecv --ranks 2 "${small[@]}" -T 100
         # NCCL's shared comms: K skewed senders per connection, grouped receives of n = K
         shared=(-b 16K -e 256K -f 16 --chunk 4K -n 2 -w 1 --skew-us 300 -T 100)
         for k in 2 4 8; do
             perf_step "perf_alltoall_4_shared$k" alltoall --ranks 4 --shared-comms "$k" "${shared[@]}"
         done
+        for c in all_reduce all_gather reduce_scatter sendrecv; do
+            perf_step "perf_${c//_/}_2_v8" "$c" --ranks 2 --net-version 8 "${small[@]}" -T 100
+        done
+        perf_step perf_allreduce_4_v8 all_reduce --ranks 4 --net-version 8 "${small[@]}" -T 100
+        # a smoke run through every other version
+        for v in 7 9 10 11; do
+            perf_step "perf_smoke_v$v" all_reduce --ranks 2 --net-version "$v" -b 8 -e 64K -f 8 -n 2 -w 1 -T 100
+        done
+        PERF_ENV="VERBSNET_IB_TC=106 VERBSNET_IB_SL=3" PERF_EXPECT="traffic class 106 SL 3" \
+            perf_step perf_tc_106 sendrecv --ranks 2 -b 8 -e 64K -f 8 -n 2 -w 1 -T 100
     else
         echo "vm-suite: ----  perf_*             verbsnet-perf not in this tree (testharness)"
+    fi
+    if [ -n "${PERF_BIN:-}" ] && "$PERF_BIN" doctor --help > /dev/null 2>&1; then
+        doctor_step doctor_ok 0 "" "" \
+            '^ok +transport +auto: ib \(rxe0:1\)' '^ok +port rxe0:1 +ACTIVE, Ethernet, active MTU [0-9]+' \
+            '^ok +gid rxe0:1 +index 1 ::ffff:192\.0\.2\.1 RoCE v2' '^ok +depth\.(rq|sq|cq) rxe0' \
+            '^ok +memlock' '^ok +counters rxe0:1 +none moved' 'doctor: [0-9]+ ok, 0 warn, 0 fail'
+        doctor_step doctor_json 0 "" "--json" '"exit":0' '"verdict":"ok"' '"name":"gid rxe0:1"'
+        doctor_step doctor_gid_index 2 "VERBSNET_IB_GID_INDEX=5" "" \
+            '^fail +port rxe0:1 .*GID 5 is empty.*fix: unset VERBSNET_IB_GID_INDEX' \
+            '^fail +gid rxe0:1 .*\[1\] ::ffff:192\.0\.2\.1 the automatic choice' \
+            '^warn +transport +auto: tcp .*none is usable'
+        doctor_step doctor_gid_linklocal 1 "VERBSNET_IB_GID_INDEX=0" "" \
+            '^warn +gid rxe0:1 +index 0 fe80:.*fix: .*link-local.*unset VERBSNET_IB_GID_INDEX'
+        doctor_step doctor_depth 2 "VERBSNET_RQ_DEPTH=32768" "" \
+            '^fail +depth\.cq rxe0 .*fix: set VERBSNET_RQ_DEPTH <= [0-9]+'
+        doctor_step doctor_typo 1 "VERBSNET_RQDEPTH=512" "" \
+            '^warn +env VERBSNET_RQDEPTH .*fix: rename it to VERBSNET_RQ_DEPTH'
+        doctor_step doctor_plugin 2 "NCCL_NET_PLUGIN=/nonexistent/libnccl-net-verbsnet.so" "" \
+            '^fail +plugin\.load .*fix: .*LD_LIBRARY_PATH'
+        # root has CAP_IPC_LOCK: drop it (bounding and inheritable sets) and lower the limit
+        DOCTOR_WRAP="prlimit --memlock=65536:65536 setpriv --inh-caps=-ipc_lock --bounding-set=-ipc_lock" \
+            doctor_step doctor_memlock 2 "" "--comms 4" \
+            '^fail +memlock +RLIMIT_MEMLOCK 64 KiB .*CAP_IPC_LOCK no.*ENOMEM.*fix: raise the limit'
+        # a real connection through the plugin over rxe0, both ends in this VM
+        env NCCL_NET_PLUGIN="$PLUGIN_SO" NCCL_NET=verbsnet timeout -k 5 60 "$PERF_BIN" doctor \
+            --interval 0 --listen 127.0.0.1:29650 --pings 200 --bw-bytes 16M > "$logs/doctor_listen.log" 2>&1 &
+        lpid=$!
+        doctor_step doctor_peer 0 "" "--peer 127.0.0.1:29650 --pings 200 --bw-bytes 16M" \
+            '^ok +peer\.transport +here ib \(rxe0:1\)' '^ok +peer\.mtu +here 4096, peer 4096: path MTU 4096' \
+            '^ok +peer\.connect' '^ok +peer\.latency +[0-9.]+ us' '^ok +peer\.bandwidth +[0-9.]+ GB/s'
+        wait "$lpid" || fail doctor_listen "the listening side exited $?"
+    else
+        echo "vm-suite: ----  doctor_*           verbsnet-perf doctor not in this tree"
     fi
     echo "vm-suite: $passed passed, $failed failed${failures[*]:+ (${failures[*]})}"
     [ "$failed" = 0 ]
@@ -129,22 +225,23 @@ t0=$(date +%s)
 
 tests=(ib_transport plugin_pair rnr)
 [ -f tests/scenarios.rs ] && tests+=(scenarios)
+[ -f testharness/tests/lifecycle.rs ] && tests+=(lifecycle)
 # The workspace-wide commands CI runs before (testharness/run-tests.sh), so that nothing is
 # rebuilt: per-package builds unify dependency features differently and rebuild the plugin.
 echo "vm-suite: building the tests (cargo test --workspace --no-run ${CARGO_PROFILE_ARGS:-})" >&2
-# "name executable" of each integration test binary of the verbsnet package
+# "name executable" of each integration test binary in tests/ and testharness/tests/
 built_tests() {
     # shellcheck disable=SC2086 # CARGO_PROFILE_ARGS is a word list
     cargo test --workspace --no-run ${CARGO_PROFILE_ARGS:-} \
         --message-format=json-render-diagnostics \
     | python3 -c '
 import json, os, sys
-tests = os.path.join(sys.argv[1], "tests")
+tests = [os.path.join(sys.argv[1], "tests"), os.path.join(sys.argv[1], "testharness", "tests")]
 for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") \
        and m["target"]["kind"] == ["test"] \
-       and os.path.dirname(m["target"]["src_path"]) == tests:
+       and os.path.dirname(m["target"]["src_path"]) in tests:
         print(m["target"]["name"], m["executable"])' "$ROOT"
 }
 declare -A bins=()
@@ -181,12 +278,12 @@ echo "vm-suite: built in $(( $(date +%s) - t0 )) s; booting the soft-RoCE VM (lo
 share=(-w "$ROOT")
 case "$logs" in "$ROOT"/*) ;; *) share+=(-w "$logs") ;; esac
 set +e
-"$HERE/run-in-vm.sh" "${share[@]}" -T "${VM_SUITE_TIMEOUT:-600}" -- bash "$HERE/vm-suite.sh" --guest "$logs"
+"$HERE/run-in-vm.sh" "${share[@]}" -T "${VM_SUITE_TIMEOUT:-900}" -- bash "$HERE/vm-suite.sh" --guest "$logs"
 rc=$?
 set -e
 case $rc in
     0) ;;
-    124) echo "vm-suite: FAIL (the VM timed out after ${VM_SUITE_TIMEOUT:-600} s)" >&2 ;;
+    124) echo "vm-suite: FAIL (the VM timed out after ${VM_SUITE_TIMEOUT:-900} s)" >&2 ;;
     255) echo "vm-suite: FAIL (the VM or the rxe setup failed)" >&2 ;;
 esac
 echo "vm-suite: exit status $rc after $(( $(date +%s) - t0 )) s" >&2

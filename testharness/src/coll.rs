@@ -24,7 +24,7 @@ pub const SLOTS: usize = 8;
 pub const STALL_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Without any progress for this long, an idle pass of [`Ring::run`] sleeps for [`NAP`]
-/// instead of only yielding (see [`idle_wait`]).
+/// instead of only yielding (see `idle_wait`).
 pub const SPIN_BEFORE_NAP: Duration = Duration::from_micros(500);
 
 /// How long an idle pass sleeps once [`SPIN_BEFORE_NAP`] has passed without progress.

@@ -6,6 +6,7 @@
 //! - [`baseline`]: `--baseline tcp`, a plain TCP ring streaming the same bytes.
 //! - [`bootstrap`]: launcher variables and the TCP rendezvous served by rank 0.
 //! - [`coll`]: ring schedules for the collectives and the NCCL-style proxy that runs them.
+//! - [`doctor`]: `verbsnet-perf doctor`, the preflight checks (one verdict line per check).
 //! - [`data`]: element types, operators, deterministic data and expected results.
 //! - [`mesh`]: alltoall over a full mesh of connections, shared by several senders with their
 //!   own tags (NCCL_NET_SHARED_COMMS).
@@ -22,6 +23,7 @@ pub mod cli;
 pub mod coll;
 pub mod cputime;
 pub mod data;
+pub mod doctor;
 pub mod launcher;
 pub mod mesh;
 pub mod perf;

@@ -1,4 +1,5 @@
-//! `verbsnet-perf <collective> [flags]`: see `--help`.
+//! `verbsnet-perf <collective> [flags]`: see `--help`; `verbsnet-perf doctor [flags]`: the
+//! preflight, see `verbsnet-perf doctor --help`.
 #![forbid(unsafe_code)]
 
 use std::process::ExitCode;
@@ -8,6 +9,11 @@ use testharness::cli::Args;
 use testharness::{launcher, perf};
 
 fn main() -> ExitCode {
+    // `verbsnet-perf doctor ...`: the preflight (testharness/src/doctor.rs).
+    if std::env::args().nth(1).as_deref() == Some("doctor") {
+        let code = testharness::doctor::main(std::env::args().skip(1));
+        return ExitCode::from(u8::try_from(code).unwrap_or(2));
+    }
     let args = Args::parse();
     if let Err(e) = args.validate() {
         eprintln!("verbsnet-perf: {e}");

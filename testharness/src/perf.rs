@@ -587,7 +587,7 @@ pub fn run(args: &Args) -> Result<i32> {
     let exe_dir = env::current_exe()
         .ok()
         .and_then(|p| p.parent().map(Path::to_path_buf));
-    let net = Net::load(&value, &wanted, exe_dir.as_deref())?;
+    let net = Net::load_version(&value, &wanted, exe_dir.as_deref(), args.net_version)?;
     net.init()?;
     let ndev = net.devices()?;
     if ndev <= 0 || args.dev >= ndev || args.dev < 0 {
@@ -695,7 +695,7 @@ pub fn run(args: &Args) -> Result<i32> {
             o,
             "# plugin: {} ({}) from {} [{}]  NCCL_NET_PLUGIN={value}",
             net.name(),
-            plugin::SYMBOL,
+            net.symbol(),
             net.path().display(),
             canonical(net.path()).display(),
         )?;
@@ -829,7 +829,7 @@ pub fn run(args: &Args) -> Result<i32> {
                 })),
                 "plugin": {
                     "name": net.name(),
-                    "symbol": plugin::SYMBOL,
+                    "symbol": net.symbol(),
                     "value": value,
                     "path": net.path().display().to_string(),
                     "file": canonical(net.path()).display().to_string(),

@@ -1,4 +1,5 @@
-//! Loading the plugin the way NCCL does, and a safe wrapper over its `ncclNet_v8_t` table.
+//! Loading the plugin the way NCCL does, and a safe wrapper over its `ncclNet_v7_t` …
+//! `ncclNet_v12_t` tables (the newest it exports, probed in NCCL's order, or a chosen one).
 //!
 //! This is the only module of the harness with `unsafe` code: `dlopen`/`dlsym`/`dladdr`, the
 //! calls through the plugin's function pointers, and the registered FIFO memory that the plugin
@@ -34,14 +35,16 @@ use std::ptr;
 
 use libloading::os::unix::{Library, Symbol};
 use nccl_net_verbsnet::ffi::abi::{
-    ncclNetProperties_v8_t, ncclNet_v8_t, ncclResult_t, NCCL_NET_HANDLE_MAXSIZE, NCCL_PTR_HOST,
+    ncclNetCommConfig_v10_t, ncclNetCommConfig_v11_t, ncclNetCommConfig_v12_t,
+    ncclNetProperties_v10_t, ncclNetProperties_v11_t, ncclNetProperties_v12_t,
+    ncclNetProperties_v7_t, ncclNetProperties_v8_t, ncclNetProperties_v9_t, ncclNet_v10_t,
+    ncclNet_v11_t, ncclNet_v12_t, ncclNet_v7_t, ncclNet_v8_t, ncclNet_v9_t, ncclResult_t,
+    NCCL_MAX_NET_SIZE_BYTES, NCCL_NET_HANDLE_MAXSIZE, NCCL_NET_OPTIONAL_RECV_COMPLETION,
+    NCCL_PTR_HOST,
 };
 
 /// Size of the opaque connection handle `listen` fills in.
 pub const HANDLE_SIZE: usize = NCCL_NET_HANDLE_MAXSIZE as usize;
-
-/// The symbol NCCL looks up for the v8 ABI.
-pub const SYMBOL: &str = "ncclNetPlugin_v8";
 
 /// The plugin name expected when `NCCL_NET` is not set.
 pub const DEFAULT_NET_NAME: &str = "verbsnet";
@@ -62,10 +65,12 @@ pub enum Error {
         /// (what was passed to dlopen, the loader's message).
         tried: Vec<(String, String)>,
     },
-    /// The library loaded but has no `ncclNetPlugin_v8`.
+    /// The library loaded but has none of the tables asked for.
     MissingSymbol {
         /// File that was loaded.
         path: String,
+        /// The symbol(s) looked for.
+        wanted: String,
         /// The loader's message.
         detail: String,
     },
@@ -82,6 +87,8 @@ pub enum Error {
     NullSlot(&'static str),
     /// A call returned something other than `ncclSuccess`.
     Call {
+        /// The ABI version of the table.
+        version: u32,
         /// The table member called, e.g. `isend`.
         call: &'static str,
         /// What it returned.
@@ -106,8 +113,12 @@ impl fmt::Display for Error {
                 }
                 Ok(())
             }
-            Error::MissingSymbol { path, detail } => {
-                write!(f, "{path} has no symbol {SYMBOL}: {detail}")
+            Error::MissingSymbol {
+                path,
+                wanted,
+                detail,
+            } => {
+                write!(f, "{path} has no symbol {wanted}: {detail}")
             }
             Error::NameMismatch {
                 path,
@@ -115,11 +126,19 @@ impl fmt::Display for Error {
                 wanted,
             } => write!(
                 f,
-                "{path}: {SYMBOL}.name is {found:?}, expected {wanted:?} (NCCL_NET)"
+                "{path}: the ncclNet table's name is {found:?}, expected {wanted:?} (NCCL_NET)"
             ),
-            Error::NullSlot(slot) => write!(f, "{SYMBOL}.{slot} is NULL"),
-            Error::Call { call, code } => {
-                write!(f, "{SYMBOL}.{call} returned {code:?} ({})", *code as u32)
+            Error::NullSlot(slot) => write!(f, "the ncclNet table's {slot} is NULL"),
+            Error::Call {
+                version,
+                call,
+                code,
+            } => {
+                write!(
+                    f,
+                    "ncclNetPlugin_v{version}.{call} returned {code:?} ({})",
+                    *code as u32
+                )
             }
             Error::Contract(msg) => write!(f, "plugin contract violation: {msg}"),
             Error::Usage(msg) => write!(f, "harness misuse of the plugin wrapper: {msg}"),
@@ -131,14 +150,6 @@ impl std::error::Error for Error {}
 
 /// Result of the wrapper's calls.
 pub type Result<T> = std::result::Result<T, Error>;
-
-fn check(call: &'static str, code: ncclResult_t) -> Result<()> {
-    if code == ncclResult_t::ncclSuccess {
-        Ok(())
-    } else {
-        Err(Error::Call { call, code })
-    }
-}
 
 /// The file names NCCL passes to `dlopen` for an `NCCL_NET_PLUGIN` value, in order: the value
 /// verbatim, then `libnccl-net-<value>.so` unless the value contains '/' or already has the
@@ -192,11 +203,98 @@ pub struct Properties {
     pub max_comms: i32,
     /// Maximum grouped receives.
     pub max_recvs: i32,
+    /// `maxP2pBytes` (v9+).
+    pub max_p2p_bytes: Option<u64>,
+    /// `(railId, planeId)` (v12).
+    pub rail_plane: Option<(i16, i16)>,
+    /// The ABI version the properties came from.
+    pub version: u32,
+}
+
+/// The fields every version's properties struct has.
+macro_rules! props_common {
+    ($p:expr) => {
+        Properties {
+            // SAFETY: the plugin's strings are NUL-terminated and live for the plugin lifetime.
+            name: unsafe { opt_cstr($p.name) }.unwrap_or_default(),
+            // SAFETY: as above.
+            pci_path: unsafe { opt_cstr($p.pciPath) },
+            guid: $p.guid,
+            ptr_support: $p.ptrSupport,
+            speed: $p.speed,
+            port: $p.port,
+            latency: $p.latency,
+            max_comms: $p.maxComms,
+            max_recvs: $p.maxRecvs,
+            max_p2p_bytes: None,
+            rail_plane: None,
+            version: 0,
+        }
+    };
+}
+
+/// The ABI versions the harness drives, newest first: NCCL's probe order
+/// (`src/plugin/net.cc`: v12, v11, v10, v9, v8, v7, then v6, which verbsnet-perf cannot drive).
+pub const VERSIONS: [u32; 6] = [12, 11, 10, 9, 8, 7];
+
+/// The oldest version NCCL still probes; the harness reports it but does not drive it.
+const V6_SYMBOL: &str = "ncclNetPlugin_v6";
+
+/// The exported table symbol of ABI version `v`.
+pub fn symbol(v: u32) -> String {
+    format!("ncclNetPlugin_v{v}")
+}
+
+/// A loaded table of one version.
+#[derive(Clone, Copy)]
+///
+/// The references are `'static` in type only: they point into the library, which [`Net`]
+/// keeps loaded, and are reached only through `&Net`.
+enum Table {
+    V7(&'static ncclNet_v7_t),
+    V8(&'static ncclNet_v8_t),
+    V9(&'static ncclNet_v9_t),
+    V10(&'static ncclNet_v10_t),
+    V11(&'static ncclNet_v11_t),
+    V12(&'static ncclNet_v12_t),
+}
+
+/// Evaluates `$e` with `$t` bound to the table, for slots of the same type in every version.
+macro_rules! each {
+    ($self:expr, $t:ident => $e:expr) => {
+        match $self.table() {
+            Table::V7($t) => $e,
+            Table::V8($t) => $e,
+            Table::V9($t) => $e,
+            Table::V10($t) => $e,
+            Table::V11($t) => $e,
+            Table::V12($t) => $e,
+        }
+    };
+}
+
+/// A context made by a v11+ `init(ctx, commId, config)`: one NCCL communicator's view of the
+/// plugin. Pass it to [`Net::listen_in`]/[`Net::connect_in`]; end it with
+/// [`Net::finalize_context`].
+pub struct Context<'n> {
+    ptr: *mut c_void,
+    comm_id: u64,
+    _net: PhantomData<&'n Net>,
+}
+
+impl Context<'_> {
+    /// The communicator id passed to `init`.
+    pub fn comm_id(&self) -> u64 {
+        self.comm_id
+    }
 }
 
 /// The loaded plugin.
 pub struct Net {
-    table: *const ncclNet_v8_t,
+    table: Table,
+    version: u32,
+    /// The context of [`Net::init`] (v11+), NULL before it and for older versions.
+    ctx: std::cell::Cell<*mut c_void>,
     name: String,
     path: PathBuf,
     // Keeps the library mapped; declared last so it is dropped after everything else.
@@ -205,12 +303,32 @@ pub struct Net {
 
 impl Net {
     /// Loads the plugin as NCCL would for `NCCL_NET_PLUGIN=value` (see [`search_order`]),
-    /// looks up `ncclNetPlugin_v8` and checks its name against `wanted_name` (`NCCL_NET`, or
-    /// `verbsnet`). Does not call `init`.
+    /// takes the newest table it exports (probing v12 … v7 like NCCL) and checks its name
+    /// against `wanted_name` (`NCCL_NET`, or `verbsnet`). Does not call `init`.
     ///
     /// # Errors
     /// [`Error::NotFound`], [`Error::MissingSymbol`], [`Error::NameMismatch`].
     pub fn load(value: &str, wanted_name: &str, exe_dir: Option<&Path>) -> Result<Net> {
+        Net::load_version(value, wanted_name, exe_dir, None)
+    }
+
+    /// [`Net::load`] with a chosen ABI version (`Some(7..=12)`), or the newest (`None`).
+    ///
+    /// # Errors
+    /// As [`Net::load`]; [`Error::Usage`] for a version outside 7..=12.
+    pub fn load_version(
+        value: &str,
+        wanted_name: &str,
+        exe_dir: Option<&Path>,
+        version: Option<u32>,
+    ) -> Result<Net> {
+        if let Some(v) = version {
+            if !VERSIONS.contains(&v) {
+                return Err(Error::Usage(format!(
+                    "--net-version {v}: verbsnet-perf drives ncclNet versions 7 to 12"
+                )));
+            }
+        }
         let mut tried = Vec::new();
         for candidate in search_order(value, exe_dir) {
             // SAFETY: loading a library runs its initialisers. The plugin is a Rust cdylib whose
@@ -228,21 +346,55 @@ impl Net {
                     continue;
                 }
             };
-            // SAFETY: the symbol is a `static ncclNet_v8_t` by the ABI; we only take its address.
-            let sym: std::result::Result<Symbol<*const ncclNet_v8_t>, _> =
-                unsafe { lib.get(SYMBOL.as_bytes()) };
-            let table = match sym {
-                Ok(s) => *s,
-                Err(e) => {
-                    return Err(Error::MissingSymbol {
-                        path: candidate,
-                        detail: e.to_string(),
-                    })
+            let order: Vec<u32> = version.map_or_else(|| VERSIONS.to_vec(), |v| vec![v]);
+            let mut found = None;
+            let mut last_err = String::new();
+            for v in order {
+                // SAFETY: the symbol is a `static ncclNet_vN_t` by the ABI; we only take its
+                // address.
+                let sym: std::result::Result<Symbol<*const c_void>, _> =
+                    unsafe { lib.get(symbol(v).as_bytes()) };
+                match sym {
+                    Ok(s) => {
+                        found = Some((v, *s));
+                        break;
+                    }
+                    Err(e) => last_err = e.to_string(),
+                }
+            }
+            let Some((v, addr)) = found else {
+                // SAFETY: only probing whether the symbol exists.
+                let has_v6 = unsafe { lib.get::<*const c_void>(V6_SYMBOL.as_bytes()) }.is_ok();
+                return Err(Error::MissingSymbol {
+                    path: candidate,
+                    wanted: version.map_or_else(
+                        || "any of ncclNetPlugin_v12 … ncclNetPlugin_v7".into(),
+                        symbol,
+                    ),
+                    detail: if has_v6 {
+                        format!("{last_err} (it exports {V6_SYMBOL}, which verbsnet-perf does not drive)")
+                    } else {
+                        last_err
+                    },
+                });
+            };
+            // SAFETY: the symbol `ncclNetPlugin_v<v>` is a `static ncclNet_v<v>_t` by the ABI;
+            // it lives as long as `lib`, which the returned `Net` keeps loaded, and the plugin
+            // never writes to it after load.
+            let table = unsafe {
+                match v {
+                    7 => Table::V7(&*addr.cast::<ncclNet_v7_t>()),
+                    8 => Table::V8(&*addr.cast::<ncclNet_v8_t>()),
+                    9 => Table::V9(&*addr.cast::<ncclNet_v9_t>()),
+                    10 => Table::V10(&*addr.cast::<ncclNet_v10_t>()),
+                    11 => Table::V11(&*addr.cast::<ncclNet_v11_t>()),
+                    _ => Table::V12(&*addr.cast::<ncclNet_v12_t>()),
                 }
             };
-            let path = loaded_path(table.cast()).unwrap_or_else(|| PathBuf::from(&candidate));
-            // SAFETY: `table` points to the exported static, valid while `lib` is loaded.
-            let name_ptr = unsafe { (*table).name };
+            let path = loaded_path(addr).unwrap_or_else(|| PathBuf::from(&candidate));
+            // `name` is the first member of every version's table.
+            // SAFETY: `addr` points to the exported static, valid while `lib` is loaded.
+            let name_ptr = unsafe { *(addr as *const *const c_char) };
             let name = if name_ptr.is_null() {
                 String::new()
             } else {
@@ -260,6 +412,8 @@ impl Net {
             }
             return Ok(Net {
                 table,
+                version: v,
+                ctx: std::cell::Cell::new(ptr::null_mut()),
                 name,
                 path,
                 _lib: lib,
@@ -276,25 +430,145 @@ impl Net {
         &self.name
     }
 
+    /// The ABI version in use (7 … 12).
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+
+    /// The symbol of the table in use, e.g. `ncclNetPlugin_v12`.
+    pub fn symbol(&self) -> String {
+        symbol(self.version)
+    }
+
     /// The file the loader mapped (as the loader names it; may be a symlink).
     pub fn path(&self) -> &Path {
         &self.path
     }
 
-    fn table(&self) -> &ncclNet_v8_t {
-        // SAFETY: the static lives as long as the library, which `self` keeps loaded; the plugin
-        // never writes to it after load.
-        unsafe { &*self.table }
+    fn table(&self) -> Table {
+        self.table
     }
 
-    /// `init(logger = NULL)`; see the module docs for why the logger is NULL.
+    fn check(&self, call: &'static str, code: ncclResult_t) -> Result<()> {
+        if code == ncclResult_t::ncclSuccess {
+            Ok(())
+        } else {
+            Err(Error::Call {
+                version: self.version,
+                call,
+                code,
+            })
+        }
+    }
+
+    /// `init` with a NULL logger (see the module docs). For v11+ this makes the default
+    /// context (commId = the process id), used by [`Net::listen`]/[`Net::connect`] and ended by
+    /// [`Net::finalize`].
     ///
     /// # Errors
     /// NULL slot or a non-success return.
     pub fn init(&self) -> Result<()> {
-        let f = self.table().init.ok_or(Error::NullSlot("init"))?;
-        // SAFETY: a NULL logger is a valid `ncclDebugLogger_t` (the Option is None).
-        check("init", unsafe { f(None) })
+        match self.version {
+            11 | 12 => {
+                let c = self.init_context(u64::from(std::process::id()), -1)?;
+                self.ctx.set(c.ptr);
+                Ok(())
+            }
+            _ => {
+                let code = match self.table() {
+                    // Safety of every arm: a NULL logger (and profiler) is valid (the Option is
+                    // None); the table is live (see `each!`).
+                    // SAFETY: see the comment at the top of this match.
+                    Table::V7(t) => unsafe { t.init.ok_or(Error::NullSlot("init"))?(None) },
+                    // SAFETY: see the comment at the top of this match.
+                    Table::V8(t) => unsafe { t.init.ok_or(Error::NullSlot("init"))?(None) },
+                    // SAFETY: see the comment at the top of this match.
+                    Table::V9(t) => unsafe { t.init.ok_or(Error::NullSlot("init"))?(None) },
+                    // SAFETY: see the comment at the top of this match.
+                    Table::V10(t) => unsafe { t.init.ok_or(Error::NullSlot("init"))?(None, None) },
+                    Table::V11(_) | Table::V12(_) => unreachable!("handled above"),
+                };
+                self.check("init", code)
+            }
+        }
+    }
+
+    /// v11+: `init(ctx, commId, {trafficClass})`, one more communicator context
+    /// (`traffic_class` -1 = unset).
+    ///
+    /// # Errors
+    /// A version without contexts ([`Error::Usage`]), NULL slot or a non-success return.
+    pub fn init_context(&self, comm_id: u64, traffic_class: i32) -> Result<Context<'_>> {
+        let mut ctx: *mut c_void = ptr::null_mut();
+        let code = match self.table() {
+            Table::V11(t) => {
+                let mut cfg = ncclNetCommConfig_v11_t {
+                    trafficClass: traffic_class,
+                };
+                // SAFETY: valid out-pointer and config for the call; the table is live.
+                unsafe {
+                    t.init.ok_or(Error::NullSlot("init"))?(&mut ctx, comm_id, &mut cfg, None, None)
+                }
+            }
+            Table::V12(t) => {
+                let mut cfg = ncclNetCommConfig_v12_t {
+                    trafficClass: traffic_class,
+                };
+                // SAFETY: as above.
+                unsafe {
+                    t.init.ok_or(Error::NullSlot("init"))?(&mut ctx, comm_id, &mut cfg, None, None)
+                }
+            }
+            _ => {
+                return Err(Error::Usage(format!(
+                    "ncclNet v{} has no per-communicator contexts (v11+)",
+                    self.version
+                )))
+            }
+        };
+        self.check("init", code)?;
+        if ctx.is_null() {
+            return Err(Error::Contract("init succeeded with a NULL ctx".into()));
+        }
+        Ok(Context {
+            ptr: ctx,
+            comm_id,
+            _net: PhantomData,
+        })
+    }
+
+    /// v11+: `finalize(ctx)`.
+    ///
+    /// # Errors
+    /// NULL slot or a non-success return.
+    pub fn finalize_context(&self, ctx: Context<'_>) -> Result<()> {
+        let f = match self.table() {
+            // SAFETY: the table is live.
+            Table::V11(t) => t.finalize,
+            // SAFETY: as above.
+            Table::V12(t) => t.finalize,
+            _ => return Err(Error::Usage("finalize needs ncclNet v11+".into())),
+        };
+        let f = f.ok_or(Error::NullSlot("finalize"))?;
+        // SAFETY: ctx came from this plugin's init and is finalized once (consumed here).
+        self.check("finalize", unsafe { f(ctx.ptr) })
+    }
+
+    /// Ends the context of [`Net::init`] (v11+: `finalize`; older versions have no finalize,
+    /// so this does nothing).
+    ///
+    /// # Errors
+    /// NULL slot or a non-success return.
+    pub fn finalize(&self) -> Result<()> {
+        let p = self.ctx.replace(ptr::null_mut());
+        if p.is_null() {
+            return Ok(());
+        }
+        self.finalize_context(Context {
+            ptr: p,
+            comm_id: 0,
+            _net: PhantomData,
+        })
     }
 
     /// `devices`: the number of devices.
@@ -302,53 +576,125 @@ impl Net {
     /// # Errors
     /// NULL slot or a non-success return.
     pub fn devices(&self) -> Result<i32> {
-        let f = self.table().devices.ok_or(Error::NullSlot("devices"))?;
+        let f = each!(self, t => t.devices).ok_or(Error::NullSlot("devices"))?;
         let mut n: c_int = 0;
         // SAFETY: `n` is a valid out-pointer for the call.
-        check("devices", unsafe { f(&mut n) })?;
+        self.check("devices", unsafe { f(&mut n) })?;
         Ok(n)
     }
 
-    /// `getProperties(dev)`.
+    /// `getProperties(dev)` of the version in use.
     ///
     /// # Errors
     /// NULL slot or a non-success return.
     pub fn properties(&self, dev: i32) -> Result<Properties> {
-        let f = self
-            .table()
-            .getProperties
-            .ok_or(Error::NullSlot("getProperties"))?;
-        let mut p = ncclNetProperties_v8_t::default();
-        // SAFETY: `p` is a valid, zeroed struct of the ABI's layout.
-        check("getProperties", unsafe { f(dev, &mut p) })?;
-        Ok(Properties {
-            // SAFETY: the plugin's strings are NUL-terminated and live for the plugin lifetime.
-            name: unsafe { opt_cstr(p.name) }.unwrap_or_default(),
-            // SAFETY: as above.
-            pci_path: unsafe { opt_cstr(p.pciPath) },
-            guid: p.guid,
-            ptr_support: p.ptrSupport,
-            speed: p.speed,
-            port: p.port,
-            latency: p.latency,
-            max_comms: p.maxComms,
-            max_recvs: p.maxRecvs,
-        })
+        macro_rules! get {
+            ($t:expr, $ty:ty) => {{
+                let f = $t.getProperties.ok_or(Error::NullSlot("getProperties"))?;
+                let mut p = <$ty>::default();
+                // SAFETY: `p` is a valid, zeroed struct of this version's layout.
+                self.check("getProperties", unsafe { f(dev, &mut p) })?;
+                p
+            }};
+        }
+        let mut out = match self.table() {
+            // Safety of every arm: the table is live (see `each!`).
+            Table::V7(t) => {
+                let p = get!(t, ncclNetProperties_v7_t);
+                props_common!(p)
+            }
+            Table::V8(t) => {
+                let p = get!(t, ncclNetProperties_v8_t);
+                props_common!(p)
+            }
+            Table::V9(t) => {
+                let p = get!(t, ncclNetProperties_v9_t);
+                let mut o = props_common!(p);
+                o.max_p2p_bytes = Some(p.maxP2pBytes as u64);
+                o
+            }
+            Table::V10(t) => {
+                let p = get!(t, ncclNetProperties_v10_t);
+                let mut o = props_common!(p);
+                o.max_p2p_bytes = Some(p.maxP2pBytes as u64);
+                o
+            }
+            Table::V11(t) => {
+                let p = get!(t, ncclNetProperties_v11_t);
+                let mut o = props_common!(p);
+                o.max_p2p_bytes = Some(p.maxP2pBytes as u64);
+                o
+            }
+            Table::V12(t) => {
+                let p = get!(t, ncclNetProperties_v12_t);
+                let mut o = props_common!(p);
+                o.max_p2p_bytes = Some(p.maxP2pBytes as u64);
+                o.rail_plane = Some((p.railId, p.planeId));
+                o
+            }
+        };
+        // NCCL refuses a connection whose maxP2pBytes is outside (0, 1 TiB] (src/transport/net.cc).
+        if let Some(m) = out.max_p2p_bytes {
+            if m == 0 || m > NCCL_MAX_NET_SIZE_BYTES {
+                return Err(Error::Contract(format!(
+                    "maxP2pBytes {m} is outside (0, 1 TiB], which NCCL rejects"
+                )));
+            }
+        }
+        out.version = self.version;
+        Ok(out)
     }
 
-    /// `listen(dev)`: returns the handle to ship to the connecting side, and the listen comm.
+    /// `listen(dev)` (in the default context for v11+): returns the handle to ship to the
+    /// connecting side, and the listen comm.
     ///
     /// # Errors
     /// NULL slot, a non-success return, or success with a NULL comm.
     pub fn listen(&self, dev: i32) -> Result<(Handle, ListenComm<'_>)> {
-        let f = self.table().listen.ok_or(Error::NullSlot("listen"))?;
+        self.listen_raw(self.ctx.get(), dev)
+    }
+
+    /// `listen(ctx, dev)` in context `ctx` (v11+).
+    ///
+    /// # Errors
+    /// As [`Net::listen`].
+    pub fn listen_in(&self, ctx: &Context<'_>, dev: i32) -> Result<(Handle, ListenComm<'_>)> {
+        self.listen_raw(ctx.ptr, dev)
+    }
+
+    fn listen_raw(&self, ctx: *mut c_void, dev: i32) -> Result<(Handle, ListenComm<'_>)> {
         let mut handle = Handle::zeroed();
         let mut comm: *mut c_void = ptr::null_mut();
-        // SAFETY: the handle buffer is HANDLE_SIZE bytes as the ABI requires; `comm` is a valid
-        // out-pointer.
-        check("listen", unsafe {
-            f(dev, handle.0.as_mut_ptr().cast(), &mut comm)
-        })?;
+        let h = handle.0.as_mut_ptr().cast();
+        let code = match self.table() {
+            // Safety of every arm: the handle buffer is HANDLE_SIZE bytes as the ABI requires;
+            // `comm` is a valid out-pointer; ctx came from init (v11+); the table is live.
+            // SAFETY: see the comment at the top of this match.
+            Table::V11(t) => unsafe {
+                t.listen.ok_or(Error::NullSlot("listen"))?(ctx, dev, h, &mut comm)
+            },
+            // SAFETY: see the comment at the top of this match.
+            Table::V12(t) => unsafe {
+                t.listen.ok_or(Error::NullSlot("listen"))?(ctx, dev, h, &mut comm)
+            },
+            // SAFETY: see the comment at the top of this match.
+            Table::V7(t) => unsafe {
+                t.listen.ok_or(Error::NullSlot("listen"))?(dev, h, &mut comm)
+            },
+            // SAFETY: see the comment at the top of this match.
+            Table::V8(t) => unsafe {
+                t.listen.ok_or(Error::NullSlot("listen"))?(dev, h, &mut comm)
+            },
+            // SAFETY: see the comment at the top of this match.
+            Table::V9(t) => unsafe {
+                t.listen.ok_or(Error::NullSlot("listen"))?(dev, h, &mut comm)
+            },
+            // SAFETY: see the comment at the top of this match.
+            Table::V10(t) => unsafe {
+                t.listen.ok_or(Error::NullSlot("listen"))?(dev, h, &mut comm)
+            },
+        };
+        self.check("listen", code)?;
         if comm.is_null() {
             return Err(Error::Contract(
                 "listen succeeded with a NULL listenComm".into(),
@@ -363,19 +709,74 @@ impl Net {
         ))
     }
 
-    /// One non-blocking `connect` attempt; `None` means "not yet, call again with the same
-    /// handle" (the plugin may keep connection progress inside the handle).
+    /// One non-blocking `connect` attempt (in the default context for v11+); `None` means
+    /// "not yet, call again with the same handle" (the plugin may keep connection progress
+    /// inside the handle). v10 passes a connect config with trafficClass -1 (unset).
     ///
     /// # Errors
     /// NULL slot or a non-success return.
     pub fn connect(&self, dev: i32, handle: &mut Handle) -> Result<Option<SendComm<'_>>> {
-        let f = self.table().connect.ok_or(Error::NullSlot("connect"))?;
+        self.connect_raw(self.ctx.get(), dev, handle)
+    }
+
+    /// [`Net::connect`] in context `ctx` (v11+).
+    ///
+    /// # Errors
+    /// As [`Net::connect`].
+    pub fn connect_in(
+        &self,
+        ctx: &Context<'_>,
+        dev: i32,
+        handle: &mut Handle,
+    ) -> Result<Option<SendComm<'_>>> {
+        self.connect_raw(ctx.ptr, dev, handle)
+    }
+
+    fn connect_raw(
+        &self,
+        ctx: *mut c_void,
+        dev: i32,
+        handle: &mut Handle,
+    ) -> Result<Option<SendComm<'_>>> {
         let mut comm: *mut c_void = ptr::null_mut();
         let mut dev_comm = ptr::null_mut();
-        // SAFETY: the handle is HANDLE_SIZE bytes and outlives the call; out-pointers are valid.
-        check("connect", unsafe {
-            f(dev, handle.0.as_mut_ptr().cast(), &mut comm, &mut dev_comm)
-        })?;
+        let h = handle.0.as_mut_ptr().cast();
+        let mut cfg = ncclNetCommConfig_v10_t { trafficClass: -1 };
+        let code = match self.table() {
+            // Safety of every arm: the handle is HANDLE_SIZE bytes and outlives the call;
+            // out-pointers and the config are valid; ctx came from init (v11+).
+            // SAFETY: see the comment at the top of this match.
+            Table::V7(t) => unsafe {
+                t.connect.ok_or(Error::NullSlot("connect"))?(dev, h, &mut comm, &mut dev_comm)
+            },
+            // SAFETY: see the comment at the top of this match.
+            Table::V8(t) => unsafe {
+                t.connect.ok_or(Error::NullSlot("connect"))?(dev, h, &mut comm, &mut dev_comm)
+            },
+            // SAFETY: see the comment at the top of this match.
+            Table::V9(t) => unsafe {
+                t.connect.ok_or(Error::NullSlot("connect"))?(dev, h, &mut comm, &mut dev_comm)
+            },
+            // SAFETY: see the comment at the top of this match.
+            Table::V10(t) => unsafe {
+                t.connect.ok_or(Error::NullSlot("connect"))?(
+                    dev,
+                    &mut cfg,
+                    h,
+                    &mut comm,
+                    &mut dev_comm,
+                )
+            },
+            // SAFETY: see the comment at the top of this match.
+            Table::V11(t) => unsafe {
+                t.connect.ok_or(Error::NullSlot("connect"))?(ctx, dev, h, &mut comm, &mut dev_comm)
+            },
+            // SAFETY: see the comment at the top of this match.
+            Table::V12(t) => unsafe {
+                t.connect.ok_or(Error::NullSlot("connect"))?(ctx, dev, h, &mut comm, &mut dev_comm)
+            },
+        };
+        self.check("connect", code)?;
         // `then`, not `then_some`: a comm wrapper must never exist for NULL (its drop closes it).
         Ok((!comm.is_null()).then(|| SendComm {
             ptr: comm,
@@ -388,16 +789,27 @@ impl Net {
     /// # Errors
     /// NULL slot or a non-success return.
     pub fn accept<'n>(&'n self, listen: &mut ListenComm<'n>) -> Result<Option<RecvComm<'n>>> {
-        let f = self.table().accept.ok_or(Error::NullSlot("accept"))?;
+        let f = each!(self, t => t.accept).ok_or(Error::NullSlot("accept"))?;
         self.owns(listen.net)?;
         let mut comm: *mut c_void = ptr::null_mut();
         let mut dev_comm = ptr::null_mut();
         // SAFETY: `listen.ptr` is a live listen comm of this plugin; out-pointers are valid.
-        check("accept", unsafe { f(listen.ptr, &mut comm, &mut dev_comm) })?;
+        self.check("accept", unsafe { f(listen.ptr, &mut comm, &mut dev_comm) })?;
         Ok((!comm.is_null()).then(|| RecvComm {
             ptr: comm,
             net: self,
         }))
+    }
+
+    fn raw_close(&self, which: &'static str, ptr: *mut c_void) -> Result<()> {
+        let f = match which {
+            "closeListen" => each!(self, t => t.closeListen),
+            "closeSend" => each!(self, t => t.closeSend),
+            _ => each!(self, t => t.closeRecv),
+        }
+        .ok_or(Error::NullSlot(which))?;
+        // SAFETY: `ptr` is a live comm of the matching kind, consumed by the caller.
+        self.check(which, unsafe { f(ptr) })
     }
 
     /// `closeListen`.
@@ -405,14 +817,9 @@ impl Net {
     /// # Errors
     /// NULL slot or a non-success return.
     pub fn close_listen(&self, listen: ListenComm<'_>) -> Result<()> {
-        let f = self
-            .table()
-            .closeListen
-            .ok_or(Error::NullSlot("closeListen"))?;
         let ptr = listen.ptr;
         std::mem::forget(listen);
-        // SAFETY: `ptr` is a live listen comm, consumed here and never used again.
-        check("closeListen", unsafe { f(ptr) })
+        self.raw_close("closeListen", ptr)
     }
 
     /// `closeSend`.
@@ -420,11 +827,9 @@ impl Net {
     /// # Errors
     /// NULL slot or a non-success return.
     pub fn close_send(&self, comm: SendComm<'_>) -> Result<()> {
-        let f = self.table().closeSend.ok_or(Error::NullSlot("closeSend"))?;
         let ptr = comm.ptr;
         std::mem::forget(comm);
-        // SAFETY: `ptr` is a live send comm, consumed here and never used again.
-        check("closeSend", unsafe { f(ptr) })
+        self.raw_close("closeSend", ptr)
     }
 
     /// `closeRecv`.
@@ -432,11 +837,9 @@ impl Net {
     /// # Errors
     /// NULL slot or a non-success return.
     pub fn close_recv(&self, comm: RecvComm<'_>) -> Result<()> {
-        let f = self.table().closeRecv.ok_or(Error::NullSlot("closeRecv"))?;
         let ptr = comm.ptr;
         std::mem::forget(comm);
-        // SAFETY: `ptr` is a live recv comm, consumed here and never used again.
-        check("closeRecv", unsafe { f(ptr) })
+        self.raw_close("closeRecv", ptr)
     }
 
     /// Allocates `slots × slot_size` bytes of host memory and registers it once with
@@ -450,7 +853,6 @@ impl Net {
         slots: usize,
         slot_size: usize,
     ) -> Result<Fifo<'n>> {
-        let f = self.table().regMr.ok_or(Error::NullSlot("regMr"))?;
         self.owns(comm.net())?;
         if slots == 0 || slot_size == 0 || slot_size > i32::MAX as usize {
             return Err(Error::Usage(format!(
@@ -459,17 +861,32 @@ impl Net {
         }
         let mem = Memory::new(slots * slot_size)?;
         let mut mhandle: *mut c_void = ptr::null_mut();
-        // SAFETY: `mem` is a live allocation of `len` bytes that stays put until deregMr (or
-        // leaks); `comm` is a live comm of this plugin; `mhandle` is a valid out-pointer.
-        check("regMr", unsafe {
-            f(
-                comm.raw(),
-                mem.ptr.cast(),
-                mem.len,
-                NCCL_PTR_HOST as c_int,
-                &mut mhandle,
-            )
-        })?;
+        let (c, d, host) = (comm.raw(), mem.ptr.cast(), NCCL_PTR_HOST as c_int);
+        let code = match self.table() {
+            Table::V7(t) => {
+                let len = c_int::try_from(mem.len)
+                    .map_err(|_| Error::Usage(format!("v7 regMr of {} bytes", mem.len)))?;
+                // SAFETY: `mem` is a live allocation of `len` bytes that stays put until deregMr
+                // (or leaks); `comm` is a live comm of this plugin; `mhandle` is a valid
+                // out-pointer.
+                unsafe { t.regMr.ok_or(Error::NullSlot("regMr"))?(c, d, len, host, &mut mhandle) }
+            }
+            _ => {
+                let f = match self.table() {
+                    // Safety of every arm: the table is live.
+                    Table::V8(t) => t.regMr,
+                    Table::V9(t) => t.regMr,
+                    Table::V10(t) => t.regMr,
+                    Table::V11(t) => t.regMr,
+                    Table::V12(t) => t.regMr,
+                    Table::V7(_) => unreachable!("handled above"),
+                }
+                .ok_or(Error::NullSlot("regMr"))?;
+                // SAFETY: as above.
+                unsafe { f(c, d, mem.len, host, &mut mhandle) }
+            }
+        };
+        self.check("regMr", code)?;
         Ok(Fifo {
             mem,
             slot_size,
@@ -485,7 +902,7 @@ impl Net {
     /// # Errors
     /// NULL slot, a non-success return, busy slots or a FIFO of another comm.
     pub fn dereg_mr<'n>(&'n self, comm: &impl Comm<'n>, mut fifo: Fifo<'n>) -> Result<()> {
-        let f = self.table().deregMr.ok_or(Error::NullSlot("deregMr"))?;
+        let f = each!(self, t => t.deregMr).ok_or(Error::NullSlot("deregMr"))?;
         if fifo.comm != comm.raw() {
             return Err(Error::Usage("deregMr with a FIFO of another comm".into()));
         }
@@ -494,12 +911,13 @@ impl Net {
         }
         let mhandle = std::mem::replace(&mut fifo.mhandle, ptr::null_mut());
         // SAFETY: `mhandle` came from regMr on this comm and is deregistered once.
-        check("deregMr", unsafe { f(comm.raw(), mhandle) })
+        self.check("deregMr", unsafe { f(comm.raw(), mhandle) })
         // `fifo` drops here: no busy slots, so its memory is freed.
     }
 
     /// `isend` of the first `len` bytes of `slot`, with `tag`. `None`: the plugin cannot start
-    /// it now (retry later); the slot stays free.
+    /// it now (retry later); the slot stays free. Sizes go as `int` (v7/v8) or `size_t` (v9+);
+    /// v10+ pass a NULL profiler handle.
     ///
     /// # Errors
     /// NULL slot, a non-success return, or a busy/out-of-range slot.
@@ -511,19 +929,42 @@ impl Net {
         len: usize,
         tag: i32,
     ) -> Result<Option<Request<'n>>> {
-        let f = self.table().isend.ok_or(Error::NullSlot("isend"))?;
         let data = fifo.lend(comm.ptr, slot, len)?;
         let mut req: *mut c_void = ptr::null_mut();
-        // SAFETY: `data..data+len` lies inside the registered FIFO, which stays allocated and
-        // untouched by Rust while the slot is busy; `comm` is a live send comm.
-        check("isend", unsafe {
-            f(comm.ptr, data, len as c_int, tag, fifo.mhandle, &mut req)
-        })?;
+        let (c, mh, ph) = (comm.ptr, fifo.mhandle, ptr::null_mut());
+        let ilen = c_int::try_from(len).unwrap_or(c_int::MAX);
+        let missing = Error::NullSlot("isend");
+        let code = match self.table() {
+            // Safety of every arm: `data..data+len` lies inside the registered FIFO, which stays
+            // allocated and untouched by Rust while the slot is busy; `comm` is a live send
+            // comm; the table is live.
+            // SAFETY: see the comment at the top of this match.
+            Table::V7(t) => unsafe { t.isend.ok_or(missing)?(c, data, ilen, tag, mh, &mut req) },
+            // SAFETY: see the comment at the top of this match.
+            Table::V8(t) => unsafe { t.isend.ok_or(missing)?(c, data, ilen, tag, mh, &mut req) },
+            // SAFETY: see the comment at the top of this match.
+            Table::V9(t) => unsafe { t.isend.ok_or(missing)?(c, data, len, tag, mh, &mut req) },
+            // SAFETY: see the comment at the top of this match.
+            Table::V10(t) => unsafe {
+                t.isend.ok_or(missing)?(c, data, len, tag, mh, ph, &mut req)
+            },
+            // SAFETY: see the comment at the top of this match.
+            Table::V11(t) => unsafe {
+                t.isend.ok_or(missing)?(c, data, len, tag, mh, ph, &mut req)
+            },
+            // SAFETY: see the comment at the top of this match.
+            Table::V12(t) => unsafe {
+                t.isend.ok_or(missing)?(c, data, len, tag, mh, ph, &mut req)
+            },
+        };
+        self.check("isend", code)?;
         Ok(fifo.track(slot, req))
     }
 
     /// `irecv` of one buffer (n = 1): `slot` with capacity `capacity`, expecting `tag`.
-    /// `None`: not now, retry later.
+    /// `None`: not now, retry later. For v9+ the request is preset to
+    /// `NCCL_NET_OPTIONAL_RECV_COMPLETION` (0x1), as NCCL does for LL/LL128 receives, and the
+    /// plugin must overwrite it.
     ///
     /// # Errors
     /// NULL slot, a non-success return, or a busy/out-of-range slot.
@@ -535,27 +976,7 @@ impl Net {
         capacity: usize,
         tag: i32,
     ) -> Result<Option<Request<'n>>> {
-        let f = self.table().irecv.ok_or(Error::NullSlot("irecv"))?;
-        let data = fifo.lend(comm.ptr, slot, capacity)?;
-        let mut datas = [data];
-        let mut sizes = [capacity as c_int];
-        let mut tags = [tag];
-        let mut mhandles = [fifo.mhandle];
-        let mut req: *mut c_void = ptr::null_mut();
-        // SAFETY: the arrays have n = 1 entries and outlive the call; the buffer lies inside the
-        // registered FIFO, untouched by Rust while the slot is busy; `comm` is a live recv comm.
-        check("irecv", unsafe {
-            f(
-                comm.ptr,
-                1,
-                datas.as_mut_ptr(),
-                sizes.as_mut_ptr(),
-                tags.as_mut_ptr(),
-                mhandles.as_mut_ptr(),
-                &mut req,
-            )
-        })?;
-        Ok(fifo.track(slot, req))
+        self.irecv_group(comm, fifo, &[slot], &[capacity], &[tag])
     }
 
     /// Grouped `irecv` (n = `slots.len()`, 1..=8, at most the device's `maxRecvs`): buffer `i`
@@ -573,7 +994,6 @@ impl Net {
         caps: &[usize],
         tags: &[i32],
     ) -> Result<Option<Request<'n>>> {
-        let f = self.table().irecv.ok_or(Error::NullSlot("irecv"))?;
         let n = slots.len();
         if n == 0 || n > 8 || caps.len() != n || tags.len() != n {
             return Err(Error::Usage(format!(
@@ -589,24 +1009,55 @@ impl Net {
             }
             datas.push(fifo.lend(comm.ptr, slot, cap)?);
         }
-        let mut sizes: Vec<c_int> = caps.iter().map(|&c| c as c_int).collect();
+        let mut isizes: Vec<c_int> = caps
+            .iter()
+            .map(|&c| c_int::try_from(c).unwrap_or(c_int::MAX))
+            .collect();
+        let mut sizes: Vec<usize> = caps.to_vec();
         let mut tags = tags.to_vec();
         let mut mhandles = vec![fifo.mhandle; n];
-        let mut req: *mut c_void = ptr::null_mut();
-        // SAFETY: the four arrays have n entries and outlive the call; every buffer lies inside
-        // the registered FIFO, untouched by Rust while its slot is busy; `comm` is a live recv
-        // comm.
-        check("irecv", unsafe {
-            f(
-                comm.ptr,
-                n as c_int,
-                datas.as_mut_ptr(),
-                sizes.as_mut_ptr(),
-                tags.as_mut_ptr(),
-                mhandles.as_mut_ptr(),
-                &mut req,
-            )
-        })?;
+        let mut phandles = vec![ptr::null_mut::<c_void>(); n];
+        let optional = NCCL_NET_OPTIONAL_RECV_COMPLETION as usize as *mut c_void;
+        let mut req: *mut c_void = if self.version >= 9 {
+            optional
+        } else {
+            ptr::null_mut()
+        };
+        let (c, d, tg, m, ph) = (
+            comm.ptr,
+            datas.as_mut_ptr(),
+            tags.as_mut_ptr(),
+            mhandles.as_mut_ptr(),
+            phandles.as_mut_ptr(),
+        );
+        let (is, sz) = (isizes.as_mut_ptr(), sizes.as_mut_ptr());
+        let k = n as c_int;
+        let missing = Error::NullSlot("irecv");
+        let code = match self.table() {
+            // Safety of every arm: the arrays have n entries and outlive the call; every buffer
+            // lies inside the registered FIFO, untouched by Rust while its slot is busy; `comm`
+            // is a live recv comm; the table is live.
+            // SAFETY: see the comment at the top of this match.
+            Table::V7(t) => unsafe { t.irecv.ok_or(missing)?(c, k, d, is, tg, m, &mut req) },
+            // SAFETY: see the comment at the top of this match.
+            Table::V8(t) => unsafe { t.irecv.ok_or(missing)?(c, k, d, is, tg, m, &mut req) },
+            // SAFETY: see the comment at the top of this match.
+            Table::V9(t) => unsafe { t.irecv.ok_or(missing)?(c, k, d, sz, tg, m, &mut req) },
+            // SAFETY: see the comment at the top of this match.
+            Table::V10(t) => unsafe { t.irecv.ok_or(missing)?(c, k, d, sz, tg, m, ph, &mut req) },
+            // SAFETY: see the comment at the top of this match.
+            Table::V11(t) => unsafe { t.irecv.ok_or(missing)?(c, k, d, sz, tg, m, ph, &mut req) },
+            // SAFETY: see the comment at the top of this match.
+            Table::V12(t) => unsafe { t.irecv.ok_or(missing)?(c, k, d, sz, tg, m, ph, &mut req) },
+        };
+        self.check("irecv", code)?;
+        if req == optional {
+            return Err(Error::Contract(
+                "irecv left *request at NCCL_NET_OPTIONAL_RECV_COMPLETION (0x1); it must be a \
+                 request or NULL"
+                    .into(),
+            ));
+        }
         let out = fifo.track(slots[0], req);
         Ok(out.map(|mut r| {
             for &s in &slots[1..] {
@@ -635,7 +1086,7 @@ impl Net {
         fifo: &mut Fifo<'n>,
         req: &mut Request<'n>,
     ) -> Result<Option<Vec<usize>>> {
-        let f = self.table().test.ok_or(Error::NullSlot("test"))?;
+        let f = each!(self, t => t.test).ok_or(Error::NullSlot("test"))?;
         if req.done {
             return Err(Error::Usage("test on a completed request".into()));
         }
@@ -646,7 +1097,7 @@ impl Net {
         let mut sizes: Vec<c_int> = vec![0; 1 + req.more.len()];
         // SAFETY: `req.ptr` is a live request (never tested to completion before); `done` and
         // `sizes` (one entry per buffer of the request) are valid out-pointers.
-        check("test", unsafe { f(req.ptr, &mut done, sizes.as_mut_ptr()) })?;
+        self.check("test", unsafe { f(req.ptr, &mut done, sizes.as_mut_ptr()) })?;
         if done == 0 {
             return Ok(None);
         }
@@ -671,6 +1122,81 @@ impl Net {
             Err(Error::Usage("handle of another plugin instance".into()))
         }
     }
+}
+
+/// What [`probe`] found for an `NCCL_NET_PLUGIN` value.
+#[derive(Clone, Debug)]
+pub struct Probe {
+    /// The candidate that loaded (as passed to `dlopen`).
+    pub candidate: String,
+    /// The file the loader mapped.
+    pub path: PathBuf,
+    /// Those of the asked symbols that the library exports, in the order asked.
+    pub found: Vec<String>,
+    /// Failed candidates before it, with the loader's message.
+    pub tried: Vec<(String, String)>,
+}
+
+/// Loads the plugin as [`Net::load`] does (same candidates, same flags) and reports which of
+/// `symbols` it exports, without calling anything in it (for `verbsnet-perf doctor`, which
+/// probes `ncclNetPlugin_v12` … `_v6` in NCCL's order).
+///
+/// # Errors
+/// [`Error::NotFound`] when no candidate loads.
+pub fn probe(value: &str, exe_dir: Option<&Path>, symbols: &[&str]) -> Result<Probe> {
+    let mut tried = Vec::new();
+    for candidate in search_order(value, exe_dir) {
+        // SAFETY: as in `Net::load`: the plugin's only initialisers are the standard library's.
+        let opened = unsafe {
+            Library::open(
+                Some(OsStr::new(&candidate)),
+                libc::RTLD_NOW | libc::RTLD_LOCAL,
+            )
+        };
+        let lib = match opened {
+            Ok(lib) => lib,
+            Err(e) => {
+                tried.push((candidate, e.to_string()));
+                continue;
+            }
+        };
+        let mut found = Vec::new();
+        let mut path = None;
+        for sym in symbols {
+            // SAFETY: only the symbol's address is taken; nothing is read or called.
+            let s: std::result::Result<Symbol<*const c_void>, _> =
+                unsafe { lib.get(sym.as_bytes()) };
+            if let Ok(s) = s {
+                path = path.or_else(|| loaded_path(*s));
+                found.push((*sym).to_string());
+            }
+        }
+        return Ok(Probe {
+            path: path.unwrap_or_else(|| PathBuf::from(&candidate)),
+            candidate,
+            found,
+            tried,
+        });
+    }
+    Err(Error::NotFound {
+        value: value.to_string(),
+        tried,
+    })
+}
+
+impl Drop for Net {
+    /// v11+: finalizes the context of [`Net::init`] if [`Net::finalize`] was not called, as
+    /// NCCL finalizes every context it made (comms borrowing `self` are gone by now).
+    fn drop(&mut self) {
+        let _ = self.finalize();
+    }
+}
+
+/// Bytes of heap the process's allocator has handed out and not got back (glibc
+/// `mallinfo2().uordblks`): the measure of the leak checks across plugin load cycles.
+pub fn heap_in_use_bytes() -> usize {
+    // SAFETY: mallinfo2 only reads the allocator's statistics and returns them by value.
+    unsafe { libc::mallinfo2() }.uordblks
 }
 
 /// # Safety
@@ -770,28 +1296,20 @@ impl<'n> Comm<'n> for RecvComm<'n> {
 
 impl Drop for ListenComm<'_> {
     fn drop(&mut self) {
-        if let Some(f) = self.net.table().closeListen {
-            // SAFETY: the comm is live and dropped once; errors cannot be reported from drop.
-            let _ = unsafe { f(self.ptr) };
-        }
+        // The comm is live and dropped once; errors cannot be reported from drop.
+        let _ = self.net.raw_close("closeListen", self.ptr);
     }
 }
 
 impl Drop for SendComm<'_> {
     fn drop(&mut self) {
-        if let Some(f) = self.net.table().closeSend {
-            // SAFETY: the comm is live and dropped once.
-            let _ = unsafe { f(self.ptr) };
-        }
+        let _ = self.net.raw_close("closeSend", self.ptr);
     }
 }
 
 impl Drop for RecvComm<'_> {
     fn drop(&mut self) {
-        if let Some(f) = self.net.table().closeRecv {
-            // SAFETY: the comm is live and dropped once.
-            let _ = unsafe { f(self.ptr) };
-        }
+        let _ = self.net.raw_close("closeRecv", self.ptr);
     }
 }
 
@@ -1025,6 +1543,7 @@ mod tests {
     #[test]
     fn call_error_names_call_and_code() {
         let e = Error::Call {
+            version: 8,
             call: "isend",
             code: ncclResult_t::ncclRemoteError,
         };

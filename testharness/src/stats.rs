@@ -27,6 +27,8 @@ pub struct RankStats {
     pub bad_lines: usize,
     /// Sum of each numeric field over all records.
     pub totals: BTreeMap<String, f64>,
+    /// Records per communicator (`"comm_id"`, written by the plugin for ncclNet v11/v12).
+    pub comm_ids: BTreeMap<String, usize>,
     /// The file read.
     pub file: String,
 }
@@ -57,6 +59,9 @@ impl RankStats {
     fn add(&mut self, obj: &Map<String, Value>) {
         self.records += 1;
         let side = obj.get("side").and_then(Value::as_str);
+        if let Some(id) = obj.get("comm_id").and_then(Value::as_str) {
+            *self.comm_ids.entry(id.to_string()).or_insert(0) += 1;
+        }
         match side {
             Some("send") => self.send_records += 1,
             Some("recv") => self.recv_records += 1,
@@ -86,6 +91,7 @@ impl RankStats {
             "recv_records": self.recv_records,
             "bad_lines": self.bad_lines,
             "totals": self.totals,
+            "comm_ids": self.comm_ids,
         })
     }
 
@@ -105,6 +111,16 @@ impl RankStats {
                 .iter()
                 .filter_map(|(k, x)| Some((k.clone(), x.as_f64()?)))
                 .collect(),
+            // absent in output of older harness builds
+            comm_ids: v
+                .get("comm_ids")
+                .and_then(Value::as_object)
+                .map(|o| {
+                    o.iter()
+                        .filter_map(|(k, x)| Some((k.clone(), x.as_u64()? as usize)))
+                        .collect()
+                })
+                .unwrap_or_default(),
         })
     }
 }
@@ -133,6 +149,14 @@ pub fn format_table(ranks: &[RankStats]) -> String {
             "# rank {}: {} line(s) of {} were not JSON objects\n",
             r.rank, r.bad_lines, r.file
         ));
+    }
+    for r in ranks.iter().filter(|r| !r.comm_ids.is_empty()) {
+        let ids: Vec<String> = r
+            .comm_ids
+            .iter()
+            .map(|(id, n)| format!("commId {id} ({n} comms)"))
+            .collect();
+        out.push_str(&format!("# rank {}: {}\n", r.rank, ids.join(", ")));
     }
     let with: Vec<&RankStats> = ranks.iter().filter(|r| r.records > 0).collect();
     if with.is_empty() {
@@ -188,6 +212,21 @@ pub fn format_table(ranks: &[RankStats]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn records_group_by_communicator() {
+        let text = r#"{"side":"send","comm_id":"0xa","bytes_sent":1}
+{"side":"recv","comm_id":"0xa","bytes_recv":1}
+{"side":"send","comm_id":"0xb","bytes_sent":2}
+{"side":"send","bytes_sent":4}"#;
+        let s = RankStats::parse(0, "f", text);
+        assert_eq!(s.comm_ids.get("0xa"), Some(&2));
+        assert_eq!(s.comm_ids.get("0xb"), Some(&1));
+        assert_eq!(s.totals["bytes_sent"], 7.0);
+        assert!(!s.totals.contains_key("comm_id"));
+        assert_eq!(RankStats::from_json(&s.to_json()), Some(s.clone()));
+        assert!(format_table(&[s]).contains("# rank 0: commId 0xa (2 comms), commId 0xb (1 comms)"));
+    }
 
     #[test]
     fn sums_numeric_fields_and_tolerates_the_rest() {

@@ -1,6 +1,5 @@
 //! The built plugin's dynamic symbol table and dependencies, as NCCL's loader sees them:
-//! exactly the function tables (`ncclNetPlugin_v8`, and `ncclNetPlugin_v7` for NCCL 2.19, via
-//! the version script) and no link-time dependency on libibverbs (it is loaded with dlopen, so hosts without rdma-core run tcp).
+//! exactly the function tables `ncclNetPlugin_v7` … `ncclNetPlugin_v12` (via the version script) and no link-time dependency on libibverbs (it is loaded with dlopen, so hosts without rdma-core run tcp).
 //! Needs binutils (`nm`, `readelf`) and the plugin built in the same profile.
 use std::path::PathBuf;
 use std::process::Command;
@@ -38,7 +37,18 @@ fn only_the_plugin_tables_are_exported() {
         .filter_map(|l| l.split_whitespace().nth(2))
         .collect();
     names.sort_unstable();
-    assert_eq!(names, vec!["ncclNetPlugin_v7", "ncclNetPlugin_v8"], "{out}");
+    assert_eq!(
+        names,
+        vec![
+            "ncclNetPlugin_v10",
+            "ncclNetPlugin_v11",
+            "ncclNetPlugin_v12",
+            "ncclNetPlugin_v7",
+            "ncclNetPlugin_v8",
+            "ncclNetPlugin_v9"
+        ],
+        "{out}"
+    );
 }
 
 #[test]

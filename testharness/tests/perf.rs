@@ -262,7 +262,8 @@ fn table_output_has_header_rows_and_footer() {
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("# verbsnet-perf sendrecv: nranks 2"), "{out}");
     assert!(
-        out.contains("# plugin: verbsnet (ncclNetPlugin_v8) from"),
+        // the newest table, as NCCL's loader picks (v12 first)
+        out.contains("# plugin: verbsnet (ncclNetPlugin_v12) from"),
         "{out}"
     );
     assert!(
@@ -479,6 +480,83 @@ fn baseline_tcp_adds_a_table_and_json_fields() {
         }
     }
     assert!(out.contains("# Out of bounds values : 0 OK"), "{out}");
+}
+
+#[test]
+fn every_net_version_carries_all_reduce_and_the_default_is_the_newest() {
+    for v in ["7", "8", "9", "10", "11", "12"] {
+        let (o, j) = run_json(&[
+            "all_reduce",
+            "--ranks",
+            "3",
+            "-b",
+            "8",
+            "-e",
+            "1M",
+            "-f",
+            "32",
+            "-n",
+            "2",
+            "-w",
+            "1",
+            "--transport",
+            "tcp",
+            "--net-version",
+            v,
+        ]);
+        assert_clean("all_reduce", 3, &o, &j);
+        assert_eq!(j["plugin"]["symbol"], format!("ncclNetPlugin_v{v}"));
+    }
+    let (o, j) = run_json(&[
+        "sendrecv",
+        "--ranks",
+        "2",
+        "-b",
+        "8",
+        "-e",
+        "8",
+        "--transport",
+        "tcp",
+    ]);
+    assert_clean("sendrecv", 2, &o, &j);
+    assert_eq!(j["plugin"]["symbol"], "ncclNetPlugin_v12");
+}
+
+#[test]
+fn main_collectives_through_the_v8_table() {
+    for coll in ["all_reduce", "all_gather", "reduce_scatter", "sendrecv"] {
+        let (o, j) = run_json(&[
+            coll,
+            "--ranks",
+            "2",
+            "-b",
+            "8",
+            "-e",
+            "1M",
+            "-f",
+            "8",
+            "-n",
+            "2",
+            "-w",
+            "1",
+            "--transport",
+            "tcp",
+            "--net-version",
+            "8",
+        ]);
+        assert_clean(coll, 2, &o, &j);
+        assert_eq!(j["plugin"]["symbol"], "ncclNetPlugin_v8");
+    }
+}
+
+#[test]
+fn an_unknown_net_version_is_refused_before_any_rank_starts() {
+    let o = perf(&["sendrecv", "--ranks", "2", "--net-version", "13"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("--net-version") && err.contains("13"), "{err}");
 }
 
 /// alltoall over a full mesh, each connection shared by K senders with their own tags whose

@@ -274,6 +274,7 @@ pub fn open_devices(cfg: &crate::config::Config) -> Result<Vec<Arc<dyn Device>>,
         })?,
         None => HcaFilter::default(),
     };
+    super::qp::set_oob_keepalive(cfg.socket_keepalive);
     let verbs = dl::verbs()?;
     let mut num = 0;
     // SAFETY: num is a valid out-pointer; the list is freed below with ibv_free_device_list.
@@ -362,9 +363,25 @@ fn open_ports(
             }
         };
         let port_dir = dev_dir.join("ports").join(port.to_string());
-        let Some((gid_index, gid)) = pick_gid(ctx, port, &port_dir, link_layer, &pattr, forced_gid)
-        else {
-            continue;
+        let (gid_index, gid) = match pick_gid(ctx, port, &port_dir, link_layer, &pattr, forced_gid)
+        {
+            Ok(pick) => {
+                if let Some(caveat) = &pick.caveat {
+                    warn!(dev = %format!("{}:{port}", ctx.name), index = pick.index, "{caveat}");
+                }
+                info!(
+                    dev = %format!("{}:{port}", ctx.name),
+                    gid_index = pick.index,
+                    gid = %std::net::Ipv6Addr::from(pick.gid),
+                    "GID chosen: {}",
+                    pick.why
+                );
+                (pick.index, pick.gid)
+            }
+            Err(why) => {
+                warn!(dev = %format!("{}:{port}", ctx.name), "{why}");
+                continue;
+            }
         };
         let pd = match &pd {
             Some(pd) => pd.clone(),
@@ -402,7 +419,9 @@ fn open_ports(
         let props = DeviceProps {
             name: info.label(),
             pci_path: pci_path(&dev_dir),
-            guid: u64::from_be(attr.node_guid),
+            // The NIC chip, as NCCL's IB transport reports (`net_ib/init.cc`): functions
+            // and ports of one NIC share it, so NCCL's topology sees them as one chip.
+            guid: u64::from_be(attr.sys_image_guid),
             speed_mbps: speed.unwrap_or(10_000).min(i32::MAX as u32) as i32,
             port: i32::from(port),
             latency_us: 0.0,
@@ -427,77 +446,111 @@ fn open_ports(
     out
 }
 
+/// The GID a port uses, as [`pick_gid`] decides it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct GidPick {
+    /// The `sgid_index`.
+    pub(crate) index: u8,
+    /// The GID (network order).
+    pub(crate) gid: [u8; 16],
+    /// Why this one, e.g. "first RoCE v2 GID with an IPv4-mapped address".
+    pub(crate) why: String,
+    /// A warning about a forced choice (link-local or RoCE v1: it may not route).
+    pub(crate) caveat: Option<String>,
+}
+
 /// The GID index and GID for a port: forced by `VERBSNET_IB_GID_INDEX`, else index 0 on
-/// InfiniBand and the automatic RoCE choice (see [`gid`]) on Ethernet. `None` skips the port.
-fn pick_gid(
+/// InfiniBand and the automatic RoCE choice (see [`gid`]) on Ethernet. `Err` (the reason, with
+/// the fix) skips the port. `open_ports` and the doctor's survey both decide through here.
+pub(crate) fn pick_gid(
     ctx: &Context,
     port: u8,
     port_dir: &Path,
     link_layer: u8,
     pattr: &ibv_port_attr,
     forced: Option<u32>,
-) -> Option<(u8, [u8; 16])> {
-    let label = format!("{}:{port}", ctx.name);
+) -> Result<GidPick, String> {
     let table_len = u32::try_from(pattr.gid_tbl_len).unwrap_or(0);
     let (index, why) = match (forced, link_layer) {
         (Some(i), _) => (i, "forced by VERBSNET_IB_GID_INDEX".to_owned()),
         (None, LINK_LAYER_INFINIBAND) => (0, "InfiniBand port: GID 0 (routing by LID)".to_owned()),
         (None, _) => {
-            let mut table = gid::read_gid_table(port_dir, table_len);
-            if table.is_empty() {
-                // no sysfs (some containers): ask the device; types unknown
-                table = (0..table_len)
-                    .filter_map(|i| {
-                        query_gid(ctx, port, i).map(|g| gid::GidEntry {
-                            index: i,
-                            gid: g,
-                            kind: GidKind::Unknown,
-                        })
-                    })
-                    .collect();
-            }
+            let table = gid_table(ctx, port, port_dir, table_len);
             match gid::choose_roce_gid(&table) {
                 Some(c) => (c.entry.index, c.reason.to_string()),
                 None => {
-                    warn!(
-                        dev = %label,
-                        "no usable RoCE GID (need a RoCE v2 GID with an IPv4 or global IPv6 \
-                         address; link-local ones are never chosen automatically): port skipped; \
-                         give the netdev an IP address or set VERBSNET_IB_GID_INDEX"
+                    return Err(
+                        "no usable RoCE GID (need a RoCE v2 GID with an IPv4 or global \
+                                IPv6 address; link-local ones are never chosen automatically): \
+                                port skipped; give the netdev an IP address or set \
+                                VERBSNET_IB_GID_INDEX"
+                            .to_owned(),
                     );
-                    return None;
                 }
             }
         }
     };
     if index >= table_len.max(1) || index > u32::from(u8::MAX) {
-        warn!(dev = %label, index, table_len, "GID index outside the port's GID table: port skipped");
-        return None;
+        return Err(format!(
+            "GID index {index} is outside the port's GID table (length {table_len}): port \
+             skipped; set VERBSNET_IB_GID_INDEX below {} or unset it",
+            table_len.clamp(1, 256)
+        ));
     }
     let Some(g) = query_gid(ctx, port, index) else {
-        warn!(dev = %label, index, "ibv_query_gid failed: port skipped");
-        return None;
+        return Err(format!("ibv_query_gid(index {index}) failed: port skipped"));
     };
     if g == [0; 16] {
-        warn!(dev = %label, index, "GID {index} is empty: port skipped");
-        return None;
+        return Err(format!(
+            "GID {index} is empty (no address behind it): port skipped; unset \
+             VERBSNET_IB_GID_INDEX for the automatic choice"
+        ));
     }
+    let mut caveat = None;
     if link_layer == LINK_LAYER_ETHERNET && forced.is_some() {
         let kind = gid::read_gid_kind(port_dir, index);
-        if gid::is_link_local(&g) || kind == GidKind::RoceV1 {
-            warn!(dev = %label, index, ?kind, "the forced GID is link-local or RoCE v1; it may not route");
+        if gid::is_link_local(&g) {
+            caveat = Some(format!(
+                "the forced GID {index} is IPv6 link-local (fe80::/10); it may not route"
+            ));
+        } else if kind == GidKind::RoceV1 {
+            caveat = Some(format!(
+                "the forced GID {index} is RoCE v1; it may not route"
+            ));
         }
     }
-    info!(
-        dev = %label,
-        gid_index = index,
-        gid = %std::net::Ipv6Addr::from(g),
-        "GID chosen: {why}"
-    );
-    Some((index as u8, g))
+    Ok(GidPick {
+        index: index as u8,
+        gid: g,
+        why,
+        caveat,
+    })
 }
 
-fn query_gid(ctx: &Context, port: u8, index: u32) -> Option<[u8; 16]> {
+/// The port's GID table from sysfs or, where sysfs has none (some containers), from the device
+/// (types then unknown).
+pub(crate) fn gid_table(
+    ctx: &Context,
+    port: u8,
+    port_dir: &Path,
+    table_len: u32,
+) -> Vec<gid::GidEntry> {
+    let table = gid::read_gid_table(port_dir, table_len);
+    if !table.is_empty() {
+        return table;
+    }
+    (0..table_len)
+        .filter_map(|i| {
+            query_gid(ctx, port, i).map(|g| gid::GidEntry {
+                index: i,
+                gid: g,
+                kind: GidKind::Unknown,
+            })
+        })
+        .collect()
+}
+
+pub(crate) fn query_gid(ctx: &Context, port: u8, index: u32) -> Option<[u8; 16]> {
     // SAFETY: ibv_gid is plain data (a 16-byte union); all-zero is valid.
     let mut g: ibv_gid = unsafe { std::mem::zeroed() };
     // SAFETY: ctx is open; g is a valid out-pointer; index is non-negative and small.

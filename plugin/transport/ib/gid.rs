@@ -105,9 +105,23 @@ impl fmt::Display for GidReason {
     }
 }
 
+/// Why the automatic choice never takes `entry` (all zeros, IPv6 link-local, RoCE v1), or
+/// `None` when it is a candidate.
+pub fn skip_reason(entry: &GidEntry) -> Option<&'static str> {
+    if entry.gid == [0; 16] {
+        Some("empty (all zeros): no address behind it")
+    } else if is_link_local(&entry.gid) {
+        Some("IPv6 link-local (fe80::/10): not routable")
+    } else if entry.kind == GidKind::RoceV1 {
+        Some("RoCE v1: not routable over IP")
+    } else {
+        None
+    }
+}
+
 /// Picks the GID to use on a RoCE port (see the module doc), or `None` when no entry qualifies.
 pub fn choose_roce_gid(table: &[GidEntry]) -> Option<GidChoice> {
-    let usable = |e: &&GidEntry| e.gid != [0; 16] && !is_link_local(&e.gid);
+    let usable = |e: &&GidEntry| skip_reason(e).is_none();
     let rank = |e: &GidEntry| -> Option<GidReason> {
         match (e.kind, e.ipv4().is_some()) {
             (GidKind::RoceV2, true) => Some(GidReason::RoceV2Ipv4),
@@ -269,6 +283,26 @@ mod tests {
         assert_eq!((c.entry.index, c.reason), (3, GidReason::RoceV2Ipv6));
         // only link-local and v1: nothing
         assert!(choose_roce_gid(&read_gid_table(&port.0, 3)[..2]).is_none());
+    }
+
+    #[test]
+    fn skip_reasons_name_why_an_entry_is_never_chosen() {
+        let e = |gid: &str, kind| GidEntry {
+            index: 0,
+            gid: parse_gid(gid).unwrap(),
+            kind,
+        };
+        assert!(skip_reason(&e(ZERO, GidKind::Unknown))
+            .unwrap()
+            .contains("empty"));
+        assert!(skip_reason(&e(LL, GidKind::RoceV2))
+            .unwrap()
+            .contains("link-local"));
+        assert!(skip_reason(&e(V4, GidKind::RoceV1))
+            .unwrap()
+            .contains("RoCE v1"));
+        assert_eq!(skip_reason(&e(V4, GidKind::RoceV2)), None);
+        assert_eq!(skip_reason(&e(V6, GidKind::Unknown)), None);
     }
 
     #[test]

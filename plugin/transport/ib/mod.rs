@@ -18,7 +18,8 @@
 //!   how many.
 //!
 //! Modules: `dl` (the run-time symbol table), [`filter`], [`gid`], [`convert`] (pure code
-//! mappings), `device` (context, PD, MR, discovery), [`qp`].
+//! mappings), `device` (context, PD, MR, discovery), [`qp`], [`survey`] (every device and port
+//! with the plugin's verdict on it, for `verbsnet-perf doctor`).
 
 mod device;
 mod dl;
@@ -27,6 +28,7 @@ pub mod convert;
 pub mod filter;
 pub mod gid;
 pub mod qp;
+pub mod survey;
 
 pub use device::{open_devices, IbDevice, IbMemoryRegion};
 pub use filter::HcaFilter;

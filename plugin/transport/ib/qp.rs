@@ -4,7 +4,9 @@ use std::cell::Cell;
 use std::io::{self, Read};
 use std::net::{Ipv6Addr, TcpStream};
 use std::ptr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use rdma_sys::{
     ibv_access_flags, ibv_cq, ibv_qp, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_init_attr,
@@ -305,6 +307,14 @@ impl IbQueuePair {
             return;
         }
         self.warned_error = true;
+        // An access or retry error after the peer's process died is a consequence of the
+        // death (its MRs and QP went with it): name the death first.
+        let after = if status != WcStatus::Success && self.peer_closed() {
+            ", after the peer closed its set-up connection (its process exited or died, or \
+             its host stopped answering): that is the cause"
+        } else {
+            ""
+        };
         warn!(
             dev = %self.port.label(),
             qp_num = self.qpn,
@@ -312,7 +322,7 @@ impl IbQueuePair {
             vendor_err,
             %status,
             hint = status.hint(),
-            "first error completion on this QP"
+            "first error completion on this QP{after}"
         );
     }
 }
@@ -350,7 +360,7 @@ impl QueuePair for IbQueuePair {
         attr.max_dest_rd_atomic = 1;
         attr.min_rnr_timer = self.cfg.min_rnr_timer.min(31);
         attr.ah_attr.port_num = self.port.port;
-        attr.ah_attr.sl = 0;
+        attr.ah_attr.sl = self.cfg.service_level.min(15);
         attr.ah_attr.dlid = peer.lid;
         if self.port.link_layer == LINK_LAYER_ETHERNET {
             // RoCE: every packet carries a GRH (it becomes the IP header)
@@ -358,7 +368,7 @@ impl QueuePair for IbQueuePair {
             attr.ah_attr.grh.dgid.raw = peer.gid;
             attr.ah_attr.grh.sgid_index = self.port.gid_index;
             attr.ah_attr.grh.hop_limit = 255;
-            attr.ah_attr.grh.traffic_class = 0;
+            attr.ah_attr.grh.traffic_class = self.cfg.traffic_class;
             attr.ah_attr.grh.flow_label = 0;
         }
         let mask = ibv_qp_attr_mask::IBV_QP_STATE
@@ -389,15 +399,32 @@ impl QueuePair for IbQueuePair {
         if let Err(e) = oob.set_nonblocking(true) {
             debug!("oob set_nonblocking: {e}");
         }
+        let ka_ms = OOB_KEEPALIVE_MS.load(Ordering::Relaxed);
+        if ka_ms > 0 {
+            if let Err(e) = set_keepalive(&oob, Duration::from_millis(ka_ms)) {
+                warn!(qp_num = self.qpn, "TCP keepalive on the set-up socket: {e}");
+            }
+        }
         self.oob = Some(oob);
         self.established = true;
+        let (local_mtu, peer_mtu) = (
+            convert::mtu_bytes(self.port.active_mtu).unwrap_or(0),
+            convert::mtu_bytes(u32::from(peer.mtu)).unwrap_or(0),
+        );
+        let mtu_note = if local_mtu == peer_mtu {
+            String::new()
+        } else {
+            format!(
+                "; path MTU is the smaller of this port's {local_mtu} and the peer's {peer_mtu}"
+            )
+        };
         info!(
             dev = %self.port.label(),
             qp_num = self.qpn,
             remote_qp_num = peer.qpn,
             remote_gid = %Ipv6Addr::from(peer.gid),
             mtu = convert::mtu_bytes(mtu).unwrap_or(0),
-            "QP connected (RTS)"
+            "QP connected (RTS){mtu_note}"
         );
         Ok(())
     }
@@ -596,6 +623,16 @@ impl QueuePair for IbQueuePair {
                 Ok(n) => debug!(qp_num = self.qpn, n, "discarded bytes on the oob stream"),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                    // TCP keepalive expired: the peer host, not just its process, is gone
+                    warn!(
+                        qp_num = self.qpn,
+                        "the peer host stopped answering on the set-up connection (no TCP \
+                         keepalive reply within VERBSNET_SOCKET_KEEPALIVE): it lost power or \
+                         its link is down; outstanding requests fail"
+                    );
+                    break;
+                }
                 Err(e) => {
                     debug!(qp_num = self.qpn, "oob stream error: {e}");
                     break;
@@ -609,6 +646,33 @@ impl QueuePair for IbQueuePair {
     fn counters(&self) -> QpCounters {
         self.counters
     }
+}
+
+/// `VERBSNET_SOCKET_KEEPALIVE` in milliseconds (0 = off), set by `open_devices`.
+static OOB_KEEPALIVE_MS: AtomicU64 = AtomicU64::new(20_000);
+
+/// Sets the keepalive bound of the set-up sockets of QPs connected from now on (`None`: off).
+pub(crate) fn set_oob_keepalive(bound: Option<Duration>) {
+    let ms = bound.map_or(0, |d| {
+        u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+    });
+    OOB_KEEPALIVE_MS.store(ms, Ordering::Relaxed);
+}
+
+/// Turns on TCP keepalive on a connection's set-up socket so that a peer HOST that goes silent
+/// (power loss, cut link: no FIN, no RST) makes [`QueuePair::peer_closed`] true within
+/// `bound`, even when no WR is in flight for the transport's own retry timer to expire
+/// (receives never time out; a sender waiting for credits or a CTS posts nothing).
+/// The peer's kernel answers the probes, so a busy or stopped peer process does not trip it.
+/// Probes: first after `bound / 2` idle, then every `bound / 10`, 5 unanswered ones => ETIMEDOUT
+/// (`tcp(7)`: TCP_KEEPIDLE, TCP_KEEPINTVL, TCP_KEEPCNT; whole seconds, at least 1).
+fn set_keepalive(oob: &TcpStream, bound: Duration) -> io::Result<()> {
+    let secs = bound.as_secs().max(2);
+    let ka = socket2::TcpKeepalive::new()
+        .with_time(Duration::from_secs((secs / 2).max(1)))
+        .with_interval(Duration::from_secs((secs / 10).max(1)))
+        .with_retries(5);
+    socket2::SockRef::from(oob).set_tcp_keepalive(&ka)
 }
 
 impl Drop for IbQueuePair {

@@ -1361,6 +1361,8 @@ mod tests {
             rnr_retry: 7,
             timeout: 14,
             retry_cnt: 7,
+            traffic_class: 0,
+            service_level: 0,
         };
         let mut qp = TcpQp::new(1, 100, cfg, Arc::clone(&registry));
         qp.doorbell = false;

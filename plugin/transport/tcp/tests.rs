@@ -27,6 +27,8 @@ fn qp_cfg() -> QpConfig {
         rnr_retry: 7,
         timeout: 14,
         retry_cnt: 7,
+        traffic_class: 0,
+        service_level: 0,
     }
 }
 
