@@ -27,7 +27,7 @@ use crate::engine::{
 };
 use crate::ffi::mem::Region;
 use crate::pool::BouncePool;
-use crate::transport::{Device, DeviceRnrCounters, MemoryRegion, MrKeys, QueuePair, Wc};
+use crate::transport::{Device, DeviceRnrCounters, MemoryRegion, MrKeys, QueuePair, Wc, WcStatus};
 
 /// Nanoseconds since the first call in this process (monotonic).
 pub fn now_ns() -> u64 {
@@ -72,6 +72,32 @@ impl From<ReqError> for Error {
     }
 }
 
+/// On the first error completion: when the set-up socket shows the peer closed (a read, on
+/// this error path only), the comm fails with that cause before the completion is fed, so the
+/// error every request reports is "the peer closed", not the flush it caused. True when the
+/// peer closed.
+fn peer_close_first(
+    qp: &dyn QueuePair,
+    watch: &mut Watch,
+    label: &str,
+    fail: impl FnOnce(ReqError),
+) -> bool {
+    if !qp.peer_closed() {
+        return false;
+    }
+    watch.warned_peer = true;
+    warn!("{label}: the peer closed the connection (process exited or died); outstanding requests fail");
+    fail(ReqError::Remote(PEER_CLOSED.into()));
+    true
+}
+
+/// The error of a comm whose peer closed.
+const PEER_CLOSED: &str = "the peer closed the connection (its process exited or died)";
+
+/// Most CQ polls (of up to 64 completions each) that drain the CQ before a peer's close is
+/// reported.
+const MAX_DRAIN_POLLS: usize = 1024;
+
 /// A memory registration handed to NCCL as `mhandle`.
 pub struct MrHandle {
     region: Region,
@@ -84,9 +110,10 @@ impl MrHandle {
     pub fn register(dev: &dyn Device, region: Region) -> Result<MrHandle, Error> {
         let mr = dev.reg_mr(region.clone()).map_err(|e| {
             Error::System(format!(
-                "registering {} bytes at {:#x} failed: {e}",
+                "registering {} bytes at {:#x} failed: {e}{}",
                 region.len(),
-                region.addr()
+                region.addr(),
+                enomem_hint(&e, region.len())
             ))
         })?;
         Ok(MrHandle {
@@ -122,10 +149,16 @@ pub(crate) struct Owned {
 
 impl Owned {
     pub(crate) fn alloc(dev: &dyn Device, len: usize) -> Result<Owned, Error> {
-        let region = Region::alloc(len);
+        let region = Region::try_alloc(len).map_err(|e| {
+            Error::System(format!(
+                "a {len}-byte protocol buffer: {e} (lower VERBSNET_RQ_DEPTH or \
+                 VERBSNET_EAGER_BUF_SIZE)"
+            ))
+        })?;
         let mr = dev.reg_mr(region.clone()).map_err(|e| {
             Error::System(format!(
-                "registering a {len}-byte protocol buffer failed: {e}"
+                "registering a {len}-byte protocol buffer failed: {e}{}",
+                enomem_hint(&e, len)
             ))
         })?;
         Ok(Owned {
@@ -141,6 +174,18 @@ impl Owned {
 
     fn remote(&self) -> (u64, u32) {
         (self.region.addr(), self.keys.rkey)
+    }
+}
+
+/// The `RLIMIT_MEMLOCK` hint for a registration that failed with `ENOMEM`, else nothing.
+fn enomem_hint(e: &crate::transport::TransportError, len: usize) -> String {
+    match e {
+        crate::transport::TransportError::Io { source, .. }
+            if source.raw_os_error() == Some(libc::ENOMEM) =>
+        {
+            crate::limits::enomem_hint(len)
+        }
+        _ => String::new(),
     }
 }
 
@@ -200,12 +245,21 @@ pub(crate) struct SendBuffers {
 }
 
 impl SendBuffers {
+    /// Bytes of the header staging, record staging, CTS ring and credit word.
+    pub const SIZES: [usize; 4] = [
+        MAX_SEND_REQUESTS * EAGER_HDR_LEN,
+        MAX_SEND_REQUESTS * 8,
+        CTS_RING_ENTRIES * CTS_ENTRY_LEN,
+        8,
+    ];
+
     pub(crate) fn alloc(dev: &dyn Device) -> Result<SendBuffers, Error> {
+        let [hdr, rec, cts, credit] = SendBuffers::SIZES;
         Ok(SendBuffers {
-            hdr: Owned::alloc(dev, MAX_SEND_REQUESTS * EAGER_HDR_LEN)?,
-            rec: Owned::alloc(dev, MAX_SEND_REQUESTS * 8)?,
-            cts_ring: Owned::alloc(dev, CTS_RING_ENTRIES * CTS_ENTRY_LEN)?,
-            credit_word: Owned::alloc(dev, 8)?,
+            hdr: Owned::alloc(dev, hdr)?,
+            rec: Owned::alloc(dev, rec)?,
+            cts_ring: Owned::alloc(dev, cts)?,
+            credit_word: Owned::alloc(dev, credit)?,
         })
     }
 
@@ -238,12 +292,29 @@ fn rq_min(cfg: &Config) -> u32 {
 }
 
 impl RecvBuffers {
+    /// The most a receive comm registers under `cfg`, in bytes: its bounce buffers at the full
+    /// depth `rq_depth × (32 + eager_buf_size)` (its own `rq_min_depth` ones and those it may
+    /// grow by from the pool), the record ring and the control staging.
+    pub fn sizes(cfg: &Config) -> [u64; 3] {
+        let stride = EAGER_HDR_LEN as u64 + u64::from(cfg.eager_buf_size);
+        [
+            u64::from(cfg.rq_depth) * stride,
+            (REC_SLOTS * MAX_RECVS * 8) as u64,
+            (CTRL_STAGE_SLOTS * CTS_ENTRY_LEN) as u64,
+        ]
+    }
+
+    /// Allocates and registers the comm's own buffers (`rq_min_depth` bounce buffers and the
+    /// rings); the full-depth footprint is checked against [`crate::limits::MAX_COMM_BYTES`]
+    /// first, and an allocation failure is an error.
     pub(crate) fn alloc(dev: &Arc<dyn Device>, cfg: &Config) -> Result<RecvBuffers, Error> {
+        crate::limits::check_cap(cfg)?;
         let stride = EAGER_HDR_LEN + cfg.eager_buf_size as usize;
+        let [_, rec, ctrl] = RecvBuffers::sizes(cfg).map(|n| n as usize);
         Ok(RecvBuffers {
             bounce: Owned::alloc(&**dev, rq_min(cfg) as usize * stride)?,
-            rec_ring: Owned::alloc(&**dev, REC_SLOTS * MAX_RECVS * 8)?,
-            ctrl: Owned::alloc(&**dev, CTRL_STAGE_SLOTS * CTS_ENTRY_LEN)?,
+            rec_ring: Owned::alloc(&**dev, rec)?,
+            ctrl: Owned::alloc(&**dev, ctrl)?,
             pool: BouncePool::for_device(dev, stride, cfg.rq_pool_size),
         })
     }
@@ -287,6 +358,9 @@ struct Watch {
     last_stats: u64,
     warned_failure: bool,
     warned_peer: bool,
+    /// `VERBSNET_PEER_CHECK_INTERVAL` in ns, and when the set-up socket was last asked.
+    peer_check_ns: u64,
+    last_peer_check: u64,
 }
 
 impl Watch {
@@ -299,6 +373,8 @@ impl Watch {
             last_stats: now,
             warned_failure: false,
             warned_peer: false,
+            peer_check_ns: cfg.peer_check_interval.as_nanos() as u64,
+            last_peer_check: now,
         }
     }
 }
@@ -324,6 +400,8 @@ struct Inner {
     wcs: Vec<Wc>,
     watch: Watch,
     post_errors: u64,
+    /// The first usage or remote error a call returned: every later call returns it too.
+    sticky: Option<Error>,
     /// For the device RNR counters in watchdog reports.
     dev: Arc<dyn Device>,
     /// The device RNR counters when this comm was created: they are device-wide and
@@ -449,6 +527,7 @@ impl Comm {
             wcs: Vec::new(),
             watch: Watch::new(cfg),
             post_errors: 0,
+            sticky: None,
             dev_base: dev.rnr_counters(),
             dev: dev.clone(),
         };
@@ -526,6 +605,7 @@ impl Comm {
             wcs: Vec::new(),
             watch: Watch::new(cfg),
             post_errors: 0,
+            sticky: None,
             dev_base: dev.rnr_counters(),
             dev: dev.clone(),
         };
@@ -565,15 +645,18 @@ impl Comm {
         }
         mh.sub(data, size)?;
         let mut g = self.lock()?;
-        let now = now_ns();
-        g.progress(now, &self.label)?;
-        let Side::Send { engine, .. } = &mut g.side else {
-            unreachable!()
-        };
-        let r = engine.isend(now, data, mh.keys.lkey, size, tag);
-        let id = g.after_engine_call(r, &self.label)?;
-        g.execute(&self.label)?;
-        Ok(id.map(|id| self.handle(id)))
+        g.sticky_call(|g| {
+            let now = now_ns();
+            g.progress(now, &self.label)?;
+            let Side::Send { engine, .. } = &mut g.side else {
+                unreachable!()
+            };
+            let r = engine.isend(now, data, mh.keys.lkey, size, tag);
+            let id = g.after_engine_call(r, &self.label)?;
+            g.execute(&self.label)?;
+            Ok(id)
+        })
+        .map(|id| id.map(|id| self.handle(id)))
     }
 
     /// `irecv` of `(addr, capacity, tag, mhandle)` buffers: `Ok(None)` = retry later.
@@ -599,39 +682,44 @@ impl Comm {
             });
         }
         let mut g = self.lock()?;
-        let now = now_ns();
-        g.progress(now, &self.label)?;
-        let Side::Recv { engine, dst, .. } = &mut g.side else {
-            unreachable!()
-        };
-        let r = engine.irecv(now, &rb);
-        if let Ok(Some(id)) = &r {
-            dst[id.slot as usize] = regions;
-        }
-        let id = g.after_engine_call(r, &self.label)?;
-        g.execute(&self.label)?;
-        Ok(id.map(|id| self.handle(id)))
+        g.sticky_call(|g| {
+            let now = now_ns();
+            g.progress(now, &self.label)?;
+            let Side::Recv { engine, dst, .. } = &mut g.side else {
+                unreachable!()
+            };
+            let r = engine.irecv(now, &rb);
+            if let Ok(Some(id)) = &r {
+                dst[id.slot as usize] = regions;
+            }
+            let id = g.after_engine_call(r, &self.label)?;
+            g.execute(&self.label)?;
+            Ok(id)
+        })
+        .map(|id| id.map(|id| self.handle(id)))
     }
 
     /// `test`: `Ok(Some(sizes))` when done (one size for a send, n for a grouped receive).
     pub fn test(&self, id: ReqId) -> Result<Option<Vec<u64>>, Error> {
         let mut g = self.lock()?;
-        let now = now_ns();
-        let progressed = g.progress(now, &self.label);
-        let r = match &mut g.side {
-            Side::Send { engine, .. } => engine.test(id).map(|o| o.map(|s| vec![s])),
-            Side::Recv { engine, dst, .. } => {
-                let r = engine.test(id);
-                if !matches!(r, Ok(None)) {
-                    if let Some(d) = dst.get_mut(id.slot as usize) {
-                        *d = Default::default();
+        g.sticky_call(|g| {
+            let now = now_ns();
+            let progressed = g.progress(now, &self.label);
+            let r = match &mut g.side {
+                Side::Send { engine, .. } => engine.test(id).map(|o| o.map(|s| vec![s])),
+                Side::Recv { engine, dst, .. } => {
+                    let r = engine.test(id);
+                    if !matches!(r, Ok(None)) {
+                        if let Some(d) = dst.get_mut(id.slot as usize) {
+                            *d = Default::default();
+                        }
                     }
+                    r
                 }
-                r
-            }
-        };
-        progressed?;
-        Ok(r?)
+            };
+            progressed?;
+            Ok(r?)
+        })
     }
 
     /// Makes progress without starting anything (polls the CQ, reads the CTS ring, posts what
@@ -639,7 +727,13 @@ impl Comm {
     /// side of a pair.
     pub fn progress(&self) -> Result<(), Error> {
         let mut g = self.lock()?;
-        g.progress(now_ns(), &self.label)
+        g.sticky_call(|g| g.progress(now_ns(), &self.label))
+    }
+
+    /// The error every call of this comm returns from now on, once a call returned a usage or
+    /// remote error.
+    pub fn sticky_error(&self) -> Option<Error> {
+        self.lock().ok().and_then(|g| g.sticky.clone())
     }
 
     /// Requests in use (the pool returns to 0 when every request was tested to completion).
@@ -762,15 +856,41 @@ impl Inner {
         }
     }
 
-    /// Polls the CQ, reads the CTS ring and credit word, feeds the engine, executes actions,
-    /// and runs the watchdog.
-    fn progress(&mut self, now: u64, label: &str) -> Result<(), Error> {
+    /// Runs one data-path call: a comm that already returned a usage or remote error returns
+    /// it again without doing anything (on both ends: the peer's comm fails the same way once
+    /// it learns of the error); a new usage or remote error is kept for the later calls.
+    /// Argument errors (`InvalidArgument`, checked before the comm's state is touched) are not
+    /// kept: the call had no effect.
+    fn sticky_call<T>(
+        &mut self,
+        f: impl FnOnce(&mut Inner) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        if let Some(e) = &self.sticky {
+            return Err(e.clone());
+        }
+        let r = f(self);
+        if let Err(e @ (Error::Usage(_) | Error::Remote(_))) = &r {
+            self.sticky = Some(e.clone());
+        }
+        r
+    }
+
+    /// Polls the CQ once and feeds the completions, the CTS ring and the credit word to the
+    /// engine; returns how many completions it polled. Makes no system call of its own (the
+    /// verbs poll is a read of mapped memory; the tcp transport reads its data stream).
+    fn poll_and_feed(&mut self, now: u64, label: &str) -> Result<usize, Error> {
         let mut wcs = std::mem::take(&mut self.wcs);
         wcs.clear();
         let polled = self.qp.poll_cq(&mut wcs, 64);
+        let n = wcs.len();
+        let mut peer_gone = self.watch.warned_peer;
         match &mut self.side {
             Side::Send { engine, bufs } => {
                 for wc in &wcs {
+                    if wc.status != WcStatus::Success && !peer_gone {
+                        peer_gone =
+                            peer_close_first(&*self.qp, &mut self.watch, label, |e| engine.fail(e));
+                    }
                     engine.handle_wc(now, wc);
                 }
                 let written = [&bufs.cts_ring, &bufs.credit_word];
@@ -778,6 +898,10 @@ impl Inner {
             }
             Side::Recv { engine, bufs, .. } => {
                 for wc in &wcs {
+                    if wc.status != WcStatus::Success && !peer_gone {
+                        peer_gone =
+                            peer_close_first(&*self.qp, &mut self.watch, label, |e| engine.fail(e));
+                    }
                     engine.handle_wc(now, wc, &RecvMem(bufs));
                 }
                 engine.flush_credits();
@@ -787,16 +911,41 @@ impl Inner {
         if let Err(e) = polled {
             let err = ReqError::Remote(format!("polling the completion queue failed: {e}"));
             self.fail(err);
+            return Ok(0);
         }
-        if self.qp.peer_closed() {
-            if !self.watch.warned_peer {
-                self.watch.warned_peer = true;
-                warn!("{label}: the peer closed the connection (process exited or died); outstanding requests fail");
+        Ok(n)
+    }
+
+    /// Whether to ask the set-up socket about the peer now: at most once per
+    /// `VERBSNET_PEER_CHECK_INTERVAL`, and only when work is outstanding and this poll brought
+    /// no completion (a peer that completes work is alive; with nothing outstanding a dead peer
+    /// costs nothing until the next request).
+    fn peer_check_due(&mut self, now: u64, polled: usize) -> bool {
+        if polled > 0 || self.side.engine().in_flight() == 0 {
+            return false;
+        }
+        if now.saturating_sub(self.watch.last_peer_check) < self.watch.peer_check_ns {
+            return false;
+        }
+        self.watch.last_peer_check = now;
+        true
+    }
+
+    /// Polls the CQ, reads the CTS ring and credit word, feeds the engine, executes actions,
+    /// and runs the watchdog.
+    fn progress(&mut self, now: u64, label: &str) -> Result<(), Error> {
+        let polled = self.poll_and_feed(now, label)?;
+        if !self.watch.warned_peer && self.peer_check_due(now, polled) && self.qp.peer_closed() {
+            // Completions the CQ holds already are delivered before the close is reported.
+            for _ in 0..MAX_DRAIN_POLLS {
+                if self.poll_and_feed(now, label)? == 0 {
+                    break;
+                }
             }
+            self.watch.warned_peer = true;
+            warn!("{label}: the peer closed the connection (process exited or died); outstanding requests fail");
             // The WARN lines carry the label already.
-            self.fail(ReqError::Remote(
-                "the peer closed the connection (its process exited or died)".into(),
-            ));
+            self.fail(ReqError::Remote(PEER_CLOSED.into()));
         }
         self.execute(label)?;
         self.watchdog(now, label);

@@ -123,6 +123,12 @@ pub struct Config {
     /// `VERBSNET_DEBUG`: how much the plugin logs. Default `warn`, or `info` when
     /// `NCCL_DEBUG` is `INFO` or `TRACE` and `VERBSNET_DEBUG` is unset.
     pub debug: DebugLevel,
+    /// `VERBSNET_CONNECT_TIMEOUT`: longest a `connect` or an `accept` may take before it fails
+    /// naming the peer and the stage reached (`None` = no deadline).
+    pub connect_timeout: Option<Duration>,
+    /// `VERBSNET_PEER_CHECK_INTERVAL`: how often a comm with work outstanding asks the set-up
+    /// socket whether the peer closed (the data path itself makes no such system call).
+    pub peer_check_interval: Duration,
     /// Tests only, never read from the environment: the sequence number of a send comm's first
     /// send and receive (production: 0). Tests start near the 29-bit immediate wrap, the CTS
     /// ring's and record ring's slot wrap, to exercise them without 2^29 messages. Keep it more
@@ -167,6 +173,8 @@ impl Default for Config {
             stats_interval: None,
             stats_file: None,
             debug: DebugLevel::Warn,
+            connect_timeout: Some(Duration::from_secs(DEFAULT_CONNECT_TIMEOUT_S)),
+            peer_check_interval: Duration::from_millis(DEFAULT_PEER_CHECK_INTERVAL_MS),
             test_first_seq: 0,
             test_first_gen: 0,
         }
@@ -219,6 +227,11 @@ pub struct Knob {
 pub const MAX_RQ_DEPTH: u32 = 32768;
 /// Largest `VERBSNET_EAGER_BUF_SIZE` (1 MiB).
 pub const MAX_EAGER_BUF_SIZE: u32 = 1 << 20;
+
+/// Default `VERBSNET_CONNECT_TIMEOUT` in seconds.
+pub const DEFAULT_CONNECT_TIMEOUT_S: u64 = 120;
+/// Default `VERBSNET_PEER_CHECK_INTERVAL` in milliseconds.
+pub const DEFAULT_PEER_CHECK_INTERVAL_MS: u64 = 1000;
 
 /// Every knob, in parse (and `describe`) order: a knob bounded by another comes after it.
 pub const KNOBS: &[Knob] = &[
@@ -438,6 +451,25 @@ pub const KNOBS: &[Knob] = &[
         reason: "warnings always; setup lines when NCCL itself is asked for INFO",
         show: |c| c.debug.as_str().to_string(),
     },
+    // Connection set-up and peer liveness (issue 12).
+    Knob {
+        var: "VERBSNET_CONNECT_TIMEOUT",
+        key: "connect_timeout",
+        default: "120",
+        accepted: "a number of seconds >= 0 (fractions allowed, 0 = no deadline)",
+        reason: "a connect/accept that cannot finish fails naming the peer and stage instead of \
+                 hanging; 2x NCCL's ~60 s socket connect retries, so a late peer still makes it",
+        show: |c| show_duration(c.connect_timeout),
+    },
+    Knob {
+        var: "VERBSNET_PEER_CHECK_INTERVAL",
+        key: "peer_check_interval",
+        default: "1",
+        accepted: "a number of seconds > 0 (fractions allowed)",
+        reason: "the set-up socket is read at most this often to notice a closed peer, so the \
+                 data path makes no system call of its own",
+        show: |c| format!("{}s", c.peer_check_interval.as_secs_f64()),
+    },
 ];
 
 impl Config {
@@ -554,6 +586,19 @@ impl Config {
             },
             None => debug_default(env.value("NCCL_DEBUG").as_deref()),
         };
+
+        // Connection set-up and peer liveness.
+        if let Some(t) = env.seconds("VERBSNET_CONNECT_TIMEOUT")? {
+            c.connect_timeout = t;
+        }
+        if let Some(t) = env.seconds("VERBSNET_PEER_CHECK_INTERVAL")? {
+            c.peer_check_interval = t.ok_or_else(|| {
+                let v = env
+                    .value("VERBSNET_PEER_CHECK_INTERVAL")
+                    .unwrap_or_default();
+                invalid("VERBSNET_PEER_CHECK_INTERVAL", &v)
+            })?;
+        }
 
         Ok(c)
     }
@@ -1028,6 +1073,26 @@ mod tests {
     }
 
     #[test]
+    fn connect_timeout_and_peer_check_interval() {
+        let c = ok(&[
+            ("VERBSNET_CONNECT_TIMEOUT", "2.5"),
+            ("VERBSNET_PEER_CHECK_INTERVAL", "0.25"),
+        ]);
+        assert_eq!(c.connect_timeout, Some(Duration::from_millis(2500)));
+        assert_eq!(c.peer_check_interval, Duration::from_millis(250));
+        let c = ok(&[("VERBSNET_CONNECT_TIMEOUT", "0")]);
+        assert_eq!(c.connect_timeout, None);
+        assert_eq!(
+            err(&[("VERBSNET_PEER_CHECK_INTERVAL", "0")]),
+            r#"VERBSNET_PEER_CHECK_INTERVAL="0" is not valid: expected a number of seconds > 0 (fractions allowed)"#
+        );
+        assert_eq!(
+            err(&[("VERBSNET_CONNECT_TIMEOUT", "-1")]),
+            r#"VERBSNET_CONNECT_TIMEOUT="-1" is not valid: expected a number of seconds >= 0 (fractions allowed, 0 = no deadline)"#
+        );
+    }
+
+    #[test]
     fn debug_level() {
         let cases = [
             ("none", DebugLevel::None),
@@ -1067,7 +1132,8 @@ mod tests {
              eager_limit=8192 credits=on rnr_timer=12 rnr_retry=7 ib_timeout=20 ib_retry_cnt=6 \
              ib_tc=0 ib_sl=0 ib_hca=all ib_gid_index=auto socket_addr=auto socket_ifname=auto socket_keepalive=20s \
              hang_timeout=60s \
-             stats_interval=off stats_file=off debug=warn"
+             stats_interval=off stats_file=off debug=warn connect_timeout=120s \
+             peer_check_interval=1s"
         );
         let c = ok(&[
             ("VERBSNET_TRANSPORT", "tcp"),
@@ -1087,7 +1153,8 @@ mod tests {
              rq_shrink_after=2s rq_pool_size=268435456 eager_buf_size=8192 \
              eager_limit=8192 credits=off rnr_timer=12 rnr_retry=7 ib_timeout=20 ib_retry_cnt=6 \
              ib_tc=0 ib_sl=0 ib_hca=mlx5_0:1 ib_gid_index=3 socket_addr=10.0.0.1 socket_ifname=eth0 \
-             socket_keepalive=20s hang_timeout=off stats_interval=0.5s stats_file=off debug=trace"
+             socket_keepalive=20s hang_timeout=off stats_interval=0.5s stats_file=off debug=trace \
+             connect_timeout=120s peer_check_interval=1s"
         );
     }
 
@@ -1108,7 +1175,7 @@ mod tests {
 
     #[test]
     fn registry_is_complete_and_unique() {
-        assert_eq!(KNOBS.len(), 25);
+        assert_eq!(KNOBS.len(), 27);
         for (i, k) in KNOBS.iter().enumerate() {
             assert!(k.var.starts_with("VERBSNET_"), "{}", k.var);
             assert_eq!(k.var, format!("VERBSNET_{}", k.key.to_ascii_uppercase()));

@@ -33,6 +33,7 @@ use std::collections::HashSet;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 use tracing::{info, warn};
 
@@ -291,26 +292,46 @@ struct HelloReader {
     len: Option<usize>,
 }
 
+/// Why a hello could not be read.
+enum HelloError {
+    /// The stream failed or closed.
+    Io(io::Error),
+    /// The bytes are not a hello of our version.
+    Bad(String),
+}
+
+impl std::fmt::Display for HelloError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HelloError::Io(e) => write!(f, "{e}"),
+            HelloError::Bad(m) => f.write_str(m),
+        }
+    }
+}
+
 impl HelloReader {
-    fn poll(&mut self, w: &mut Wire) -> Result<Option<Hello>, String> {
+    fn poll(&mut self, w: &mut Wire) -> Result<Option<Hello>, HelloError> {
         if self.len.is_none() {
-            match w.read_exact_nb(4).map_err(|e| e.to_string())? {
+            match w.read_exact_nb(4).map_err(HelloError::Io)? {
                 None => return Ok(None),
                 Some(b) => {
                     let n = u32::from_le_bytes(b[..4].try_into().expect("4 bytes")) as usize;
                     if n == 0 || n > MAX_HELLO {
-                        return Err(format!("handshake message of {n} bytes"));
+                        return Err(HelloError::Bad(format!("handshake message of {n} bytes")));
                     }
                     self.len = Some(n);
                 }
             }
         }
         let n = self.len.expect("set");
-        match w.read_exact_nb(n).map_err(|e| e.to_string())? {
+        match w.read_exact_nb(n).map_err(HelloError::Io)? {
             None => Ok(None),
-            Some(b) => Hello::decode(&b)
-                .map(Some)
-                .ok_or_else(|| "malformed handshake message".to_string()),
+            Some(b) => Hello::decode(&b).map(Some).ok_or_else(|| {
+                HelloError::Bad(format!(
+                    "malformed handshake message (not a verbsnet hello of version \
+                     {HELLO_VERSION}: both ranks must run the same verbsnet)"
+                ))
+            }),
         }
     }
 }
@@ -332,6 +353,20 @@ pub fn qp_config(cfg: &Config) -> QpConfig {
     }
 }
 
+/// Most handshakes one listen comm keeps in progress; a new connection beyond it evicts the
+/// oldest handshake that has not yet shown the listen comm's nonce.
+pub const MAX_PENDING_HANDSHAKES: usize = 128;
+/// Longest an unauthenticated connection (one whose hello has not arrived) is kept: a real peer
+/// sends its hello in the same call that sees its TCP connect complete, so only a silent or
+/// hostile client waits this long. `VERBSNET_CONNECT_TIMEOUT` is used when it is shorter.
+pub const HELLO_DEADLINE: Duration = Duration::from_secs(10);
+/// Refused connections are logged at most once per this interval (the first one at once, the
+/// rest as one summary line with counts per reason).
+pub const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
+/// New connections taken from the kernel's backlog per `accept` call (each is stepped at once,
+/// so a real peer's hello is read before a flood behind it can evict it).
+const ACCEPTS_PER_CALL: usize = 256;
+
 /// A listen comm.
 pub struct Listen {
     listener: TcpListener,
@@ -340,6 +375,13 @@ pub struct Listen {
     dev_name: String,
     cfg: Config,
     pending: Vec<Accepting>,
+    refusals: Refusals,
+    /// When `accept` started waiting for its next connection (reset by each success).
+    waiting_since: Option<u64>,
+    /// The hang watchdog reported this wait already.
+    warned_wait: bool,
+    /// How long an unauthenticated connection is kept.
+    hello_deadline: Duration,
 }
 
 struct Accepting {
@@ -347,6 +389,30 @@ struct Accepting {
     peer: SocketAddr,
     reader: HelloReader,
     stage: AcceptStage,
+    /// When the listener took the connection (ns, [`crate::comm::now_ns`]).
+    since: u64,
+}
+
+impl Accepting {
+    /// True once the peer showed the listen comm's nonce (a real peer).
+    fn authenticated(&self) -> bool {
+        !matches!(self.stage, AcceptStage::Hello)
+    }
+
+    fn stage_name(&self) -> &'static str {
+        match self.stage {
+            AcceptStage::Hello if self.wire.inb.is_empty() && self.reader.len.is_none() => {
+                "handshake (no byte of the peer's hello arrived)"
+            }
+            AcceptStage::Hello => "handshake (the peer's hello is incomplete)",
+            AcceptStage::Reply { .. } if !self.wire.out.is_empty() => {
+                "QP exchange (sending our reply)"
+            }
+            AcceptStage::Reply { .. } | AcceptStage::Done => {
+                "RTR/RTS (waiting for the peer's ready message)"
+            }
+        }
+    }
 }
 
 // One accept in progress at a time per listen comm in practice: size does not matter.
@@ -361,12 +427,127 @@ enum AcceptStage {
     Done,
 }
 
+/// Why a connection was refused (the keys of the refusal summary).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Refusal {
+    Deadline,
+    Evicted,
+    Closed,
+    Malformed,
+    Nonce,
+    Transport,
+    QpInfo,
+    Socket,
+}
+
+impl Refusal {
+    fn as_str(self) -> &'static str {
+        match self {
+            Refusal::Deadline => "past the handshake deadline",
+            Refusal::Evicted => "evicted (too many pending handshakes)",
+            Refusal::Closed => "closed or reset by the peer",
+            Refusal::Malformed => "malformed handshake",
+            Refusal::Nonce => "wrong nonce",
+            Refusal::Transport => "wrong transport",
+            Refusal::QpInfo => "unusable QP info",
+            Refusal::Socket => "socket error",
+        }
+    }
+}
+
+/// Rate-limited log of refused connections: the first refusal of an interval is logged at
+/// once with its reason; the others are counted and summarized when the interval has passed.
+struct Refusals {
+    window_start: u64,
+    logged_in_window: bool,
+    counts: std::collections::BTreeMap<Refusal, u64>,
+    total: u64,
+}
+
+impl Refusals {
+    fn new() -> Refusals {
+        Refusals {
+            window_start: crate::comm::now_ns(),
+            logged_in_window: false,
+            counts: Default::default(),
+            total: 0,
+        }
+    }
+
+    fn refuse(&mut self, at: SocketAddr, peer: SocketAddr, why: Refusal, detail: &str) {
+        self.total += 1;
+        if !self.logged_in_window {
+            self.logged_in_window = true;
+            warn!(
+                "refused connection from {peer} on {at}: {}: {detail} (further refusals are \
+                 summarized every {} s)",
+                why.as_str(),
+                REFUSAL_LOG_INTERVAL.as_secs()
+            );
+        } else {
+            *self.counts.entry(why).or_default() += 1;
+        }
+    }
+
+    /// Logs the summary of the interval if it is over.
+    fn tick(&mut self, at: SocketAddr, now: u64) {
+        if now.saturating_sub(self.window_start) < REFUSAL_LOG_INTERVAL.as_nanos() as u64 {
+            return;
+        }
+        self.flush(at, now);
+    }
+
+    fn flush(&mut self, at: SocketAddr, now: u64) {
+        let n: u64 = self.counts.values().sum();
+        if n > 0 {
+            let parts: Vec<String> = self
+                .counts
+                .iter()
+                .map(|(k, v)| format!("{v} {}", k.as_str()))
+                .collect();
+            warn!(
+                "refused {n} more connection(s) on {at} in the last {:.0} s: {} ({} refused since \
+                 listen; only peers holding this listen comm's handle can connect)",
+                now.saturating_sub(self.window_start) as f64 / 1e9,
+                parts.join(", "),
+                self.total
+            );
+        }
+        self.counts.clear();
+        self.window_start = now;
+        self.logged_in_window = false;
+    }
+}
+
 fn random_u64() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u64(crate::comm::now_ns());
     h.write_u32(std::process::id());
     h.finish()
+}
+
+/// A failed step of one pending handshake: the peer's fault (refuse it and go on) or the
+/// listener's own (the error `accept` returns).
+enum StepError {
+    Refuse(Refusal, String),
+    Own(Error),
+}
+
+impl From<Error> for StepError {
+    fn from(e: Error) -> StepError {
+        StepError::Own(e)
+    }
+}
+
+fn refusal_of_io(e: &io::Error) -> Refusal {
+    match e.kind() {
+        io::ErrorKind::UnexpectedEof
+        | io::ErrorKind::ConnectionReset
+        | io::ErrorKind::ConnectionAborted
+        | io::ErrorKind::BrokenPipe => Refusal::Closed,
+        _ => Refusal::Socket,
+    }
 }
 
 impl Listen {
@@ -404,77 +585,268 @@ impl Listen {
             dev_name,
             cfg: cfg.clone(),
             pending: Vec::new(),
+            refusals: Refusals::new(),
+            waiting_since: None,
+            warned_wait: false,
+            hello_deadline: cfg
+                .connect_timeout
+                .map_or(HELLO_DEADLINE, |t| t.min(HELLO_DEADLINE)),
         })
     }
 
+    /// Where this listener accepts connections.
+    pub fn addr(&self) -> SocketAddr {
+        self.handle.addr
+    }
+
+    /// Connections refused since listen (bad or silent clients).
+    pub fn refused(&self) -> u64 {
+        self.refusals.total
+    }
+
+    /// Handshakes in progress (at most [`MAX_PENDING_HANDSHAKES`]).
+    pub fn pending(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Sets how long a connection that has not shown this listen comm's nonce is kept
+    /// (default [`HELLO_DEADLINE`], or `VERBSNET_CONNECT_TIMEOUT` when shorter); tests shorten it.
+    pub fn set_hello_deadline(&mut self, d: Duration) {
+        self.hello_deadline = d;
+    }
+
+    fn hello_deadline_ns(&self) -> u64 {
+        self.hello_deadline.as_nanos() as u64
+    }
+
     /// One non-blocking step of `accept`: `Ok(Some(comm))` once a connection completed.
+    ///
+    /// A bad peer (junk, a wrong nonce, a lying or stalled handshake, a reset) never makes this
+    /// return an error: its connection is closed and counted in the rate-limited refusal log.
+    /// Errors are the listener's own failures (the listening socket, local resources) and a
+    /// wait for a connection longer than `VERBSNET_CONNECT_TIMEOUT`, which names what the
+    /// pending handshakes reached.
     pub fn accept(&mut self) -> Result<Option<Box<Comm>>, Error> {
-        loop {
+        let now = crate::comm::now_ns();
+        let since = *self.waiting_since.get_or_insert(now);
+        let at = self.handle.addr;
+        for _ in 0..ACCEPTS_PER_CALL {
             match self.listener.accept() {
                 Ok((s, peer)) => {
-                    s.set_nonblocking(true)
-                        .map_err(|e| Error::System(format!("accept: {e}")))?;
+                    if let Err(e) = s.set_nonblocking(true) {
+                        self.refusals.refuse(
+                            at,
+                            peer,
+                            Refusal::Socket,
+                            &format!("set_nonblocking: {e}"),
+                        );
+                        continue;
+                    }
                     let _ = s.set_nodelay(true);
+                    if self.pending.len() >= MAX_PENDING_HANDSHAKES {
+                        self.evict_oldest();
+                    }
                     self.pending.push(Accepting {
                         wire: Wire::new(s),
                         peer,
                         reader: HelloReader { len: None },
                         stage: AcceptStage::Hello,
+                        since: now,
                     });
+                    // Step it at once: a real peer's hello is usually there already.
+                    let i = self.pending.len() - 1;
+                    if let Some(c) = self.step_or_refuse(i)? {
+                        return Ok(Some(self.accepted(c)));
+                    }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    return Err(Error::System(format!(
-                        "accept on {}: {e}",
-                        self.handle.addr
-                    )))
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::ECONNABORTED | libc::EPROTO | libc::EPERM | libc::ENETDOWN)
+                    ) =>
+                {
+                    // The connection died in the backlog: the peer's doing, not ours.
+                    self.refusals
+                        .refuse(at, at, Refusal::Closed, &format!("accept: {e}"));
                 }
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
+                    // Out of descriptors: free one held by an unauthenticated handshake, retry
+                    // on the next call; the shortage is the process's, not a reason to fail.
+                    self.evict_oldest();
+                    warn!(
+                        "accept on {at}: {e}; {} handshakes pending (raise `ulimit -n` if this \
+                         repeats)",
+                        self.pending.len()
+                    );
+                    break;
+                }
+                Err(e) => return Err(Error::System(format!("accept on {at}: {e}"))),
             }
         }
+        let hello_deadline = self.hello_deadline_ns();
+        let full_deadline = self.cfg.connect_timeout.map(|t| t.as_nanos() as u64);
         let mut i = 0;
         while i < self.pending.len() {
-            match self.step(i) {
-                Ok(Some(c)) => {
-                    self.pending.swap_remove(i);
-                    return Ok(Some(c));
-                }
-                Ok(None) => i += 1,
-                Err(e) => {
-                    let a = self.pending.swap_remove(i);
-                    warn!(
-                        "refused connection from {} on {}: {e}",
-                        a.peer, self.handle.addr
-                    );
-                    if let Error::System(_) = e {
-                        return Err(e);
-                    }
-                }
+            let a = &self.pending[i];
+            let age = now.saturating_sub(a.since);
+            let late = if a.authenticated() {
+                full_deadline.is_some_and(|d| age > d)
+            } else {
+                age > hello_deadline
+            };
+            if late {
+                let a = self.pending.swap_remove(i);
+                let detail = format!(
+                    "no progress in {:.1} s, stage reached: {} (VERBSNET_CONNECT_TIMEOUT)",
+                    age as f64 / 1e9,
+                    a.stage_name()
+                );
+                self.refusals.refuse(at, a.peer, Refusal::Deadline, &detail);
+                continue;
+            }
+            let before = self.pending.len();
+            if let Some(c) = self.step_or_refuse(i)? {
+                return Ok(Some(self.accepted(c)));
+            }
+            if self.pending.len() == before {
+                i += 1;
             }
         }
+        self.refusals.tick(at, now);
+        self.watch_wait(now, since)?;
         Ok(None)
     }
 
-    fn step(&mut self, i: usize) -> Result<Option<Box<Comm>>, Error> {
+    /// Bookkeeping after a handshake completed.
+    fn accepted(&mut self, c: Box<Comm>) -> Box<Comm> {
+        self.waiting_since = None;
+        self.warned_wait = false;
+        c
+    }
+
+    /// The hang watchdog and the deadline of a wait for a connection.
+    fn watch_wait(&mut self, now: u64, since: u64) -> Result<(), Error> {
+        let waited = now.saturating_sub(since);
+        let what = || {
+            let best = self
+                .pending
+                .iter()
+                .filter(|a| a.authenticated())
+                .map(|a| format!("{} from {}", a.stage_name(), a.peer))
+                .next();
+            match best {
+                Some(b) => format!("stage reached: {b}"),
+                None => format!(
+                    "stage reached: TCP connect (no peer holding this handle connected; {} other \
+                     handshakes pending, {} refused)",
+                    self.pending.len(),
+                    self.refusals.total
+                ),
+            }
+        };
+        if let Some(t) = self.cfg.connect_timeout {
+            if waited > t.as_nanos() as u64 {
+                self.waiting_since = None;
+                return Err(Error::Remote(format!(
+                    "accept on {}: no connection completed within VERBSNET_CONNECT_TIMEOUT={} s; \
+                     {}. Is the connecting rank alive (see its log)? Raise \
+                     VERBSNET_CONNECT_TIMEOUT if ranks start far apart",
+                    self.handle.addr,
+                    t.as_secs_f64(),
+                    what()
+                )));
+            }
+        }
+        if let Some(h) = self.cfg.hang_timeout {
+            if !self.warned_wait && waited > h.as_nanos() as u64 {
+                self.warned_wait = true;
+                warn!(
+                    "accept on {} has made no progress for {:.1} s; {} (VERBSNET_HANG_TIMEOUT sets \
+                     this report's delay; VERBSNET_CONNECT_TIMEOUT fails the accept)",
+                    self.handle.addr,
+                    waited as f64 / 1e9,
+                    what()
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops the oldest unauthenticated handshake (else the oldest of all) to make room.
+    fn evict_oldest(&mut self) {
+        let pick = |auth: bool| {
+            self.pending
+                .iter()
+                .enumerate()
+                .filter(|(_, a)| a.authenticated() == auth)
+                .min_by_key(|(_, a)| a.since)
+                .map(|(i, _)| i)
+        };
+        if let Some(i) = pick(false).or_else(|| pick(true)) {
+            let a = self.pending.remove(i);
+            let detail = format!(
+                "{MAX_PENDING_HANDSHAKES} handshakes pending, this one the oldest; stage reached: {}",
+                a.stage_name()
+            );
+            self.refusals
+                .refuse(self.handle.addr, a.peer, Refusal::Evicted, &detail);
+        }
+    }
+
+    /// Steps pending handshake `i`; a refused one is removed (and logged), a completed one is
+    /// removed and returned.
+    fn step_or_refuse(&mut self, i: usize) -> Result<Option<Box<Comm>>, Error> {
+        match self.step(i) {
+            Ok(Some(c)) => {
+                self.pending.swap_remove(i);
+                Ok(Some(c))
+            }
+            Ok(None) => Ok(None),
+            Err(StepError::Refuse(why, detail)) => {
+                let a = self.pending.swap_remove(i);
+                self.refusals.refuse(self.handle.addr, a.peer, why, &detail);
+                Ok(None)
+            }
+            Err(StepError::Own(e)) => {
+                self.pending.swap_remove(i);
+                Err(e)
+            }
+        }
+    }
+
+    fn step(&mut self, i: usize) -> Result<Option<Box<Comm>>, StepError> {
         let kind_byte = self.handle_kind_byte();
         let a = &mut self.pending[i];
         if let AcceptStage::Hello = a.stage {
-            let Some(h) = a.reader.poll(&mut a.wire).map_err(Error::Remote)? else {
-                return Ok(None);
+            let h = match a.reader.poll(&mut a.wire) {
+                Ok(Some(h)) => h,
+                Ok(None) => return Ok(None),
+                Err(HelloError::Io(e)) => {
+                    return Err(StepError::Refuse(refusal_of_io(&e), e.to_string()))
+                }
+                Err(HelloError::Bad(m)) => return Err(StepError::Refuse(Refusal::Malformed, m)),
             };
             if h.nonce != self.handle.nonce || h.role != 1 {
-                return Err(Error::Remote(format!(
-                    "wrong nonce {:#x} (expected {:#x}): a stale or foreign handle",
-                    h.nonce, self.handle.nonce
-                )));
+                return Err(StepError::Refuse(
+                    Refusal::Nonce,
+                    format!(
+                        "nonce {:#x} role {} (a stale or foreign handle)",
+                        h.nonce, h.role
+                    ),
+                ));
             }
             if h.kind != kind_byte {
-                return Err(Error::Remote(format!(
-                    "the peer runs transport {} but this listener runs {}: set the same \
-                     VERBSNET_TRANSPORT on every rank",
-                    h.kind,
-                    self.handle.kind.as_str()
-                )));
+                return Err(StepError::Refuse(
+                    Refusal::Transport,
+                    format!(
+                        "the peer runs transport {} but this listener runs {}: set the same \
+                         VERBSNET_TRANSPORT on every rank",
+                        h.kind,
+                        self.handle.kind.as_str()
+                    ),
+                ));
             }
             let mut qp = self
                 .dev
@@ -487,8 +859,14 @@ impl Listen {
                 .stream
                 .try_clone()
                 .map_err(|e| Error::System(format!("dup socket: {e}")))?;
-            qp.establish(&h.qp_info, oob)
-                .map_err(|e| Error::System(format!("connecting the QP to {}: {e}", a.peer)))?;
+            // The peer's QP info is the peer's data: a version or content it cannot use refuses
+            // that peer, it does not fail the listener.
+            qp.establish(&h.qp_info, oob).map_err(|e| {
+                StepError::Refuse(
+                    Refusal::QpInfo,
+                    format!("stage RTR/RTS: connecting our QP to its QP info failed: {e}"),
+                )
+            })?;
             let reply = Hello {
                 kind: h.kind,
                 role: 2,
@@ -500,18 +878,18 @@ impl Listen {
             a.stage = AcceptStage::Reply { qp, bufs, engine };
         }
         if let AcceptStage::Reply { .. } = a.stage {
-            if !a.wire.flush().map_err(|e| Error::Remote(e.to_string()))? {
+            let io = |e: io::Error| StepError::Refuse(refusal_of_io(&e), e.to_string());
+            if !a.wire.flush().map_err(io)? {
                 return Ok(None);
             }
-            let Some(b) = a
-                .wire
-                .read_exact_nb(READY.len())
-                .map_err(|e| Error::Remote(e.to_string()))?
-            else {
+            let Some(b) = a.wire.read_exact_nb(READY.len()).map_err(io)? else {
                 return Ok(None);
             };
             if b != READY {
-                return Err(Error::Remote("bad ready message".into()));
+                return Err(StepError::Refuse(
+                    Refusal::Malformed,
+                    "bad ready message".into(),
+                ));
             }
             let AcceptStage::Reply { qp, bufs, engine } =
                 std::mem::replace(&mut a.stage, AcceptStage::Done)
@@ -554,10 +932,22 @@ impl Listen {
     }
 }
 
+impl Drop for Listen {
+    fn drop(&mut self) {
+        self.refusals.flush(self.handle.addr, crate::comm::now_ns());
+    }
+}
+
 /// State of one `connect` in progress.
 pub struct Connecting {
     handle: Handle,
     stage: ConnectStage,
+    /// When this connect started (ns, [`crate::comm::now_ns`]).
+    started: u64,
+    /// When it last reached a new stage.
+    progressed: u64,
+    /// The hang watchdog reported this connect already.
+    warned: bool,
 }
 
 enum ConnectStage {
@@ -613,9 +1003,13 @@ impl Connecting {
                     || e.kind() == io::ErrorKind::WouldBlock => {}
             Err(e) => return Err(connect_error(h.addr, e)),
         }
+        let now = crate::comm::now_ns();
         Ok(Box::new(Connecting {
             handle: h,
             stage: ConnectStage::Connecting(sock),
+            started: now,
+            progressed: now,
+            warned: false,
         }))
     }
 
@@ -633,8 +1027,81 @@ impl Connecting {
         handle[STATE_OFF..].fill(0);
     }
 
-    /// One non-blocking step: `Ok(Some(comm))` once connected.
+    /// The stage this connect has reached, for errors and the hang watchdog.
+    fn stage_name(&self) -> &'static str {
+        match &self.stage {
+            ConnectStage::Connecting(_) => {
+                "TCP connect (no answer from the listener's address: wrong address, a firewall \
+                 dropping packets, or the host is down)"
+            }
+            ConnectStage::Hello { wire, .. } if !wire.out.is_empty() => {
+                "handshake (sending our hello: the listener does not read)"
+            }
+            ConnectStage::Hello { .. } => {
+                "QP exchange (waiting for the listener's reply: its process does not call accept, \
+                 or is stuck)"
+            }
+            ConnectStage::Ready { .. } | ConnectStage::Done => {
+                "RTR/RTS (sending our ready message)"
+            }
+        }
+    }
+
+    /// One non-blocking step: `Ok(Some(comm))` once connected. Fails once `cfg.connect_timeout`
+    /// has passed since the connect started, naming the address and the stage reached; the hang
+    /// watchdog (`cfg.hang_timeout`) reports a connect that reached no new stage for that long.
     pub fn step(
+        &mut self,
+        dev: &Arc<dyn Device>,
+        dev_name: &str,
+        cfg: &Config,
+    ) -> Result<Option<Box<Comm>>, Error> {
+        let before = std::mem::discriminant(&self.stage);
+        let r = self.step_inner(dev, dev_name, cfg);
+        let now = crate::comm::now_ns();
+        if std::mem::discriminant(&self.stage) != before {
+            self.progressed = now;
+            self.warned = false;
+        }
+        if !matches!(r, Ok(None)) {
+            return r;
+        }
+        let elapsed = now.saturating_sub(self.started);
+        if let Some(t) = cfg.connect_timeout {
+            if elapsed > t.as_nanos() as u64 {
+                return Err(Error::Remote(format!(
+                    "connect to {} timed out after {:.1} s (VERBSNET_CONNECT_TIMEOUT={} s); stage \
+                     reached: {}. Check that the peer is alive and calls accept (its log), and \
+                     that {} is reachable from here; raise VERBSNET_CONNECT_TIMEOUT if ranks \
+                     start far apart",
+                    self.handle.addr,
+                    elapsed as f64 / 1e9,
+                    t.as_secs_f64(),
+                    self.stage_name(),
+                    self.handle.addr
+                )));
+            }
+        }
+        if let Some(h) = cfg.hang_timeout {
+            let idle = now.saturating_sub(self.progressed);
+            if !self.warned && idle > h.as_nanos() as u64 {
+                self.warned = true;
+                warn!(
+                    "connect to {} has made no progress for {:.1} s; stage reached: {} \
+                     (VERBSNET_HANG_TIMEOUT sets this report's delay; VERBSNET_CONNECT_TIMEOUT={} \
+                     fails the connect)",
+                    self.handle.addr,
+                    idle as f64 / 1e9,
+                    self.stage_name(),
+                    cfg.connect_timeout
+                        .map_or("0 (off)".to_string(), |t| format!("{} s", t.as_secs_f64()))
+                );
+            }
+        }
+        r
+    }
+
+    fn step_inner(
         &mut self,
         dev: &Arc<dyn Device>,
         dev_name: &str,
@@ -687,7 +1154,7 @@ impl Connecting {
         let remote = move |m: String| Error::Remote(format!("handshake with {addr} failed: {m}"));
         if let ConnectStage::Hello { wire, reader, .. } = &mut self.stage {
             wire.flush().map_err(|e| remote(e.to_string()))?;
-            let Some(h) = reader.poll(wire).map_err(remote)? else {
+            let Some(h) = reader.poll(wire).map_err(|e| remote(e.to_string()))? else {
                 return Ok(None);
             };
             if h.nonce != self.handle.nonce || h.role != 2 {
@@ -764,7 +1231,7 @@ impl Connecting {
 
 fn connect_error(addr: SocketAddr, e: io::Error) -> Error {
     Error::Remote(format!(
-        "cannot reach the listener at {addr}: {e} (is the peer alive? is the address reachable? \
+        "cannot reach the listener at {addr} (stage: TCP connect): {e} (is the peer alive? is the address reachable? \
          set VERBSNET_SOCKET_ADDR / VERBSNET_SOCKET_IFNAME on the listening rank)"
     ))
 }

@@ -26,6 +26,7 @@ pub mod transport;
 pub mod api;
 pub mod comm;
 pub mod conn;
+pub mod limits;
 pub mod net;
 pub mod pool;
 #[doc(hidden)]

@@ -58,6 +58,8 @@ pub fn open_net(logger: crate::ffi::abi::ncclDebugLogger_t) -> Result<Net, Error
     info!(target: "verbsnet::init", "verbsnet {} configuration: {}", env!("CARGO_PKG_VERSION"), cfg.describe());
 
     let (kind, devs) = open(&cfg)?;
+    // Resource limits: what one comm will pin, against the cap and RLIMIT_MEMLOCK.
+    crate::limits::check(&cfg, kind)?;
     let (listen_ip, listen_why) = listen_ip(&cfg)?;
     let mut entries = Vec::new();
     for dev in devs {

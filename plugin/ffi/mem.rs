@@ -75,20 +75,36 @@ impl Region {
     }
 
     /// Allocates `len` zeroed bytes, 4096-aligned, owned by the region (bounce buffers, CTS
-    /// rings, credit words). `len` 0 allocates one page.
+    /// rings, credit words). `len` 0 allocates one page. Aborts when memory is exhausted: use
+    /// [`Region::try_alloc`] for sizes that come from the configuration.
     pub fn alloc(len: usize) -> Region {
-        let size = len.max(1).next_multiple_of(4096);
-        let layout = std::alloc::Layout::from_size_align(size, 4096).expect("page layout");
+        match Region::try_alloc(len) {
+            Ok(r) => r,
+            Err(_) => std::alloc::handle_alloc_error(
+                std::alloc::Layout::from_size_align(len.max(1), 4096).expect("page layout"),
+            ),
+        }
+    }
+
+    /// Like [`Region::alloc`], but a failed allocation (or a size no layout can hold) is an
+    /// error naming the size instead of an abort.
+    pub fn try_alloc(len: usize) -> Result<Region, String> {
+        let size = len
+            .max(1)
+            .checked_next_multiple_of(4096)
+            .ok_or_else(|| format!("{len} bytes cannot be allocated"))?;
+        let layout = std::alloc::Layout::from_size_align(size, 4096)
+            .map_err(|e| format!("{len} bytes cannot be allocated: {e}"))?;
         // SAFETY: layout has non-zero size.
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
         if ptr.is_null() {
-            std::alloc::handle_alloc_error(layout);
+            return Err(format!("allocating {size} bytes failed (out of memory)"));
         }
-        Region {
+        Ok(Region {
             addr: ptr as u64,
             len,
             _owned: Some(Arc::new(OwnedBuf { ptr, layout })),
-        }
+        })
     }
 
     /// Virtual address of the first byte.

@@ -8,8 +8,8 @@
 //!
 //! # Semantics (RC, as in `plugin/transport/mod.rs`)
 //!
-//! - **Keys.** One key per registration, used as both lkey and rkey, unique and nonzero on the
-//!   device, not reused until the 32-bit space wraps. Dropping the [`MemoryRegion`] handle
+//! - **Keys.** One key per registration, used as both lkey and rkey: random, unique and
+//!   nonzero on the device, and not one of the last 65,536 freed. Dropping the [`MemoryRegion`] handle
 //!   deregisters it (from any thread, also while a QP polls).
 //! - **Deregistration.** A QP reads or writes registered memory only while holding the
 //!   registry's read lock and after checking that the key is still registered, so once the
@@ -140,7 +140,9 @@ impl TcpDevice {
     pub fn new(index: u32) -> TcpDevice {
         TcpDevice {
             index,
-            registry: Arc::new(Registry::new(random_u32())),
+            registry: Arc::new(Registry::new(
+                (u64::from(random_u32()) << 32) | u64::from(random_u32()),
+            )),
         }
     }
 }

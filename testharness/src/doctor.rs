@@ -599,7 +599,9 @@ fn init_plugin(
         Err(e) => {
             report.push(
                 Check::new("plugin.init", Verdict::Fail, e.to_string())
-                    .expect(format!("an ncclNetPlugin_v7 … v12 table with name {wanted}"))
+                    .expect(format!(
+                        "an ncclNetPlugin_v7 … v12 table with name {wanted}"
+                    ))
                     .fix(format!("check NCCL_NET_PLUGIN={shown_value} and NCCL_NET")),
             );
             return None;

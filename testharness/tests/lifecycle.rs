@@ -166,26 +166,39 @@ fn a_hundred_init_finalize_dlclose_cycles_return_heap_fds_and_threads_to_baselin
     for i in 0..warm {
         cycle(&path, if i % 2 == 0 { 12 } else { 11 });
     }
-    let (heap0, fds0, threads0) = (heap_in_use_bytes(), fds(), threads());
+    let (fds0, threads0) = (fds(), threads());
     let rdma0 = rdma_resources();
-    for i in 0..measured {
-        cycle(&path, if i % 2 == 0 { 12 } else { 11 });
+    // Heap: up to three windows of `measured` cycles. A leak grows the heap in every window;
+    // allocator noise (another test thread's cache handed back, a tcache refill) shows in one
+    // at most, so the check passes on the first quiet window.
+    let mut growth = Vec::new();
+    for _ in 0..3 {
+        let heap0 = heap_in_use_bytes();
+        for i in 0..measured {
+            cycle(&path, if i % 2 == 0 { 12 } else { 11 });
+        }
+        let heap1 = heap_in_use_bytes();
+        println!(
+            "after {warm} warm-up cycles: heap {heap0} B; after {measured} more: heap {heap1} B \
+             ({:+} B, {:+.1} B/cycle), {} fds, {} threads",
+            heap1 as i64 - heap0 as i64,
+            (heap1 as f64 - heap0 as f64) / measured.max(1) as f64,
+            fds(),
+            threads()
+        );
+        growth.push(heap1 as i64 - heap0 as i64);
+        // Before contexts, finalize and `-z nodelete`, about 34 KB stayed behind per cycle
+        // (3.4 MB over 100). A leak of even one small allocation per cycle shows as >= 100 x
+        // 32 B; allow for allocator noise well below one allocation per cycle.
+        if growth.last().is_some_and(|&g| g <= 2048) || warm < STEADY_WARM_UP {
+            break;
+        }
     }
-    let (heap1, fds1, threads1) = (heap_in_use_bytes(), fds(), threads());
     let rdma1 = rdma_resources();
     println!("rdma resources before: {rdma0:?}, after: {rdma1:?}");
     assert_eq!(rdma1, rdma0, "verbs objects left behind across cycles");
-    println!(
-        "after {warm} warm-up cycles: heap {heap0} B, {fds0} fds, {threads0} threads; after \
-         {measured} more: heap {heap1} B ({:+} B, {:+.1} B/cycle), {fds1} fds, {threads1} threads",
-        heap1 as i64 - heap0 as i64,
-        (heap1 as f64 - heap0 as f64) / measured.max(1) as f64
-    );
-    assert_eq!(fds1, fds0, "file descriptors leaked across cycles");
-    assert_eq!(threads1, threads0, "threads leaked across cycles");
-    // Before contexts, finalize and `-z nodelete`, about 34 KB stayed behind per cycle (3.4 MB
-    // over 100). A leak of even one small allocation per cycle shows as >= 100 x 32 B; allow
-    // for allocator noise well below one allocation per cycle.
+    assert_eq!(fds(), fds0, "file descriptors leaked across cycles");
+    assert!(threads() <= threads0, "threads leaked across cycles");
     if warm < STEADY_WARM_UP {
         println!(
             "heap not asserted: {warm} warm-up cycles do not reach the allocator's steady state \
@@ -194,9 +207,8 @@ fn a_hundred_init_finalize_dlclose_cycles_return_heap_fds_and_threads_to_baselin
         return;
     }
     assert!(
-        heap1 <= heap0 + 2048,
-        "heap grew by {} B over {measured} cycles",
-        heap1 - heap0
+        growth.iter().any(|&g| g <= 2048),
+        "heap grew in every window of {measured} cycles: {growth:?} B"
     );
 }
 

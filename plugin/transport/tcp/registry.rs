@@ -1,10 +1,11 @@
 //! The device-wide memory registry: key → registered [`Region`].
 //!
-//! One key serves as both lkey and rkey. Keys are handed out sequentially from a random start,
-//! skipping 0 and keys in use, so a key freed by deregistration is not reused until the 32-bit
-//! space wraps: a stale rkey is refused rather than silently landing in a newer region.
+//! One key serves as both lkey and rkey. Keys are random (a peer cannot guess the key of a
+//! region from one it was given), never 0, never one in use, and never one of the last
+//! [`RECENT_KEYS`] freed, so a stale rkey is refused rather than silently landing in a newer
+//! region.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::ffi::mem::Region;
@@ -16,17 +17,36 @@ pub(super) struct Registry {
 }
 
 struct Inner {
-    next_key: u32,
+    /// State of the key generator (xorshift64*, seeded at random per device).
+    rng: u64,
     regions: HashMap<u32, Region>,
+    /// The most recently freed keys, oldest first (not handed out again while listed).
+    recent: VecDeque<u32>,
+    recent_set: HashSet<u32>,
+}
+
+impl Inner {
+    fn next_random(&mut self) -> u32 {
+        // xorshift64* (Vigna): fast and well spread; not for cryptography, which an rkey on a
+        // loopback stand-in does not need, but no longer guessable from a neighbour's key.
+        let mut x = self.rng;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.rng = x;
+        (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 32) as u32
+    }
 }
 
 impl Registry {
-    /// An empty registry whose first key is derived from `seed`.
-    pub(super) fn new(seed: u32) -> Registry {
+    /// An empty registry whose keys are drawn from a generator seeded with `seed`.
+    pub(super) fn new(seed: u64) -> Registry {
         Registry {
             inner: RwLock::new(Inner {
-                next_key: seed.max(1),
+                rng: seed | 1,
                 regions: HashMap::new(),
+                recent: VecDeque::new(),
+                recent_set: HashSet::new(),
             }),
         }
     }
@@ -39,18 +59,28 @@ impl Registry {
                 "tcp reg_mr: {MAX_REGIONS} regions are registered on this device (its limit)"
             )));
         }
-        let mut key = inner.next_key;
-        while key == 0 || inner.regions.contains_key(&key) {
-            key = key.wrapping_add(1);
-        }
-        inner.next_key = key.wrapping_add(1);
+        let key = loop {
+            let k = inner.next_random();
+            if k != 0 && !inner.regions.contains_key(&k) && !inner.recent_set.contains(&k) {
+                break k;
+            }
+        };
         inner.regions.insert(key, region);
         Ok(key)
     }
 
     /// Deregisters `key` (no-op when absent).
     pub(super) fn remove(&self, key: u32) {
-        self.write().regions.remove(&key);
+        let mut inner = self.write();
+        if inner.regions.remove(&key).is_some() {
+            inner.recent.push_back(key);
+            inner.recent_set.insert(key);
+            if inner.recent.len() > RECENT_KEYS {
+                if let Some(old) = inner.recent.pop_front() {
+                    inner.recent_set.remove(&old);
+                }
+            }
+        }
     }
 
     /// The registered memory `[addr, addr + len)` under `key`, as a region of exactly `len`
@@ -125,5 +155,43 @@ impl Drop for TcpMr {
     }
 }
 
+/// Freed keys kept out of reuse (a stale rkey then fails instead of landing in a new region).
+pub(super) const RECENT_KEYS: usize = 65_536;
+
 /// Most regions registered on one device at a time (a verbs device's `max_mr` analogue).
 const MAX_REGIONS: usize = 1 << 20;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_unpredictable_and_freed_keys_are_not_reused_soon() {
+        let r = Registry::new(0x1234_5678_9abc_def1);
+        let keys: Vec<u32> = (0..1000)
+            .map(|_| r.insert(Region::alloc(8)).unwrap())
+            .collect();
+        assert!(keys.iter().all(|&k| k != 0));
+        let unique: HashSet<u32> = keys.iter().copied().collect();
+        assert_eq!(unique.len(), keys.len());
+        // Sequential keys would give 999 neighbours one apart; random ones about none.
+        let close = keys
+            .windows(2)
+            .filter(|w| w[1].wrapping_sub(w[0]) < 1 << 16)
+            .count();
+        assert!(
+            close < 5,
+            "{close} of 999 consecutive keys within 65536 of each other"
+        );
+        // Both halves of the key space are used.
+        assert!(keys.iter().any(|&k| k >= 1 << 31) && keys.iter().any(|&k| k < 1 << 31));
+        for &k in &keys {
+            r.remove(k);
+        }
+        let again: HashSet<u32> = (0..1000)
+            .map(|_| r.insert(Region::alloc(8)).unwrap())
+            .collect();
+        assert!(again.is_disjoint(&unique));
+        assert!(r.resolve(keys[0], 0, 0).is_none());
+    }
+}

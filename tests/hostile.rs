@@ -1,0 +1,795 @@
+//! Hostile and silent peers at plugin level (issue 12): connection set-up with a deadline, a
+//! listener no client can break, and comms whose errors stick.
+//!
+//! Runs on the transport of `VERBSNET_TEST_TRANSPORT` (`tcp`, the default, on the host; `ib` in
+//! the soft-RoCE VM); the attackers are raw TCP clients against the listen port, which both
+//! transports use for their set-up handshake. Every test takes one process-wide lock (file
+//! descriptor counts and captured WARN lines are process-wide).
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use nccl_net_verbsnet::comm::{Comm, Error};
+use nccl_net_verbsnet::config::{Config, TransportChoice};
+use nccl_net_verbsnet::conn::{Connecting, Handle, Listen, HANDLE_SIZE, MAX_PENDING_HANDSHAKES};
+use nccl_net_verbsnet::testkit::{open_device, Buf};
+use nccl_net_verbsnet::transport::{Device, Kind};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn base_cfg() -> Config {
+    Config {
+        transport: if std::env::var("VERBSNET_TEST_TRANSPORT").as_deref() == Ok("ib") {
+            TransportChoice::Ib
+        } else {
+            TransportChoice::Tcp
+        },
+        ..Config::default()
+    }
+}
+
+fn device(test: &str) -> Option<(Arc<dyn Device>, Kind)> {
+    match open_device(&base_cfg()) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            println!("SKIP {test}: {e}");
+            None
+        }
+    }
+}
+
+/// Open file descriptors of this process.
+fn fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
+}
+
+/// Keeps the message of every WARN event.
+struct WarnCapture(Arc<Mutex<Vec<String>>>);
+
+struct Message(String);
+
+impl tracing::field::Visit for Message {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        use std::fmt::Write as _;
+        if field.name() == "message" {
+            let _ = write!(self.0, "{value:?}");
+        }
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for WarnCapture {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        if *event.metadata().level() == tracing::Level::WARN {
+            let mut m = Message(String::new());
+            event.record(&mut m);
+            self.0.lock().unwrap().push(m.0);
+        }
+    }
+}
+
+/// Captures WARN lines of this thread until the guard drops.
+fn capture() -> (Arc<Mutex<Vec<String>>>, tracing::subscriber::DefaultGuard) {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    let warns = Arc::new(Mutex::new(Vec::new()));
+    let subscriber = tracing_subscriber::registry().with(WarnCapture(warns.clone()));
+    (warns, tracing::subscriber::set_default(subscriber))
+}
+
+/// A handle naming `addr` as a verbsnet listener of `kind`.
+fn handle_for(addr: SocketAddr, kind: Kind) -> [u8; HANDLE_SIZE] {
+    let mut b = [0u8; HANDLE_SIZE];
+    Handle {
+        nonce: 0x5eed,
+        kind,
+        addr,
+    }
+    .write(&mut b);
+    b
+}
+
+/// Steps a connect until it completes or fails; returns the error and the time it took.
+fn connect_until_error(
+    dev: &Arc<dyn Device>,
+    handle: &mut [u8; HANDLE_SIZE],
+    cfg: &Config,
+    limit: Duration,
+) -> (Error, Duration) {
+    let t = Instant::now();
+    let name = dev.props().name;
+    while t.elapsed() < limit {
+        let mut c = match Connecting::resume_or_start(handle) {
+            Ok(c) => c,
+            Err(e) => return (e, t.elapsed()),
+        };
+        match c.step(dev, &name, cfg) {
+            Ok(Some(_)) => panic!("connected to a listener that never answers"),
+            Ok(None) => c.park(handle),
+            Err(e) => {
+                Connecting::clear(handle);
+                return (e, t.elapsed());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    panic!("connect neither finished nor failed in {limit:?}");
+}
+
+#[test]
+fn connect_to_a_silent_listener_fails_within_the_timeout_naming_address_and_stage() {
+    let _g = serial();
+    let Some((dev, kind)) = device("silent listener") else {
+        return;
+    };
+    let (warns, _cap) = capture();
+    // The kernel completes the TCP connect (backlog), nobody ever reads or answers.
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = silent.local_addr().unwrap();
+    let timeout = Duration::from_millis(1500);
+    let cfg = Config {
+        connect_timeout: Some(timeout),
+        hang_timeout: Some(Duration::from_millis(300)),
+        ..base_cfg()
+    };
+    let mut h = handle_for(addr, kind);
+    let (e, took) = connect_until_error(&dev, &mut h, &cfg, Duration::from_secs(20));
+    println!("silent listener: {e} after {took:?}");
+    let Error::Remote(m) = &e else {
+        panic!("{e:?}")
+    };
+    assert!(
+        took >= timeout && took < timeout + Duration::from_secs(1),
+        "{took:?}"
+    );
+    assert!(m.contains(&addr.to_string()), "{m}");
+    assert!(m.contains("stage reached: QP exchange"), "{m}");
+    assert!(m.contains("VERBSNET_CONNECT_TIMEOUT=1.5 s"), "{m}");
+    // The hang watchdog reported the stalled connect once before the deadline.
+    let w: Vec<String> = warns
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.contains("has made no progress"))
+        .cloned()
+        .collect();
+    assert_eq!(w.len(), 1, "{w:#?}");
+    assert!(w[0].contains(&format!("connect to {addr}")) && w[0].contains("QP exchange"));
+    assert_eq!(u64::from_le_bytes(h[120..].try_into().unwrap()), 0);
+}
+
+#[test]
+fn connect_to_an_address_that_drops_syns_fails_in_the_tcp_connect_stage() {
+    let _g = serial();
+    let Some((dev, kind)) = device("dropping address") else {
+        return;
+    };
+    // A listener with a full accept queue drops further SYNs (Linux, tcp_abort_on_overflow=0):
+    // on loopback that is an address that swallows packets.
+    let l = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    l.bind(&SocketAddr::from((Ipv4Addr::LOCALHOST, 0)).into())
+        .unwrap();
+    l.listen(0).unwrap();
+    let addr = l.local_addr().unwrap().as_socket().unwrap();
+    let mut fillers = Vec::new();
+    let dropping = loop {
+        assert!(fillers.len() < 16, "the accept queue never filled");
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        s.set_nonblocking(true).unwrap();
+        let _ = s.connect(&addr.into());
+        std::thread::sleep(Duration::from_millis(200));
+        let done = s.peer_addr().is_ok();
+        fillers.push(s);
+        if !done {
+            break true;
+        }
+    };
+    assert!(dropping);
+    let timeout = Duration::from_millis(1000);
+    let cfg = Config {
+        connect_timeout: Some(timeout),
+        ..base_cfg()
+    };
+    let mut h = handle_for(addr, kind);
+    let (e, took) = connect_until_error(&dev, &mut h, &cfg, Duration::from_secs(20));
+    println!("dropping address: {e} after {took:?}");
+    let m = e.to_string();
+    assert!(
+        took >= timeout && took < timeout + Duration::from_secs(1),
+        "{took:?}"
+    );
+    assert!(m.contains(&addr.to_string()), "{m}");
+    assert!(m.contains("stage reached: TCP connect"), "{m}");
+    assert!(m.contains("VERBSNET_CONNECT_TIMEOUT"), "{m}");
+}
+
+#[test]
+fn accept_without_a_peer_fails_after_the_timeout_and_the_watchdog_reports_it() {
+    let _g = serial();
+    let Some((dev, kind)) = device("accept timeout") else {
+        return;
+    };
+    let (warns, _cap) = capture();
+    let cfg = Config {
+        connect_timeout: Some(Duration::from_millis(800)),
+        hang_timeout: Some(Duration::from_millis(200)),
+        ..base_cfg()
+    };
+    let mut h = [0u8; HANDLE_SIZE];
+    let mut l = Listen::new(
+        dev.clone(),
+        dev.props().name,
+        kind,
+        IpAddr::V4(Ipv4Addr::LOCALHOST),
+        &cfg,
+        &mut h,
+    )
+    .unwrap();
+    let t = Instant::now();
+    let e = loop {
+        match l.accept() {
+            Ok(None) => std::thread::sleep(Duration::from_millis(1)),
+            Ok(Some(_)) => panic!("nobody connected"),
+            Err(e) => break e,
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "accept never timed out"
+        );
+    };
+    let took = t.elapsed();
+    println!("accept: {e} after {took:?}");
+    assert!(took >= Duration::from_millis(800) && took < Duration::from_millis(1800));
+    let m = e.to_string();
+    assert!(m.contains(&l.addr().to_string()) && m.contains("VERBSNET_CONNECT_TIMEOUT=0.8 s"));
+    assert!(m.contains("stage reached: TCP connect"), "{m}");
+    let w = warns.lock().unwrap().clone();
+    assert_eq!(
+        w.iter()
+            .filter(|l| l.contains("has made no progress"))
+            .count(),
+        1,
+        "{w:#?}"
+    );
+}
+
+/// A hello in the handshake layout of `plugin/conn.rs` with the given nonce, version and QP
+/// info (a liar's or an old plugin's).
+fn crafted_hello(nonce: u64, version: u16, kind: Kind, qp_info: &[u8]) -> Vec<u8> {
+    let mut b = Vec::new();
+    b.extend_from_slice(b"VNHE");
+    b.extend_from_slice(&version.to_le_bytes());
+    b.push(match kind {
+        Kind::Ib => 1,
+        Kind::Tcp => 2,
+    });
+    b.push(1); // role: sender
+    b.extend_from_slice(&nonce.to_le_bytes());
+    b.extend_from_slice(&(qp_info.len() as u16).to_le_bytes());
+    b.extend_from_slice(qp_info);
+    for _ in 0..10 {
+        b.extend_from_slice(&0u64.to_le_bytes());
+    }
+    let mut m = (b.len() as u32).to_le_bytes().to_vec();
+    m.extend_from_slice(&b);
+    m
+}
+
+fn nonce_of(h: &[u8; HANDLE_SIZE]) -> u64 {
+    Handle::read(h).unwrap().nonce
+}
+
+/// Raw clients against `addr`: idle connections (kept), junk, lying hellos, a wrong version,
+/// the right nonce with unusable QP info, and resets. Returns the idle connections, which the
+/// caller closes.
+fn attack(addr: SocketAddr, nonce: u64, kind: Kind, idle: usize) -> Vec<TcpStream> {
+    let mut kept = Vec::new();
+    for i in 0..idle {
+        match TcpStream::connect(addr) {
+            Ok(s) => kept.push(s),
+            Err(e) => panic!("idle connection {i}: {e}"),
+        }
+    }
+    let send = |bytes: &[u8]| {
+        if let Ok(mut s) = TcpStream::connect(addr) {
+            let _ = s.write_all(bytes);
+            Some(s)
+        } else {
+            None
+        }
+    };
+    let mut later = Vec::new();
+    for i in 0..50u64 {
+        // Junk, a length field over the limit, a wrong nonce, a wrong version, and the right
+        // nonce with QP info no transport accepts; each client then stays silent.
+        let junk: Vec<u8> = (0..64).map(|k| (k * 31 + i * 7) as u8).collect();
+        later.extend(send(&junk));
+        later.extend(send(&u32::MAX.to_le_bytes()));
+        later.extend(send(&crafted_hello(nonce ^ (i + 1), 1, kind, &[0; 12])));
+        later.extend(send(&crafted_hello(nonce, 9, kind, &[0; 12])));
+        later.extend(send(&crafted_hello(
+            nonce,
+            1,
+            kind,
+            b"not a QP info at all",
+        )));
+        // A reset: SO_LINGER 0 then close.
+        if let Ok(s) = TcpStream::connect(addr) {
+            let s = socket2::Socket::from(s);
+            let _ = s.set_linger(Some(Duration::ZERO));
+            drop(s);
+        }
+    }
+    // Clients that close half-way through a hello.
+    for _ in 0..20 {
+        drop(send(&crafted_hello(nonce, 1, kind, &[0; 12])[..20]));
+    }
+    kept.extend(later);
+    kept
+}
+
+#[test]
+fn a_listener_under_attack_serves_the_real_peer_and_returns_its_descriptors() {
+    let _g = serial();
+    let Some((dev, kind)) = device("hostile listener") else {
+        return;
+    };
+    let (warns, _cap) = capture();
+    let cfg = base_cfg();
+    let name = dev.props().name;
+    let mut h = [0u8; HANDLE_SIZE];
+    let mut l = Listen::new(
+        dev.clone(),
+        name.clone(),
+        kind,
+        IpAddr::V4(Ipv4Addr::LOCALHOST),
+        &cfg,
+        &mut h,
+    )
+    .unwrap();
+    l.set_hello_deadline(Duration::from_millis(500));
+    let baseline = fds();
+    let test_start = Instant::now();
+    let (addr, nonce) = (l.addr(), nonce_of(&h));
+    const IDLE: usize = 1000;
+    let attacker = std::thread::spawn(move || attack(addr, nonce, kind, IDLE));
+
+    // The real peer connects while the attack is under way.
+    let mut max_pending = 0;
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_millis(50) {
+        assert!(l.accept().unwrap().is_none());
+        max_pending = max_pending.max(l.pending());
+    }
+    let mut ch = h;
+    let started = Instant::now();
+    let (mut send, mut recv): (Option<Box<Comm>>, Option<Box<Comm>>) = (None, None);
+    let mut connect_took = None;
+    while send.is_none() || recv.is_none() {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the real peer never got in"
+        );
+        if send.is_none() {
+            let mut c = Connecting::resume_or_start(&mut ch).unwrap();
+            match c.step(&dev, &name, &cfg).unwrap() {
+                Some(comm) => {
+                    Connecting::clear(&mut ch);
+                    send = Some(comm);
+                }
+                None => c.park(&mut ch),
+            }
+        }
+        if recv.is_none() {
+            // accept never fails because of the attackers.
+            recv = l.accept().unwrap();
+            max_pending = max_pending.max(l.pending());
+        }
+        if send.is_some() && recv.is_some() && connect_took.is_none() {
+            connect_took = Some(started.elapsed());
+        }
+    }
+    let connect_took = connect_took.unwrap();
+    let (send, recv) = (send.unwrap(), recv.unwrap());
+    // The connection carries data.
+    let sb = Buf::new(&dev, 64).unwrap();
+    let rb = Buf::new(&dev, 64).unwrap();
+    sb.fill(0, b"through the storm");
+    let r = recv
+        .irecv(&[(rb.addr(0), 64, 3, &rb.mr)])
+        .unwrap()
+        .unwrap()
+        .id();
+    let s = loop {
+        if let Some(s) = send.isend(sb.addr(0), 17, 3, &sb.mr).unwrap() {
+            break s.id();
+        }
+        recv.progress().unwrap();
+    };
+    let (mut sdone, mut rdone) = (false, false);
+    for _ in 0..10_000_000u64 {
+        sdone = sdone || send.test(s).unwrap().is_some();
+        rdone = rdone || recv.test(r).unwrap().is_some();
+        if sdone && rdone {
+            break;
+        }
+    }
+    assert!(sdone && rdone);
+    assert_eq!(rb.get(0, 17), b"through the storm");
+
+    // The attackers' connects need accept calls (the kernel backlog is finite).
+    while !attacker.is_finished() {
+        assert!(l.accept().unwrap().is_none());
+        max_pending = max_pending.max(l.pending());
+    }
+    let kept = attacker.join().unwrap();
+    // Keep accepting while the attackers hang on: stalled handshakes pass their deadline.
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_millis(1000) {
+        assert!(l.accept().unwrap().is_none());
+        max_pending = max_pending.max(l.pending());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    drop(kept);
+    let t = Instant::now();
+    while l.pending() > 0 && t.elapsed() < Duration::from_secs(5) {
+        assert!(l.accept().unwrap().is_none());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(l.pending(), 0);
+    drop((send, recv, sb, rb));
+    let after = fds();
+    let lines = warns.lock().unwrap().clone();
+    let refusal_lines: Vec<&String> = lines.iter().filter(|l| l.contains("refused")).collect();
+    println!(
+        "real connect under attack took {connect_took:?}; pending handshakes peaked at \
+         {max_pending}; {} connections refused; fds {baseline} before, {after} after; {} WARN \
+         lines:",
+        l.refused(),
+        lines.len()
+    );
+    for line in &lines {
+        println!("  {line}");
+    }
+    assert_eq!(after, baseline, "descriptors leaked");
+    assert!(max_pending <= MAX_PENDING_HANDSHAKES, "{max_pending}");
+    assert!(l.refused() >= IDLE as u64, "{}", l.refused());
+    // Per 10 s window one line at once and one summary, plus one summary on close; nothing
+    // else (about 1,300 refusals).
+    let windows = test_start.elapsed().as_secs() / 10 + 1;
+    assert!(refusal_lines.len() as u64 <= 2 * windows, "{lines:#?}");
+    assert_eq!(lines.len(), refusal_lines.len(), "{lines:#?}");
+    drop(l);
+    let lines = warns.lock().unwrap().clone();
+    assert!(
+        lines.last().unwrap().contains("more connection(s)"),
+        "{lines:#?}"
+    );
+    for why in [
+        "past the handshake deadline",
+        "malformed handshake",
+        "wrong nonce",
+    ] {
+        assert!(lines.iter().any(|l| l.contains(why)), "{why}: {lines:#?}");
+    }
+}
+
+/// One refused client of each kind, read back: the listener closes them all.
+#[test]
+fn refused_clients_see_their_connection_closed() {
+    let _g = serial();
+    let Some((dev, kind)) = device("refused clients") else {
+        return;
+    };
+    let (_warns, _cap) = capture();
+    let cfg = base_cfg();
+    let mut h = [0u8; HANDLE_SIZE];
+    let mut l = Listen::new(
+        dev.clone(),
+        dev.props().name,
+        kind,
+        IpAddr::V4(Ipv4Addr::LOCALHOST),
+        &cfg,
+        &mut h,
+    )
+    .unwrap();
+    l.set_hello_deadline(Duration::from_millis(300));
+    let nonce = nonce_of(&h);
+    let hellos = [
+        b"GET / HTTP/1.0\r\n\r\n".to_vec(),
+        crafted_hello(nonce ^ 1, 1, kind, &[0; 12]),
+        crafted_hello(nonce, 2, kind, &[0; 12]),
+        crafted_hello(nonce, 1, kind, b"bogus"),
+        Vec::new(), // silent: dropped at the deadline
+    ];
+    let mut clients: Vec<TcpStream> = hellos
+        .iter()
+        .map(|b| {
+            let mut s = TcpStream::connect(l.addr()).unwrap();
+            s.write_all(b).unwrap();
+            s.set_read_timeout(Some(Duration::from_millis(10))).unwrap();
+            s
+        })
+        .collect();
+    let t = Instant::now();
+    let mut closed = vec![false; clients.len()];
+    while !closed.iter().all(|&c| c) {
+        assert!(t.elapsed() < Duration::from_secs(5), "{closed:?}");
+        assert!(l.accept().unwrap().is_none());
+        for (c, s) in closed.iter_mut().zip(clients.iter_mut()) {
+            let mut b = [0u8; 512];
+            if !*c {
+                match s.read(&mut b) {
+                    Ok(0) => *c = true,
+                    Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => *c = true,
+                    _ => {}
+                }
+            }
+        }
+    }
+    assert_eq!(l.pending(), 0);
+    assert_eq!(l.refused(), hellos.len() as u64);
+}
+
+type Outcome = Option<Result<Vec<u64>, Error>>;
+
+/// Tests `req` on `c` once: `Some` once it is no longer in progress.
+fn poll_req(c: &Comm, req: Result<nccl_net_verbsnet::engine::ReqId, Error>) -> Outcome {
+    match req {
+        Err(e) => Some(Err(e)),
+        Ok(id) => match c.test(id) {
+            Ok(None) => None,
+            other => Some(other.map(|v| v.unwrap())),
+        },
+    }
+}
+
+fn too_large_send(size: usize, cap: u64) {
+    let Some((dev, kind)) = device("sticky errors") else {
+        return;
+    };
+    let l = nccl_net_verbsnet::testkit::connect(&dev, kind, &base_cfg(), &base_cfg(), 5_000_000)
+        .unwrap();
+    let sb = Buf::new(&dev, size.max(64)).unwrap();
+    let rb = Buf::new(&dev, size.max(64)).unwrap();
+    let r = l
+        .recv
+        .irecv(&[(rb.addr(0), cap, 7, &rb.mr)])
+        .unwrap()
+        .unwrap()
+        .id();
+    // The sender may learn the receive's size (its CTS) before the isend: then the isend
+    // itself fails.
+    let s = loop {
+        match l.send.isend(sb.addr(0), size as u64, 7, &sb.mr) {
+            Ok(Some(h)) => break Ok(h.id()),
+            Ok(None) => {}
+            Err(e) => break Err(e),
+        }
+        let _ = l.recv.progress();
+    };
+    let (mut so, mut ro): (Outcome, Outcome) = (None, None);
+    for _ in 0..2_000_000u64 {
+        if so.is_none() {
+            so = poll_req(&l.send, s.clone());
+        } else {
+            let _ = l.send.progress();
+        }
+        if ro.is_none() {
+            ro = poll_req(&l.recv, Ok(r));
+        } else {
+            let _ = l.recv.progress();
+        }
+        if so.is_some() && ro.is_some() {
+            break;
+        }
+    }
+    println!("send of {size} into {cap}: send side {so:?}, recv side {ro:?}");
+    // The sender: its request fails, and so does every later call.
+    let Some(Err(se)) = so else {
+        panic!("sender: {so:?}")
+    };
+    assert!(matches!(se, Error::Usage(_) | Error::Remote(_)), "{se:?}");
+    let later = l
+        .send
+        .isend(sb.addr(0), 8, 9, &sb.mr)
+        .map(|o| o.map(|h| h.id()));
+    assert_eq!(later, Err(se.clone()));
+    if let Ok(s) = s {
+        assert_eq!(l.send.test(s).unwrap_err(), se);
+    }
+    assert_eq!(l.send.progress(), Err(se.clone()));
+    assert_eq!(l.send.sticky_error(), Some(se));
+    // The receiver sees the misuse too, and every later call on it returns that error.
+    let Some(Err(re)) = ro else {
+        panic!("receiver: {ro:?}")
+    };
+    assert!(matches!(re, Error::Usage(_) | Error::Remote(_)), "{re:?}");
+    assert_eq!(l.recv.sticky_error(), Some(re.clone()));
+    assert_eq!(l.recv.test(r).unwrap_err(), re);
+    assert_eq!(
+        l.recv
+            .irecv(&[(rb.addr(0), 64, 8, &rb.mr)])
+            .map(|o| o.map(|h| h.id())),
+        Err(re.clone())
+    );
+    assert_eq!(l.recv.progress(), Err(re));
+}
+
+#[test]
+fn a_too_large_rendezvous_send_fails_both_comms_for_every_later_call() {
+    let _g = serial();
+    too_large_send(32 << 10, 16 << 10);
+}
+
+#[test]
+fn a_too_large_eager_send_fails_both_comms_for_every_later_call() {
+    let _g = serial();
+    too_large_send(128, 64);
+}
+
+#[test]
+fn completions_in_the_cq_are_delivered_before_the_peer_close_is_reported() {
+    let _g = serial();
+    let Some((dev, kind)) = device("close after data") else {
+        return;
+    };
+    let (_warns, _cap) = capture();
+    // More messages than one CQ poll (64) hands out, all in flight when the sender closes.
+    const RECVS: usize = 20;
+    const GROUP: usize = 4;
+    const N: usize = RECVS * GROUP;
+    let cfg = Config {
+        peer_check_interval: Duration::from_millis(1),
+        ..base_cfg()
+    };
+    let nccl_net_verbsnet::testkit::Link { send, recv, .. } =
+        nccl_net_verbsnet::testkit::connect(&dev, kind, &cfg, &cfg, 5_000_000).unwrap();
+    let sb = Buf::new(&dev, 64 * N).unwrap();
+    let rb = Buf::new(&dev, 64 * N).unwrap();
+    let reqs: Vec<_> = (0..RECVS)
+        .map(|i| {
+            let bufs: Vec<_> = (0..GROUP)
+                .map(|k| (rb.addr(64 * (i * GROUP + k)), 64, 0, &rb.mr))
+                .collect();
+            recv.irecv(&bufs).unwrap().unwrap().id()
+        })
+        .collect();
+    let mut sent = 0;
+    for _ in 0..1_000_000 {
+        if sent == N {
+            break;
+        }
+        sb.fill(64 * sent, &[sent as u8; 64]);
+        if send
+            .isend(sb.addr(64 * sent), 64, 0, &sb.mr)
+            .unwrap()
+            .is_some()
+        {
+            sent += 1;
+        }
+        // Let the receiver grant credits and CTS, but not look at data: no test on it yet.
+        if sent % 16 == 0 {
+            recv.progress().unwrap();
+        }
+    }
+    assert_eq!(sent, N);
+    for _ in 0..10_000 {
+        let _ = send.progress();
+    }
+    send.close();
+    std::thread::sleep(Duration::from_millis(50));
+    for (i, &r) in reqs.iter().enumerate() {
+        let mut got = None;
+        for _ in 0..1_000_000 {
+            match recv.test(r) {
+                Ok(None) => {}
+                other => {
+                    got = Some(other);
+                    break;
+                }
+            }
+        }
+        assert_eq!(
+            got,
+            Some(Ok(Some(vec![64; GROUP]))),
+            "receive {i} of {RECVS}: its data was sent before the close"
+        );
+    }
+    for k in 0..N {
+        assert_eq!(rb.get(64 * k, 64), vec![k as u8; 64], "message {k}");
+    }
+    // Then the close is reported, on every later call.
+    let mut e = None;
+    for _ in 0..1_000_000 {
+        match recv.irecv(&[(rb.addr(0), 64, 0, &rb.mr)]) {
+            Ok(Some(h)) => {
+                let id = h.id();
+                loop {
+                    match recv.test(id) {
+                        Ok(None) => {}
+                        Ok(Some(v)) => panic!("a receive completed after the close: {v:?}"),
+                        Err(x) => {
+                            e = Some(x);
+                            break;
+                        }
+                    }
+                }
+                break;
+            }
+            Ok(None) => {}
+            Err(x) => {
+                e = Some(x);
+                break;
+            }
+        }
+    }
+    let e = e.expect("the close is reported");
+    assert!(matches!(e, Error::Remote(_)), "{e:?}");
+    assert_eq!(recv.sticky_error(), Some(e));
+}
+
+#[test]
+fn a_too_large_send_that_arrives_before_its_receive_fails_both_comms_for_every_later_call() {
+    let _g = serial();
+    let Some((dev, kind)) = device("sticky errors") else {
+        return;
+    };
+    let l = nccl_net_verbsnet::testkit::connect(&dev, kind, &base_cfg(), &base_cfg(), 5_000_000)
+        .unwrap();
+    let sb = Buf::new(&dev, 256).unwrap();
+    let rb = Buf::new(&dev, 256).unwrap();
+    // Eager: the 128 bytes land in a bounce buffer before any receive is posted.
+    let s = l
+        .send
+        .isend(sb.addr(0), 128, 7, &sb.mr)
+        .unwrap()
+        .unwrap()
+        .id();
+    for _ in 0..10_000 {
+        l.recv.progress().unwrap();
+        l.send.progress().unwrap();
+    }
+    let r = l
+        .recv
+        .irecv(&[(rb.addr(0), 64, 7, &rb.mr)])
+        .unwrap()
+        .unwrap()
+        .id();
+    let (mut so, mut ro) = (None, None);
+    for _ in 0..1_000_000 {
+        if so.is_none() {
+            so = poll_req(&l.send, Ok(s));
+        }
+        if ro.is_none() {
+            ro = poll_req(&l.recv, Ok(r));
+        }
+        if so.is_some() && ro.is_some() {
+            break;
+        }
+    }
+    let Some(Err(se @ Error::Usage(_))) = so else {
+        panic!("sender: {so:?}")
+    };
+    let Some(Err(re @ Error::Usage(_))) = ro else {
+        panic!("receiver: {ro:?}")
+    };
+    // The next send is refused at once instead of never completing; so is every later call.
+    assert_eq!(
+        l.send
+            .isend(sb.addr(0), 8, 8, &sb.mr)
+            .map(|o| o.map(|h| h.id())),
+        Err(se.clone())
+    );
+    assert_eq!(l.send.test(s), Err(se));
+    assert_eq!(
+        l.recv
+            .irecv(&[(rb.addr(0), 64, 8, &rb.mr)])
+            .map(|o| o.map(|h| h.id())),
+        Err(re.clone())
+    );
+    assert_eq!(l.recv.test(r), Err(re));
+}
