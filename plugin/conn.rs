@@ -50,7 +50,7 @@ const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"VNHE");
 /// Wire version of the handshake and the data protocol. 2: a rendezvous immediate names the
 /// receive it matched (`engine::wire`), and matching follows the front-group rule; a peer of
 /// version 1 is refused at connect time instead of misplacing data.
-const HELLO_VERSION: u16 = 2;
+pub const HELLO_VERSION: u16 = 2;
 const READY: &[u8; 4] = b"RDY!";
 const MAX_HELLO: usize = 1024;
 

@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 
 use nccl_net_verbsnet::comm::{Comm, Error};
 use nccl_net_verbsnet::config::{Config, TransportChoice};
-use nccl_net_verbsnet::conn::{Connecting, Handle, Listen, HANDLE_SIZE, MAX_PENDING_HANDSHAKES};
+use nccl_net_verbsnet::conn::{
+    Connecting, Handle, Listen, HANDLE_SIZE, HELLO_VERSION, MAX_PENDING_HANDSHAKES,
+};
 use nccl_net_verbsnet::testkit::{open_device, Buf};
 use nccl_net_verbsnet::transport::{Device, Kind};
 
@@ -308,11 +310,21 @@ fn attack(addr: SocketAddr, nonce: u64, kind: Kind, idle: usize) -> Vec<TcpStrea
         let junk: Vec<u8> = (0..64).map(|k| (k * 31 + i * 7) as u8).collect();
         later.extend(send(&junk));
         later.extend(send(&u32::MAX.to_le_bytes()));
-        later.extend(send(&crafted_hello(nonce ^ (i + 1), 1, kind, &[0; 12])));
-        later.extend(send(&crafted_hello(nonce, 9, kind, &[0; 12])));
+        later.extend(send(&crafted_hello(
+            nonce ^ (i + 1),
+            HELLO_VERSION,
+            kind,
+            &[0; 12],
+        )));
         later.extend(send(&crafted_hello(
             nonce,
-            1,
+            HELLO_VERSION + 7,
+            kind,
+            &[0; 12],
+        )));
+        later.extend(send(&crafted_hello(
+            nonce,
+            HELLO_VERSION,
             kind,
             b"not a QP info at all",
         )));
@@ -325,7 +337,9 @@ fn attack(addr: SocketAddr, nonce: u64, kind: Kind, idle: usize) -> Vec<TcpStrea
     }
     // Clients that close half-way through a hello.
     for _ in 0..20 {
-        drop(send(&crafted_hello(nonce, 1, kind, &[0; 12])[..20]));
+        drop(send(
+            &crafted_hello(nonce, HELLO_VERSION, kind, &[0; 12])[..20],
+        ));
     }
     kept.extend(later);
     kept
@@ -500,9 +514,9 @@ fn refused_clients_see_their_connection_closed() {
     let nonce = nonce_of(&h);
     let hellos = [
         b"GET / HTTP/1.0\r\n\r\n".to_vec(),
-        crafted_hello(nonce ^ 1, 1, kind, &[0; 12]),
-        crafted_hello(nonce, 2, kind, &[0; 12]),
-        crafted_hello(nonce, 1, kind, b"bogus"),
+        crafted_hello(nonce ^ 1, HELLO_VERSION, kind, &[0; 12]),
+        crafted_hello(nonce, HELLO_VERSION + 1, kind, &[0; 12]),
+        crafted_hello(nonce, HELLO_VERSION, kind, b"bogus"),
         Vec::new(), // silent: dropped at the deadline
     ];
     let mut clients: Vec<TcpStream> = hellos
@@ -643,6 +657,8 @@ fn completions_in_the_cq_are_delivered_before_the_peer_close_is_reported() {
     const GROUP: usize = 4;
     const N: usize = RECVS * GROUP;
     let cfg = Config {
+        // Fixed depth: every send is in flight (in the CQ) before the close.
+        rq_min_depth: Config::default().rq_depth,
         peer_check_interval: Duration::from_millis(1),
         ..base_cfg()
     };

@@ -529,10 +529,9 @@ impl RecvEngine {
                 None => k += 1,
             }
         }
+        // A held message too large for its buffer failed the comm: this request reports it
+        // from `test`, and every later call fails.
         self.refill(Some(now));
-        if let Some(e) = &self.failed {
-            return Err(e.clone());
-        }
         Ok(Some(id))
     }
 

@@ -168,11 +168,12 @@ fn a_hundred_init_finalize_dlclose_cycles_return_heap_fds_and_threads_to_baselin
     }
     let (fds0, threads0) = (fds(), threads());
     let rdma0 = rdma_resources();
-    // Heap: up to three windows of `measured` cycles. A leak grows the heap in every window;
-    // allocator noise (another test thread's cache handed back, a tcache refill) shows in one
-    // at most, so the check passes on the first quiet window.
+    // Heap: up to five windows of `measured` cycles. A leak grows the heap in every window;
+    // allocator noise (caches that grow to a peak that depends on timing, such as the tracing
+    // registry's span slab under a loaded machine) does not, so the check passes on the first
+    // quiet window.
     let mut growth = Vec::new();
-    for _ in 0..3 {
+    for _ in 0..5 {
         let heap0 = heap_in_use_bytes();
         for i in 0..measured {
             cycle(&path, if i % 2 == 0 { 12 } else { 11 });
