@@ -168,6 +168,38 @@ impl Owned {
         })
     }
 
+    /// One registration cut into consecutive parts of `sizes` bytes (each part starts on a
+    /// 64-byte boundary): a comm's small buffers then pin whole pages once, not once each.
+    pub(crate) fn alloc_parts<const N: usize>(
+        dev: &dyn Device,
+        sizes: [usize; N],
+    ) -> Result<[Owned; N], Error> {
+        let offsets: Vec<usize> = sizes
+            .iter()
+            .scan(0usize, |at, &n| {
+                let o = *at;
+                *at = (o + n).next_multiple_of(64);
+                Some(o)
+            })
+            .collect();
+        let total = offsets.last().map_or(0, |&o| o) + sizes.last().copied().unwrap_or(0);
+        let whole = Owned::alloc(dev, total)?;
+        let part = |i: usize| -> Result<Owned, Error> {
+            Ok(Owned {
+                region: whole
+                    .region
+                    .slice(offsets[i], sizes[i])
+                    .map_err(|e| Error::Internal(e.to_string()))?,
+                keys: whole.keys,
+                _mr: whole._mr.clone(),
+            })
+        };
+        let parts: Vec<Owned> = (0..N).map(part).collect::<Result<_, _>>()?;
+        parts
+            .try_into()
+            .map_err(|_| Error::Internal("buffer parts".into()))
+    }
+
     pub(crate) fn at(&self) -> (u64, u32) {
         (self.region.addr(), self.keys.lkey)
     }
@@ -254,12 +286,12 @@ impl SendBuffers {
     ];
 
     pub(crate) fn alloc(dev: &dyn Device) -> Result<SendBuffers, Error> {
-        let [hdr, rec, cts, credit] = SendBuffers::SIZES;
+        let [hdr, rec, cts_ring, credit_word] = Owned::alloc_parts(dev, SendBuffers::SIZES)?;
         Ok(SendBuffers {
-            hdr: Owned::alloc(dev, hdr)?,
-            rec: Owned::alloc(dev, rec)?,
-            cts_ring: Owned::alloc(dev, cts)?,
-            credit_word: Owned::alloc(dev, credit)?,
+            hdr,
+            rec,
+            cts_ring,
+            credit_word,
         })
     }
 
@@ -311,10 +343,12 @@ impl RecvBuffers {
         crate::limits::check_cap(cfg)?;
         let stride = EAGER_HDR_LEN + cfg.eager_buf_size as usize;
         let [_, rec, ctrl] = RecvBuffers::sizes(cfg).map(|n| n as usize);
+        let own = rq_min(cfg) as usize * stride;
+        let [bounce, rec_ring, ctrl] = Owned::alloc_parts(&**dev, [own, rec, ctrl])?;
         Ok(RecvBuffers {
-            bounce: Owned::alloc(&**dev, rq_min(cfg) as usize * stride)?,
-            rec_ring: Owned::alloc(&**dev, rec)?,
-            ctrl: Owned::alloc(&**dev, ctrl)?,
+            bounce,
+            rec_ring,
+            ctrl,
             pool: BouncePool::for_device(dev, stride, cfg.rq_pool_size),
         })
     }

@@ -12,6 +12,11 @@ use super::{
 };
 use crate::transport::{SendOpcode, SendWr, Sge, Wc, WcStatus};
 
+/// Registered bytes of a send comm: eager header and record staging for every request slot,
+/// the CTS ring and the credit word.
+pub const SEND_FIXED_BYTES: u64 =
+    (MAX_SEND_REQUESTS * (EAGER_HDR_LEN + 8) + CTS_RING_ENTRIES * CTS_ENTRY_LEN + 8) as u64;
+
 /// Fixed parameters of a send engine, agreed in the connection handshake.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SendParams {
@@ -120,7 +125,10 @@ impl SendEngine {
             unassigned: VecDeque::new(),
             failed: None,
             actions: Vec::new(),
-            stats: Stats::default(),
+            stats: Stats {
+                pinned_bytes: SEND_FIXED_BYTES,
+                ..Stats::default()
+            },
             refusing: None,
             starved: false,
             p,
