@@ -15,9 +15,14 @@
 //! Output: a markdown table on stdout; `--csv FILE` also writes the numbers for
 //! `benches/credit_study_plot.py`.
 //!
+//! Each depth runs fixed (`VERBSNET_RQ_MIN_DEPTH` = depth: the whole queue posted from the
+//! start) and, with `--modes fixed,adaptive` (the default), adaptive: the default minimum depth
+//! (2), growing from the shared pool up to that depth when the queue runs dry.
+//!
 //! ```sh
 //! cargo bench --bench credit_study -- [--transport tcp|ib] [--bursts 20] [--warmup 2]
-//!     [--burst 256] [--depths 4,16,64,256] [--sizes 8,4096,65536] [--repeat 3] [--csv FILE]
+//!     [--burst 256] [--depths 4,16,64,256] [--sizes 8,4096,65536] [--repeat 3]
+//!     [--modes fixed,adaptive] [--credits on,off] [--csv FILE]
 //! ```
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
@@ -37,6 +42,9 @@ struct Args {
     depths: Vec<u32>,
     sizes: Vec<usize>,
     repeat: usize,
+    /// Fixed depth, adaptive depth from the default minimum, or both.
+    modes: Vec<bool>,
+    credits: Vec<bool>,
     csv: Option<String>,
 }
 
@@ -63,6 +71,8 @@ fn args() -> Args {
         depths: vec![4, 16, 64, 256],
         sizes: vec![8, 4096, 65536],
         repeat: 3,
+        modes: vec![false, true],
+        credits: vec![true, false],
         csv: None,
     };
     let mut it = std::env::args().skip(1);
@@ -83,6 +93,26 @@ fn args() -> Args {
             "--sizes" => a.sizes = parse_list(&v()),
             "--repeat" => a.repeat = v().parse::<usize>().expect("--repeat N").max(1),
             "--csv" => a.csv = Some(v()),
+            "--modes" => {
+                a.modes = v()
+                    .split(',')
+                    .map(|m| match m.trim() {
+                        "fixed" => false,
+                        "adaptive" => true,
+                        m => panic!("--modes {m}: expected fixed and/or adaptive"),
+                    })
+                    .collect()
+            }
+            "--credits" => {
+                a.credits = v()
+                    .split(',')
+                    .map(|m| match m.trim() {
+                        "on" => true,
+                        "off" => false,
+                        m => panic!("--credits {m}: expected on and/or off"),
+                    })
+                    .collect()
+            }
             // `cargo bench` passes --bench; filters are not supported.
             _ => {}
         }
@@ -93,6 +123,8 @@ fn args() -> Args {
 struct Row {
     credits: bool,
     depth: u32,
+    min_depth: u32,
+    grows: u64,
     size: usize,
     msgs: usize,
     p50_us: f64,
@@ -115,7 +147,14 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
-fn run(a: &Args, dev: &Arc<dyn Device>, kind: Kind, credits: bool, depth: u32, size: usize) -> Row {
+fn run(
+    a: &Args,
+    dev: &Arc<dyn Device>,
+    kind: Kind,
+    credits: bool,
+    (depth, adaptive): (u32, bool),
+    size: usize,
+) -> Row {
     let base = Config {
         transport: a.transport,
         ..Config::default()
@@ -125,8 +164,14 @@ fn run(a: &Args, dev: &Arc<dyn Device>, kind: Kind, credits: bool, depth: u32, s
         ..base.clone()
     };
     let batch = depth.min(16);
+    let min_depth = if adaptive {
+        Config::default().rq_min_depth.min(depth)
+    } else {
+        depth
+    };
     let recv_cfg = Config {
         rq_depth: depth,
+        rq_min_depth: min_depth,
         rq_batch: batch,
         rq_low_water: (depth - batch).max(1),
         ..base
@@ -227,6 +272,8 @@ fn run(a: &Args, dev: &Arc<dyn Device>, kind: Kind, credits: bool, depth: u32, s
     let row = Row {
         credits,
         depth,
+        min_depth,
+        grows: counter(&l.recv, "rq_grows"),
         size,
         msgs: lat.len(),
         p50_us: percentile(&lat, 0.50),
@@ -252,6 +299,8 @@ fn median_row(runs: Vec<Row>) -> Row {
     Row {
         credits: runs[0].credits,
         depth: runs[0].depth,
+        min_depth: runs[0].min_depth,
+        grows: med(&|r| r.grows as f64) as u64,
         size: runs[0].size,
         msgs: runs.iter().map(|r| r.msgs).sum(),
         p50_us: med(&|r| r.p50_us),
@@ -285,42 +334,50 @@ fn main() {
     );
     println!();
     println!(
-        "| credits | RQ depth | size (B) | p50 (µs) | p99 (µs) | max (µs) | RNR NAKs | credit stalls | msgs/s |"
+        "| credits | RQ depth | size (B) | p50 (µs) | p99 (µs) | max (µs) | RNR NAKs | credit stalls | rq_grows | msgs/s |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut rows = Vec::new();
-    for &credits in &[true, false] {
+    for &credits in &a.credits {
         for &depth in &a.depths {
             for &size in &a.sizes {
-                let runs: Vec<Row> = (0..a.repeat)
-                    .map(|_| run(&a, &dev, kind, credits, depth, size))
-                    .collect();
-                let r = median_row(runs);
-                println!(
-                    "| {} | {} | {} | {:.1} | {:.1} | {:.1} | {} | {} | {:.0} |",
-                    if r.credits { "on" } else { "off" },
-                    r.depth,
-                    r.size,
-                    r.p50_us,
-                    r.p99_us,
-                    r.max_us,
-                    r.rnr,
-                    r.credit_stalls,
-                    r.msgs_per_s
-                );
-                rows.push(r);
+                for &adaptive in &a.modes {
+                    let runs: Vec<Row> = (0..a.repeat)
+                        .map(|_| run(&a, &dev, kind, credits, (depth, adaptive), size))
+                        .collect();
+                    rows.push(median_row(runs));
+                    let r = rows.last().expect("just pushed");
+                    println!(
+                        "| {} | {} | {} | {:.1} | {:.1} | {:.1} | {} | {} | {} | {:.0} |",
+                        if r.credits { "on" } else { "off" },
+                        if r.min_depth == r.depth {
+                            format!("{} fixed", r.depth)
+                        } else {
+                            format!("{}..{} adaptive", r.min_depth, r.depth)
+                        },
+                        r.size,
+                        r.p50_us,
+                        r.p99_us,
+                        r.max_us,
+                        r.rnr,
+                        r.credit_stalls,
+                        r.grows,
+                        r.msgs_per_s
+                    );
+                }
             }
         }
     }
     if let Some(path) = &a.csv {
         let mut s = String::from(
-            "credits,depth,size,msgs,p50_us,p99_us,max_us,rnr,credit_stalls,msgs_per_s\n",
+            "credits,depth,min_depth,size,msgs,p50_us,p99_us,max_us,rnr,credit_stalls,rq_grows,msgs_per_s\n",
         );
         for r in &rows {
             s.push_str(&format!(
-                "{},{},{},{},{:.3},{:.3},{:.3},{},{},{:.1}\n",
+                "{},{},{},{},{},{:.3},{:.3},{:.3},{},{},{},{:.1}\n",
                 u8::from(r.credits),
                 r.depth,
+                r.min_depth,
                 r.size,
                 r.msgs,
                 r.p50_us,
@@ -328,6 +385,7 @@ fn main() {
                 r.max_us,
                 r.rnr,
                 r.credit_stalls,
+                r.grows,
                 r.msgs_per_s
             ));
         }

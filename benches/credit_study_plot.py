@@ -17,7 +17,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 def main():
     src, out = sys.argv[1], sys.argv[2]
     title = sys.argv[3] if len(sys.argv) > 3 else "verbsnet credit study"
-    rows = list(csv.DictReader(open(src)))
+    # Fixed-depth rows only (min_depth == depth); adaptive rows are in the table.
+    rows = [r for r in csv.DictReader(open(src)) if r.get("min_depth", r["depth"]) == r["depth"]]
     sizes = sorted({int(r["size"]) for r in rows})
     fig, (lat, rnr) = plt.subplots(1, 2, figsize=(11, 4.2))
     for i, size in enumerate(sizes):

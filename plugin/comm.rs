@@ -26,6 +26,7 @@ use crate::engine::{
     Stats, CTRL_STAGE_SLOTS, CTS_RING_ENTRIES, MAX_RECV_REQUESTS, MAX_SEND_REQUESTS,
 };
 use crate::ffi::mem::Region;
+use crate::pool::BouncePool;
 use crate::transport::{Device, DeviceRnrCounters, MemoryRegion, MrKeys, QueuePair, Wc, WcStatus};
 
 /// Nanoseconds since the first call in this process (monotonic).
@@ -167,7 +168,39 @@ impl Owned {
         })
     }
 
-    fn at(&self) -> (u64, u32) {
+    /// One registration cut into consecutive parts of `sizes` bytes (each part starts on a
+    /// 64-byte boundary): a comm's small buffers then pin whole pages once, not once each.
+    pub(crate) fn alloc_parts<const N: usize>(
+        dev: &dyn Device,
+        sizes: [usize; N],
+    ) -> Result<[Owned; N], Error> {
+        let offsets: Vec<usize> = sizes
+            .iter()
+            .scan(0usize, |at, &n| {
+                let o = *at;
+                *at = (o + n).next_multiple_of(64);
+                Some(o)
+            })
+            .collect();
+        let total = offsets.last().map_or(0, |&o| o) + sizes.last().copied().unwrap_or(0);
+        let whole = Owned::alloc(dev, total)?;
+        let part = |i: usize| -> Result<Owned, Error> {
+            Ok(Owned {
+                region: whole
+                    .region
+                    .slice(offsets[i], sizes[i])
+                    .map_err(|e| Error::Internal(e.to_string()))?,
+                keys: whole.keys,
+                _mr: whole._mr.clone(),
+            })
+        };
+        let parts: Vec<Owned> = (0..N).map(part).collect::<Result<_, _>>()?;
+        parts
+            .try_into()
+            .map_err(|_| Error::Internal("buffer parts".into()))
+    }
+
+    pub(crate) fn at(&self) -> (u64, u32) {
         (self.region.addr(), self.keys.lkey)
     }
 
@@ -253,12 +286,12 @@ impl SendBuffers {
     ];
 
     pub(crate) fn alloc(dev: &dyn Device) -> Result<SendBuffers, Error> {
-        let [hdr, rec, cts, credit] = SendBuffers::SIZES;
+        let [hdr, rec, cts_ring, credit_word] = Owned::alloc_parts(dev, SendBuffers::SIZES)?;
         Ok(SendBuffers {
-            hdr: Owned::alloc(dev, hdr)?,
-            rec: Owned::alloc(dev, rec)?,
-            cts_ring: Owned::alloc(dev, cts)?,
-            credit_word: Owned::alloc(dev, credit)?,
+            hdr,
+            rec,
+            cts_ring,
+            credit_word,
         })
     }
 
@@ -277,14 +310,23 @@ impl SendBuffers {
 /// The receiver's protocol buffers and engine, created before the handshake reply so the
 /// receive queue is posted before the peer can send.
 pub(crate) struct RecvBuffers {
+    /// The comm's own `rq_min_depth` bounce buffers.
     bounce: Owned,
     rec_ring: Owned,
     ctrl: Owned,
+    /// Where the buffers above `rq_min_depth` come from.
+    pool: Arc<BouncePool>,
+}
+
+/// The receive depth a comm starts with (and shrinks back to).
+fn rq_min(cfg: &Config) -> u32 {
+    cfg.rq_min_depth.clamp(1, cfg.rq_depth)
 }
 
 impl RecvBuffers {
-    /// Bytes of the bounce pool (`rq_depth × (64 + eager_buf_size)`), the record ring and the
-    /// control staging under `cfg`.
+    /// The most a receive comm registers under `cfg`, in bytes: its bounce buffers at the full
+    /// depth `rq_depth × (32 + eager_buf_size)` (its own `rq_min_depth` ones and those it may
+    /// grow by from the pool), the record ring and the control staging.
     pub fn sizes(cfg: &Config) -> [u64; 3] {
         let stride = EAGER_HDR_LEN as u64 + u64::from(cfg.eager_buf_size);
         [
@@ -294,16 +336,51 @@ impl RecvBuffers {
         ]
     }
 
-    /// Allocates and registers the buffers; the footprint is checked against
-    /// [`crate::limits::MAX_COMM_BYTES`] first, and an allocation failure is an error.
-    pub(crate) fn alloc(dev: &dyn Device, cfg: &Config) -> Result<RecvBuffers, Error> {
+    /// Allocates and registers the comm's own buffers (`rq_min_depth` bounce buffers and the
+    /// rings); the full-depth footprint is checked against [`crate::limits::MAX_COMM_BYTES`]
+    /// first, and an allocation failure is an error.
+    pub(crate) fn alloc(dev: &Arc<dyn Device>, cfg: &Config) -> Result<RecvBuffers, Error> {
         crate::limits::check_cap(cfg)?;
-        let [bounce, rec, ctrl] = RecvBuffers::sizes(cfg).map(|n| n as usize);
+        let stride = EAGER_HDR_LEN + cfg.eager_buf_size as usize;
+        let [_, rec, ctrl] = RecvBuffers::sizes(cfg).map(|n| n as usize);
+        let own = rq_min(cfg) as usize * stride;
+        let [bounce, rec_ring, ctrl] = Owned::alloc_parts(&**dev, [own, rec, ctrl])?;
         Ok(RecvBuffers {
-            bounce: Owned::alloc(dev, bounce)?,
-            rec_ring: Owned::alloc(dev, rec)?,
-            ctrl: Owned::alloc(dev, ctrl)?,
+            bounce,
+            rec_ring,
+            ctrl,
+            pool: BouncePool::for_device(dev, stride, cfg.rq_pool_size),
         })
+    }
+}
+
+/// What the receive engine reads: bounce buffers (its own and the pool's) and the record ring.
+struct RecvMem<'a>(&'a RecvBuffers);
+
+impl MemRead for RecvMem<'_> {
+    fn read(&self, addr: u64, out: &mut [u8]) -> bool {
+        let b = self.0;
+        if Regions(&[&b.bounce, &b.rec_ring]).read(addr, out) {
+            return true;
+        }
+        b.pool
+            .slab(addr, out.len() as u64)
+            .is_some_and(|s| Regions(&[&s]).read(addr, out))
+    }
+}
+
+/// Bounce buffers to give back to the pool once the QP that may still have them posted is
+/// gone (the field is dropped after [`Inner::qp`]).
+struct GiveBack(Option<(Arc<BouncePool>, Vec<PoolBuf>)>);
+
+/// A pool bounce buffer: (addr, lkey).
+type PoolBuf = (u64, u32);
+
+impl Drop for GiveBack {
+    fn drop(&mut self) {
+        if let Some((pool, bufs)) = self.0.take() {
+            pool.give(&bufs);
+        }
     }
 }
 
@@ -352,6 +429,8 @@ struct Inner {
     // Drop order: the QP goes before the buffers it may still reference.
     qp: Box<dyn QueuePair>,
     side: Side,
+    /// Filled by `Drop for Inner` with the pool buffers the engine held; dropped after `qp`.
+    give_back: GiveBack,
     wcs: Vec<Wc>,
     watch: Watch,
     post_errors: u64,
@@ -362,6 +441,17 @@ struct Inner {
     /// The device RNR counters when this comm was created: they are device-wide and
     /// cumulative, so a comm reports how much they moved during its lifetime.
     dev_base: DeviceRnrCounters,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Side::Recv { engine, bufs, .. } = &mut self.side {
+            let held = engine.release_all();
+            if !held.is_empty() {
+                self.give_back = GiveBack(Some((bufs.pool.clone(), held)));
+            }
+        }
+    }
 }
 
 /// A request pointer handed to NCCL: it leads back to its comm.
@@ -467,6 +557,7 @@ impl Comm {
         let inner = Inner {
             qp,
             side: Side::Send { engine, bufs },
+            give_back: GiveBack(None),
             wcs: Vec::new(),
             watch: Watch::new(cfg),
             post_errors: 0,
@@ -487,6 +578,10 @@ impl Comm {
     ) -> Result<RecvEngine, Error> {
         let mut engine = RecvEngine::new(RecvParams {
             rq_depth: cfg.rq_depth,
+            rq_min: rq_min(cfg),
+            shrink_after_ns: cfg
+                .rq_shrink_after
+                .map_or(u64::MAX, |d| d.as_nanos().min(u128::from(u64::MAX)) as u64),
             rq_batch: cfg.rq_batch,
             rq_low_water: cfg.rq_low_water,
             eager_buf_size: u64::from(cfg.eager_buf_size),
@@ -540,6 +635,7 @@ impl Comm {
         let inner = Inner {
             qp,
             side: Side::Recv { engine, bufs, dst },
+            give_back: GiveBack(None),
             wcs: Vec::new(),
             watch: Watch::new(cfg),
             post_errors: 0,
@@ -835,13 +931,12 @@ impl Inner {
                 engine.poll_peer_writes(now, &Regions(&written));
             }
             Side::Recv { engine, bufs, .. } => {
-                let owned = [&bufs.bounce, &bufs.rec_ring];
                 for wc in &wcs {
                     if wc.status != WcStatus::Success && !peer_gone {
                         peer_gone =
                             peer_close_first(&*self.qp, &mut self.watch, label, |e| engine.fail(e));
                     }
-                    engine.handle_wc(now, wc, &Regions(&owned));
+                    engine.handle_wc(now, wc, &RecvMem(bufs));
                 }
                 engine.flush_credits();
             }
@@ -899,9 +994,18 @@ impl Inner {
         self.side.engine().failure().cloned()
     }
 
-    /// Carries out the engine's actions in order.
+    /// Carries out the engine's actions in order (answering a request for bounce buffers can
+    /// produce more: posts of the new buffers).
     fn execute(&mut self, label: &str) -> Result<(), Error> {
-        let actions = self.side.engine_mut().drain_actions();
+        let mut actions = self.side.engine_mut().drain_actions();
+        while !actions.is_empty() {
+            self.execute_some(actions, label)?;
+            actions = self.side.engine_mut().drain_actions();
+        }
+        Ok(())
+    }
+
+    fn execute_some(&mut self, actions: Vec<Action>, label: &str) -> Result<(), Error> {
         let mut sends = Vec::new();
         for a in actions {
             let res = match a {
@@ -922,21 +1026,46 @@ impl Inner {
                 Action::Copy { src, req, buf, len } => match &self.side {
                     Side::Recv { bufs, dst, .. } => {
                         let d = dst.get(req.slot as usize).and_then(|d| d[buf].as_ref());
-                        match d {
-                            Some(d) => d
-                                .copy_from(
-                                    0,
-                                    &bufs.bounce.region,
-                                    (src - bufs.bounce.region.addr()) as usize,
-                                    len as usize,
-                                )
+                        let slab;
+                        let from = if bufs.bounce.region.contains(src, len) {
+                            Some(&bufs.bounce.region)
+                        } else {
+                            slab = bufs.pool.slab(src, len);
+                            slab.as_ref().map(|s| &s.region)
+                        };
+                        match (d, from) {
+                            (Some(d), Some(from)) => d
+                                .copy_from(0, from, (src - from.addr()) as usize, len as usize)
                                 .map_err(|e| Error::Internal(format!("eager copy: {e}"))),
-                            None => Err(Error::Internal(format!(
-                                "eager copy into unknown request {req:?}"
+                            _ => Err(Error::Internal(format!(
+                                "eager copy of {len} bytes at {src:#x} into request {req:?}: \
+                                 unknown buffer"
                             ))),
                         }
                     }
                     Side::Send { .. } => Err(Error::Internal("copy on a send comm".into())),
+                },
+                Action::WantBounce(k) => match &mut self.side {
+                    Side::Recv { engine, bufs, .. } => {
+                        let got = bufs.pool.take(k as usize).unwrap_or_else(|e| {
+                            warn!("{label}: the receive queue cannot grow: {e}");
+                            Vec::new()
+                        });
+                        engine.add_bounce(k, &got);
+                        Ok(())
+                    }
+                    Side::Send { .. } => {
+                        Err(Error::Internal("bounce buffers for a send comm".into()))
+                    }
+                },
+                Action::ReturnBounce(b) => match &self.side {
+                    Side::Recv { bufs, .. } => {
+                        bufs.pool.give(&b);
+                        Ok(())
+                    }
+                    Side::Send { .. } => {
+                        Err(Error::Internal("bounce buffers from a send comm".into()))
+                    }
                 },
             };
             if let Err(e) = res {

@@ -65,8 +65,18 @@ pub struct Config {
     pub rq_depth: u32,
     /// `VERBSNET_RQ_BATCH`: receive WRs posted per `post_recv` call.
     pub rq_batch: u32,
-    /// `VERBSNET_RQ_LOW_WATER`: refill the RQ when fewer than this many WRs are posted.
+    /// `VERBSNET_RQ_LOW_WATER`: refill the RQ when fewer than this many WRs are posted (at
+    /// full depth; at a smaller adaptive depth, as far below it).
     pub rq_low_water: u32,
+    /// `VERBSNET_RQ_MIN_DEPTH`: receive WRs a connection starts with and shrinks back to; it
+    /// grows by `rq_batch` (up to `rq_depth`) each time its RQ runs dry. `= rq_depth`: fixed.
+    pub rq_min_depth: u32,
+    /// `VERBSNET_RQ_SHRINK_AFTER`: idle time without the RQ running dry before the depth
+    /// shrinks by a batch (`None` = never).
+    pub rq_shrink_after: Option<Duration>,
+    /// `VERBSNET_RQ_POOL_SIZE`: bytes of bounce buffers the receive comms of one device in this
+    /// process may grow by, together.
+    pub rq_pool_size: u64,
     /// `VERBSNET_EAGER_BUF_SIZE`: payload bytes of one bounce buffer.
     pub eager_buf_size: u32,
     /// `VERBSNET_EAGER_LIMIT`: largest message sent eagerly (SEND into a bounce buffer); larger
@@ -140,6 +150,9 @@ impl Default for Config {
             rq_depth: 128,
             rq_batch: 16,
             rq_low_water: 112,
+            rq_min_depth: 2,
+            rq_shrink_after: Some(Duration::from_secs(2)),
+            rq_pool_size: 256 << 20,
             eager_buf_size: 8192,
             eager_limit: 8192,
             credits: true,
@@ -261,6 +274,36 @@ pub const KNOBS: &[Knob] = &[
         accepted: "an integer in 1..=VERBSNET_RQ_DEPTH-VERBSNET_RQ_BATCH+1",
         reason: "refill as soon as one batch fits, keeping the RQ nearly full",
         show: |c| c.rq_low_water.to_string(),
+    },
+    Knob {
+        var: "VERBSNET_RQ_MIN_DEPTH",
+        key: "rq_min_depth",
+        default: "min(2, rq_depth)",
+        accepted: "an integer in 1..=VERBSNET_RQ_DEPTH",
+        reason: "an idle connection pins about 60 KiB in all; a busy one grows a batch each \
+                 time its RQ runs dry, from the shared pool; = rq_depth for a fixed depth",
+        show: |c| c.rq_min_depth.to_string(),
+    },
+    Knob {
+        var: "VERBSNET_RQ_SHRINK_AFTER",
+        key: "rq_shrink_after",
+        default: "2",
+        accepted: "seconds >= 0 (fractions allowed; 0 = never shrink)",
+        reason: "longer than the gaps between NCCL's steps, short enough that an idle \
+                 communicator gives its bounce buffers back to the pool within seconds",
+        show: |c| match c.rq_shrink_after {
+            Some(d) => format!("{}s", d.as_secs_f64()),
+            None => "never".into(),
+        },
+    },
+    Knob {
+        var: "VERBSNET_RQ_POOL_SIZE",
+        key: "rq_pool_size",
+        default: "268435456",
+        accepted: "an integer number of bytes in 0..=4294967295",
+        reason: "256 MiB: about 256 receive comms at the full default depth at once, whatever \
+                 the number of connections; when it is used up, senders wait for credits",
+        show: |c| c.rq_pool_size.to_string(),
     },
     Knob {
         var: "VERBSNET_EAGER_BUF_SIZE",
@@ -471,6 +514,15 @@ impl Config {
         c.rq_low_water = env
             .int("VERBSNET_RQ_LOW_WATER", 1, low_max)?
             .unwrap_or((depth - batch).max(1));
+        c.rq_min_depth = env
+            .int("VERBSNET_RQ_MIN_DEPTH", 1, depth)?
+            .unwrap_or(depth.min(2));
+        if let Some(t) = env.seconds("VERBSNET_RQ_SHRINK_AFTER")? {
+            c.rq_shrink_after = t;
+        }
+        if let Some(b) = env.int("VERBSNET_RQ_POOL_SIZE", 0, u32::MAX)? {
+            c.rq_pool_size = u64::from(b);
+        }
 
         c.eager_buf_size = env
             .int("VERBSNET_EAGER_BUF_SIZE", 0, MAX_EAGER_BUF_SIZE)?
@@ -1075,7 +1127,8 @@ mod tests {
     fn describe_lists_every_knob_in_order() {
         assert_eq!(
             Config::default().describe(),
-            "transport=auto rq_depth=128 rq_batch=16 rq_low_water=112 eager_buf_size=8192 \
+            "transport=auto rq_depth=128 rq_batch=16 rq_low_water=112 rq_min_depth=2 \
+             rq_shrink_after=2s rq_pool_size=268435456 eager_buf_size=8192 \
              eager_limit=8192 credits=on rnr_timer=12 rnr_retry=7 ib_timeout=20 ib_retry_cnt=6 \
              ib_tc=0 ib_sl=0 ib_hca=all ib_gid_index=auto socket_addr=auto socket_ifname=auto socket_keepalive=20s \
              hang_timeout=60s \
@@ -1096,7 +1149,8 @@ mod tests {
         ]);
         assert_eq!(
             c.describe(),
-            "transport=tcp rq_depth=4 rq_batch=4 rq_low_water=1 eager_buf_size=8192 \
+            "transport=tcp rq_depth=4 rq_batch=4 rq_low_water=1 rq_min_depth=2 \
+             rq_shrink_after=2s rq_pool_size=268435456 eager_buf_size=8192 \
              eager_limit=8192 credits=off rnr_timer=12 rnr_retry=7 ib_timeout=20 ib_retry_cnt=6 \
              ib_tc=0 ib_sl=0 ib_hca=mlx5_0:1 ib_gid_index=3 socket_addr=10.0.0.1 socket_ifname=eth0 \
              socket_keepalive=20s hang_timeout=off stats_interval=0.5s stats_file=off debug=trace \
@@ -1121,7 +1175,7 @@ mod tests {
 
     #[test]
     fn registry_is_complete_and_unique() {
-        assert_eq!(KNOBS.len(), 24);
+        assert_eq!(KNOBS.len(), 27);
         for (i, k) in KNOBS.iter().enumerate() {
             assert!(k.var.starts_with("VERBSNET_"), "{}", k.var);
             assert_eq!(k.var, format!("VERBSNET_{}", k.key.to_ascii_uppercase()));

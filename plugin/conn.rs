@@ -852,7 +852,7 @@ impl Listen {
                 .dev
                 .create_qp(&qp_config(&self.cfg))
                 .map_err(|e| Error::System(format!("creating a QP on {}: {e}", self.dev_name)))?;
-            let bufs = RecvBuffers::alloc(&*self.dev, &self.cfg)?;
+            let bufs = RecvBuffers::alloc(&self.dev, &self.cfg)?;
             let engine = Comm::prepare_recv(&mut *qp, &bufs, &h.p, &self.cfg)?;
             let oob = a
                 .wire

@@ -7,7 +7,8 @@
 //! - [`api`]: the version-independent plugin API: per-communicator contexts, the shared,
 //!   reference-counted plugin state, typed listen/send/receive comms, one error type.
 //! - `comm` / `conn`: send/receive comms: drive the engine, post its WRs to a transport,
-//!   run the non-blocking connection handshake.
+//!   run the non-blocking connection handshake; [`pool`]: the shared bounce pool receive
+//!   queues grow from.
 //! - [`engine`]: the pure protocol engine (no I/O, no clock): request slots, posting-order
 //!   matching, eager and rendezvous paths, RQ batching, credits.
 //! - [`transport`]: one verbs-shaped interface; `ib` (libibverbs) and `tcp` (userspace).
@@ -27,5 +28,6 @@ pub mod comm;
 pub mod conn;
 pub mod limits;
 pub mod net;
+pub mod pool;
 #[doc(hidden)]
 pub mod testkit;

@@ -657,6 +657,8 @@ fn completions_in_the_cq_are_delivered_before_the_peer_close_is_reported() {
     const GROUP: usize = 4;
     const N: usize = RECVS * GROUP;
     let cfg = Config {
+        // Fixed depth: every send is in flight (in the CQ) before the close.
+        rq_min_depth: Config::default().rq_depth,
         peer_check_interval: Duration::from_millis(1),
         ..base_cfg()
     };

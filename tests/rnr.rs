@@ -56,6 +56,7 @@ fn base_cfg() -> Config {
 fn recv_cfg() -> Config {
     Config {
         rq_depth: 2,
+        rq_min_depth: 2,
         rq_batch: 1,
         rq_low_water: 1,
         ..base_cfg()

@@ -71,10 +71,11 @@ fn link(dev: &Arc<dyn Device>, kind: Kind, send_cfg: &Config, recv_cfg: &Config)
     connect(dev, kind, send_cfg, recv_cfg, 5_000_000).expect("connect")
 }
 
-/// A receiver config with RQ depth, batch and low-water.
+/// A receiver config with a fixed RQ depth, batch and low-water.
 fn rq(depth: u32, batch: u32, low: u32) -> Config {
     Config {
         rq_depth: depth,
+        rq_min_depth: depth,
         rq_batch: batch,
         rq_low_water: low,
         ..base_cfg()
@@ -981,6 +982,40 @@ fn one_request_over_the_limit_is_retry_later_then_succeeds() {
         sb.fill(8 * k, &payload(k as u64, 8));
     }
 
+    // Receive side first (a send goes out only to a known receive, or speculatively up to
+    // MAX_SPECULATIVE): 32 grouped receives of 8 buffers, one per send slot, are accepted;
+    // the 33rd is Ok(None).
+    let per = MAX_SEND_REQUESTS / MAX_RECV_REQUESTS;
+    let group = |k: usize| -> Vec<(u64, u64, i32, &nccl_net_verbsnet::comm::MrHandle)> {
+        (0..per)
+            .map(|i| (rb.addr(8 * (k * per + i)), 8, 0, &rb.mr))
+            .collect()
+    };
+    let mut recvs: VecDeque<ReqId> = (0..MAX_RECV_REQUESTS)
+        .map(|k| {
+            l.recv
+                .irecv(&group(k))
+                .unwrap()
+                .unwrap_or_else(|| panic!("receive {k} refused below the limit"))
+                .id()
+        })
+        .collect();
+    assert_eq!(l.recv.in_flight(), MAX_RECV_REQUESTS);
+    let last = 8 * MAX_SEND_REQUESTS;
+    assert!(matches!(
+        l.recv.irecv(&[(rb.addr(last), 8, 0, &rb.mr)]),
+        Ok(None)
+    ));
+    assert_eq!(counter(&l.recv, "slots_full"), 1);
+    for _ in 0..POLLS {
+        l.recv.progress().unwrap();
+        l.send.progress().unwrap();
+        if counter(&l.send, "cts") == MAX_RECV_REQUESTS as u64 {
+            break;
+        }
+    }
+    assert_eq!(counter(&l.send, "cts"), MAX_RECV_REQUESTS as u64);
+
     // Send side: 256 accepted, the 257th is Ok(None).
     let mut sends: VecDeque<ReqId> = (0..MAX_SEND_REQUESTS)
         .map(|k| {
@@ -1004,28 +1039,10 @@ fn one_request_over_the_limit_is_retry_later_then_succeeds() {
         "credits were not the limit"
     );
 
-    // Receive side: 32 accepted, the 33rd is Ok(None).
-    let mut recvs: VecDeque<ReqId> = (0..MAX_RECV_REQUESTS)
-        .map(|k| {
-            l.recv
-                .irecv(&[(rb.addr(8 * k), 8, 0, &rb.mr)])
-                .unwrap()
-                .unwrap_or_else(|| panic!("receive {k} refused below the limit"))
-                .id()
-        })
-        .collect();
-    assert_eq!(l.recv.in_flight(), MAX_RECV_REQUESTS);
-    let k33 = MAX_RECV_REQUESTS;
-    assert!(matches!(
-        l.recv.irecv(&[(rb.addr(8 * k33), 8, 0, &rb.mr)]),
-        Ok(None)
-    ));
-    assert_eq!(counter(&l.recv, "slots_full"), 1);
-
     // One completion on each side frees one slot.
     assert_eq!(
         wait_on(&l.recv, recvs.pop_front().unwrap(), &l.send),
-        vec![8]
+        vec![8; per]
     );
     assert_eq!(
         wait_on(&l.send, sends.pop_front().unwrap(), &l.recv),
@@ -1033,7 +1050,7 @@ fn one_request_over_the_limit_is_retry_later_then_succeeds() {
     );
     recvs.push_back(
         l.recv
-            .irecv(&[(rb.addr(8 * k33), 8, 0, &rb.mr)])
+            .irecv(&[(rb.addr(last), 8, 0, &rb.mr)])
             .unwrap()
             .expect("receive after a completion")
             .id(),
@@ -1048,30 +1065,9 @@ fn one_request_over_the_limit_is_retry_later_then_succeeds() {
 
     // Drain: every message arrives in its buffer, and both pools empty.
     let total = MAX_SEND_REQUESTS + 1;
-    let mut next_recv = MAX_RECV_REQUESTS + 1;
-    let mut received = 1;
-    while received < total {
-        let id = recvs.pop_front().unwrap();
-        assert_eq!(wait_on(&l.recv, id, &l.send), vec![8]);
-        received += 1;
-        if next_recv < total {
-            // A slot is free; "retry later" may still come from control staging (CTS writes
-            // not yet completed), which the next progress call clears.
-            let mut posted = None;
-            for _ in 0..POLLS {
-                if let Some(h) = l
-                    .recv
-                    .irecv(&[(rb.addr(8 * next_recv), 8, 0, &rb.mr)])
-                    .unwrap()
-                {
-                    posted = Some(h.id());
-                    break;
-                }
-                l.send.progress().unwrap();
-            }
-            recvs.push_back(posted.expect("receive slot"));
-            next_recv += 1;
-        }
+    for id in recvs {
+        let got = wait_on(&l.recv, id, &l.send);
+        assert!(got == vec![8; per] || got == vec![8], "{got:?}");
     }
     for id in sends {
         assert_eq!(wait_on(&l.send, id, &l.recv), vec![8]);

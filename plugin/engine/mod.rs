@@ -59,9 +59,14 @@ pub const MAX_SEND_REQUESTS: usize = 256;
 /// Receive request slots per receive comm (`NCCL_NET_MAX_REQUESTS`).
 pub const MAX_RECV_REQUESTS: usize = 32;
 /// CTS ring entries per send comm. Must exceed the receives that can be complete at the
-/// receiver while their CTS is unread at the sender: at most [`MAX_SEND_REQUESTS`] (eager sends
-/// wait for their CTS) plus [`MAX_RECV_REQUESTS`] posted ones.
-pub const CTS_RING_ENTRIES: usize = 512;
+/// receiver while their CTS is unread at the sender, plus the [`MAX_RECV_REQUESTS`] posted ones.
+/// A receive completes before its CTS is read only when speculative eager sends (issued with no
+/// receive known) filled it, and at most [`MAX_SPECULATIVE`] of those are unmatched at a time:
+/// 32 + 16 < 64. (512 before the cap: 128 KiB pinned per send comm instead of 16 KiB.)
+pub const CTS_RING_ENTRIES: usize = 64;
+/// Speculative eager sends (issued before any receive is known) unmatched at a time; one more
+/// is "retry later" until a clear-to-send arrives. Bounds the CTS ring ([`CTS_RING_ENTRIES`]).
+pub const MAX_SPECULATIVE: usize = 16;
 /// Staging slots for CTS and credit writes on the receive side.
 pub const CTRL_STAGE_SLOTS: usize = 64;
 
@@ -87,6 +92,12 @@ pub enum Action {
     PostSend(SendWr),
     /// Post these receive WRs in one call.
     PostRecv(Vec<RecvWr>),
+    /// The receive queue ran dry and may grow: give this many more bounce buffers from the
+    /// shared pool, through [`RecvEngine::add_bounce`] (fewer, or none, when the pool is
+    /// exhausted).
+    WantBounce(u32),
+    /// These bounce buffers (addr, lkey) are no longer used: back to the pool.
+    ReturnBounce(Vec<(u64, u32)>),
     /// Copy `len` bytes from the bounce buffer at `src` into buffer `buf` of receive request
     /// `req`, at offset 0.
     Copy {
@@ -214,11 +225,23 @@ pub struct Stats {
     pub unexpected: u64,
     /// Error completions seen.
     pub error_completions: u64,
+    /// Receive WRs the comm keeps posted now (receiver; adaptive between `VERBSNET_RQ_MIN_DEPTH`
+    /// and `VERBSNET_RQ_DEPTH`).
+    pub rq_depth: u64,
+    /// Times the depth grew by a batch because the RQ ran dry (receiver).
+    pub rq_grows: u64,
+    /// Times the depth shrank by a batch after `VERBSNET_RQ_SHRINK_AFTER` without running dry.
+    pub rq_shrinks: u64,
+    /// Times the shared bounce pool could not give all the buffers asked for (receiver): the
+    /// sender then waits for credits, it does not meet RNR.
+    pub pool_exhausted: u64,
+    /// Registered (pinned) bytes the comm holds now: bounce buffers and rings.
+    pub pinned_bytes: u64,
 }
 
 impl Stats {
     /// `(name, value)` pairs in a fixed order.
-    pub fn fields(&self) -> [(&'static str, u64); 15] {
+    pub fn fields(&self) -> [(&'static str, u64); 20] {
         [
             ("ops", self.ops),
             ("bytes", self.bytes),
@@ -235,6 +258,11 @@ impl Stats {
             ("cts", self.cts),
             ("unexpected", self.unexpected),
             ("error_completions", self.error_completions),
+            ("rq_depth", self.rq_depth),
+            ("rq_grows", self.rq_grows),
+            ("rq_shrinks", self.rq_shrinks),
+            ("pool_exhausted", self.pool_exhausted),
+            ("pinned_bytes", self.pinned_bytes),
         ]
     }
 }

@@ -4,7 +4,7 @@ use std::collections::VecDeque;
 
 use super::wire::{
     self, CtsBuf, CtsEntry, EagerHeader, CTS_ENTRY_LEN, EAGER_HDR_LEN, MAX_RECVS, REC_SLOTS,
-    REC_TOO_BIG,
+    REC_STARVED, REC_TOO_BIG,
 };
 use super::{
     wc_error, wr_id, wr_parse, Action, MemRead, ReqError, ReqId, Slots, Stall, Stats, WrKind,
@@ -12,11 +12,23 @@ use super::{
 };
 use crate::transport::{RecvWr, SendOpcode, SendWr, Sge, Wc, WcOpcode, WcStatus};
 
+/// Registered bytes of a receive comm besides its bounce buffers: the record ring and the
+/// control staging slots.
+pub const RECV_FIXED_BYTES: u64 =
+    (REC_SLOTS * MAX_RECVS * 8 + CTRL_STAGE_SLOTS * CTS_ENTRY_LEN) as u64;
+
 /// Fixed parameters of a receive engine, agreed in the connection handshake.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RecvParams {
-    /// Receive WRs (and bounce buffers) per connection.
+    /// Most receive WRs (and bounce buffers) per connection: the depth a busy connection may
+    /// grow to.
     pub rq_depth: u32,
+    /// Receive WRs (and bounce buffers) a connection starts with and shrinks back to when idle
+    /// (`rq_min == rq_depth`: fixed depth, as before adaptive depth existed).
+    pub rq_min: u32,
+    /// Without the RQ running dry for this long, the depth shrinks by one batch (towards
+    /// `rq_min`), nanoseconds.
+    pub shrink_after_ns: u64,
     /// Receive WRs per post call.
     pub rq_batch: u32,
     /// Refill when fewer than this many receive WRs are posted.
@@ -24,7 +36,8 @@ pub struct RecvParams {
     /// Payload capacity of one bounce buffer; each buffer is `EAGER_HDR_LEN + eager_buf_size`
     /// bytes.
     pub eager_buf_size: u64,
-    /// Bounce pool: `rq_depth` buffers back to back (addr, lkey).
+    /// The connection's own bounce buffers: `rq_min` buffers back to back (addr, lkey). The
+    /// ones it grows by come from the driver's shared pool ([`Action::WantBounce`]).
     pub bounce: (u64, u32),
     /// Our record ring (`REC_SLOTS * MAX_RECVS * 8` bytes), read on rendezvous arrivals.
     pub rec_ring: u64,
@@ -87,6 +100,19 @@ pub struct RecvEngine {
     unexpected: VecDeque<Unexpected>,
     posted: u32,
     free_bufs: Vec<u32>,
+    /// Buffers beyond the initial `rq_min`, by id − `rq_min`: (addr, lkey), `None` once
+    /// released to the pool.
+    extra: Vec<Option<(u64, u32)>>,
+    /// Released ids of `extra`, reused first.
+    spare: Vec<u32>,
+    /// Bounce buffers this comm holds: posted, free, or holding an unmatched message.
+    owned: u32,
+    /// Receive WRs the comm keeps posted now (`rq_min..=rq_depth`).
+    target: u32,
+    /// Buffers asked for and not answered yet.
+    wanted: u32,
+    /// When the RQ last ran dry (or the depth last changed).
+    pressure_ns: u64,
     granted: u64,
     consumed: u64,
     last_credit_sent: u64,
@@ -109,7 +135,13 @@ impl RecvEngine {
             next_arrival: p.first_seq,
             unexpected: VecDeque::new(),
             posted: 0,
-            free_bufs: (0..p.rq_depth).rev().collect(),
+            free_bufs: (0..p.rq_min).rev().collect(),
+            extra: Vec::new(),
+            spare: Vec::new(),
+            owned: p.rq_min,
+            target: p.rq_min,
+            wanted: 0,
+            pressure_ns: 0,
             granted: 0,
             consumed: 0,
             last_credit_sent: 0,
@@ -118,14 +150,151 @@ impl RecvEngine {
             failed: None,
             actions: Vec::new(),
             stats: Stats {
-                rq_min_level: u64::from(p.rq_depth),
+                rq_min_level: u64::from(p.rq_min),
+                rq_depth: u64::from(p.rq_min),
                 ..Stats::default()
             },
             p,
         };
-        while e.posted < e.p.rq_depth && e.post_batch(e.p.rq_batch.min(e.p.rq_depth - e.posted)) {}
+        while e.posted < e.target && e.post_batch(e.batch().min(e.target - e.posted)) {}
         e.last_credit_sent = e.granted;
+        e.account();
         e
+    }
+
+    /// Receive WRs per post call at the current depth: `rq_batch` at full depth, at most half
+    /// the depth below it (so a small queue is refilled before it runs dry under one message
+    /// at a time, and running dry means more messages in flight than the depth).
+    fn batch(&self) -> u32 {
+        if self.target >= self.p.rq_depth {
+            self.p.rq_batch
+        } else {
+            self.p.rq_batch.min(self.target / 2).max(1)
+        }
+    }
+
+    /// The refill mark: `rq_low_water` at full depth; below it, as soon as one batch fits.
+    fn low_water(&self) -> u32 {
+        if self.target >= self.p.rq_depth {
+            self.p.rq_low_water
+        } else {
+            (self.target + 1 - self.batch()).max(1)
+        }
+    }
+
+    /// Address and lkey of bounce buffer `id`.
+    fn buf(&self, id: u32) -> Option<(u64, u32)> {
+        if id < self.p.rq_min {
+            Some((
+                self.p.bounce.0 + u64::from(id) * self.bounce_stride(),
+                self.p.bounce.1,
+            ))
+        } else {
+            self.extra
+                .get((id - self.p.rq_min) as usize)
+                .copied()
+                .flatten()
+        }
+    }
+
+    /// Bytes of registered memory this comm holds: its bounce buffers, the record ring and the
+    /// control staging slots.
+    pub fn pinned_bytes(&self) -> u64 {
+        u64::from(self.owned) * self.bounce_stride() + RECV_FIXED_BYTES
+    }
+
+    fn account(&mut self) {
+        self.stats.rq_depth = u64::from(self.target);
+        self.stats.pinned_bytes = self.pinned_bytes();
+    }
+
+    /// Bounce buffers from the driver's pool, answering [`Action::WantBounce`] (`bufs` may be
+    /// fewer than asked, or none: the pool is exhausted; the depth then stays where it is and
+    /// a credit-gated sender waits for credits, it never meets RNR). Each is `EAGER_HDR_LEN +
+    /// eager_buf_size` bytes (addr, lkey).
+    pub fn add_bounce(&mut self, asked: u32, bufs: &[(u64, u32)]) {
+        self.wanted = self.wanted.saturating_sub(asked);
+        if (bufs.len() as u32) < asked {
+            self.stats.pool_exhausted += 1;
+        }
+        for &b in bufs {
+            let id = match self.spare.pop() {
+                Some(id) => {
+                    self.extra[(id - self.p.rq_min) as usize] = Some(b);
+                    id
+                }
+                None => {
+                    self.extra.push(Some(b));
+                    self.p.rq_min + self.extra.len() as u32 - 1
+                }
+            };
+            self.free_bufs.push(id);
+            self.owned += 1;
+        }
+        if self.failed.is_none() {
+            self.refill(None);
+        }
+        self.account();
+    }
+
+    /// Every pool buffer the comm holds (posted or not), for the driver to give back once the
+    /// QP is destroyed (a closed comm's posted WRs can no longer be written).
+    pub fn release_all(&mut self) -> Vec<(u64, u32)> {
+        self.free_bufs.retain(|&id| id < self.p.rq_min);
+        self.spare.clear();
+        self.owned = self.owned.min(self.p.rq_min);
+        self.extra.drain(..).flatten().collect()
+    }
+
+    /// The RQ ran dry: double the depth (by at least a batch, up to `rq_depth`), asking the
+    /// pool for the buffers. Doubling reaches the full default depth from 2 in six steps, so a
+    /// burst pays a few credit waits, not one per batch.
+    fn grow(&mut self, now: u64) {
+        self.pressure_ns = now;
+        if self.target >= self.p.rq_depth || self.wanted > 0 {
+            return;
+        }
+        let k = self
+            .target
+            .max(self.p.rq_batch)
+            .min(self.p.rq_depth - self.target);
+        self.target += k;
+        self.stats.rq_grows += 1;
+        let need = self.target.saturating_sub(self.owned);
+        if need > 0 {
+            self.wanted = need;
+            self.actions.push(Action::WantBounce(need));
+        }
+    }
+
+    /// Idle long enough: shrink the depth by a batch (down to `rq_min`). Buffers above the
+    /// depth go back to the pool as they come free; posted ones cannot be taken back (a verbs
+    /// RQ has no "unpost"), so credits stay exact: a consumed WR beyond the depth is simply
+    /// not re-posted, and not granted again.
+    fn maybe_shrink(&mut self, now: u64) {
+        if self.target > self.p.rq_min
+            && now.saturating_sub(self.pressure_ns) >= self.p.shrink_after_ns
+        {
+            self.target -= self.batch().min(self.target - self.p.rq_min);
+            self.pressure_ns = now;
+            self.stats.rq_shrinks += 1;
+        }
+        let mut give = Vec::new();
+        while self.owned > self.target {
+            let Some(pos) = self.free_bufs.iter().rposition(|&id| id >= self.p.rq_min) else {
+                break;
+            };
+            let id = self.free_bufs.swap_remove(pos);
+            let idx = (id - self.p.rq_min) as usize;
+            if let Some(b) = self.extra[idx].take() {
+                give.push(b);
+                self.spare.push(id);
+                self.owned -= 1;
+            }
+        }
+        if !give.is_empty() {
+            self.actions.push(Action::ReturnBounce(give));
+        }
     }
 
     /// Receive WRs granted so far (the sender's initial credits right after `new`).
@@ -177,12 +346,13 @@ impl RecvEngine {
         let wrs: Vec<RecvWr> = (0..k)
             .map(|_| {
                 let b = self.free_bufs.pop().expect("counted");
+                let (addr, lkey) = self.buf(b).expect("a held buffer");
                 RecvWr {
                     wr_id: wr_id(WrKind::Bounce, 0, b),
                     sge: Sge {
-                        addr: self.p.bounce.0 + u64::from(b) * stride,
+                        addr,
                         length: stride as u32,
-                        lkey: self.p.bounce.1,
+                        lkey,
                     },
                 }
             })
@@ -195,19 +365,24 @@ impl RecvEngine {
         true
     }
 
-    /// Below the low-water mark, posts whole batches while they fit; if nothing at all is
-    /// posted (bounce buffers held by unmatched eager messages), posts what is free so the
-    /// sender is never left without a receive WR.
-    fn refill(&mut self) {
-        let batch = self.p.rq_batch;
-        if self.posted < self.p.rq_low_water {
-            while self.posted + batch <= self.p.rq_depth && self.free_bufs.len() as u32 >= batch {
+    /// Adapts the depth (with `now`: shrinks after idle), then, below the low-water mark,
+    /// posts whole batches while they fit; if nothing at all is posted (bounce buffers held by
+    /// unmatched eager messages), posts what is free so the sender is never left without a
+    /// receive WR.
+    fn refill(&mut self, now: Option<u64>) {
+        if let Some(now) = now {
+            self.maybe_shrink(now);
+        }
+        let batch = self.batch();
+        if self.posted < self.low_water() {
+            while self.posted + batch <= self.target && self.free_bufs.len() as u32 >= batch {
                 self.post_batch(batch);
             }
         }
         if self.posted == 0 {
-            self.post_batch(batch);
+            self.post_batch(batch.min(self.target));
         }
+        self.account();
     }
 
     /// Sends an explicit credit update when the sender may be short of credits.
@@ -356,7 +531,7 @@ impl RecvEngine {
         }
         // A held message too large for its buffer failed the comm: this request reports it
         // from `test`, and every later call fails.
-        self.refill();
+        self.refill(Some(now));
         Ok(Some(id))
     }
 
@@ -379,8 +554,10 @@ impl RecvEngine {
     /// Puts eager message `u` into buffer `i` of receive `id` (copy out of its bounce buffer,
     /// which is then free). A message larger than the buffer fails the comm; nothing is written.
     fn deliver_eager(&mut self, now: u64, id: ReqId, i: usize, u: Unexpected) {
-        let stride = self.bounce_stride();
-        let src = self.p.bounce.0 + u64::from(u.bounce) * stride + EAGER_HDR_LEN as u64;
+        let Some((at, _)) = self.buf(u.bounce) else {
+            return;
+        };
+        let src = at + EAGER_HDR_LEN as u64;
         self.free_bounce(u.bounce);
         let Some(req) = self.reqs.get_mut(id) else {
             return;
@@ -440,20 +617,22 @@ impl RecvEngine {
         if kind != WrKind::Bounce {
             return;
         }
-        if index >= self.p.rq_depth {
+        let Some((at, _)) = self.buf(index) else {
             self.fail(ReqError::Local(format!(
                 "receive completion for bounce buffer {index}"
             )));
             return;
-        }
+        };
         self.posted = self.posted.saturating_sub(1);
         self.consumed += 1;
         self.stats.rq_min_level = self.stats.rq_min_level.min(u64::from(self.posted));
+        if self.posted == 0 {
+            self.grow(now);
+        }
         let s = self.next_arrival;
         match wc.opcode {
             WcOpcode::Recv => {
                 let mut hb = [0u8; EAGER_HDR_LEN];
-                let at = self.p.bounce.0 + u64::from(index) * self.bounce_stride();
                 let hdr = if mem.read(at, &mut hb) {
                     EagerHeader::decode(&hb)
                 } else {
@@ -473,6 +652,9 @@ impl RecvEngine {
                     return;
                 }
                 self.next_arrival = s.wrapping_add(1);
+                if h.starved {
+                    self.grow(now);
+                }
                 let u = Unexpected {
                     s,
                     tag: h.tag,
@@ -523,6 +705,8 @@ impl RecvEngine {
                 let rec = mem
                     .read(rec_ring + slot as u64 * 8, &mut rb)
                     .then(|| u64::from_le_bytes(rb));
+                let starved = rec.is_some_and(|v| v & REC_TOO_BIG == 0 && v & REC_STARVED != 0);
+                let rec = rec.map(|v| if starved { v & !REC_STARVED } else { v });
                 match rec {
                     Some(v) if v & REC_TOO_BIG != 0 => {
                         let size = v & !REC_TOO_BIG;
@@ -538,6 +722,9 @@ impl RecvEngine {
                     Some(v) if v <= req.bufs[i].cap => {
                         req.sizes[i] = v;
                         self.stats.rendezvous += 1;
+                        if starved {
+                            self.grow(now);
+                        }
                     }
                     _ => {
                         self.fail(ReqError::Protocol(format!("bad rendezvous record {rec:?}")));
@@ -547,7 +734,7 @@ impl RecvEngine {
             }
             _ => {}
         }
-        self.refill();
+        self.refill(Some(now));
     }
 
     /// Marks the comm failed; every outstanding request reports `e`.
@@ -632,6 +819,8 @@ mod tests {
     fn params() -> RecvParams {
         RecvParams {
             rq_depth: 4,
+            rq_min: 4,
+            shrink_after_ns: u64::MAX,
             rq_batch: 2,
             rq_low_water: 2,
             eager_buf_size: 64,

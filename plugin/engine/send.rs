@@ -4,13 +4,18 @@ use std::collections::VecDeque;
 
 use super::wire::{
     self, CtsBuf, CtsEntry, EagerHeader, CTS_ENTRY_LEN, EAGER_HDR_LEN, MAX_RECVS, REC_SLOTS,
-    REC_TOO_BIG,
+    REC_STARVED, REC_TOO_BIG,
 };
 use super::{
     wc_error, wr_id, wr_parse, Action, MemRead, ReqError, ReqId, Slots, Stall, Stats, WrKind,
-    CTS_RING_ENTRIES, MAX_SEND_REQUESTS,
+    CTS_RING_ENTRIES, MAX_SEND_REQUESTS, MAX_SPECULATIVE,
 };
 use crate::transport::{SendOpcode, SendWr, Sge, Wc, WcStatus};
+
+/// Registered bytes of a send comm: eager header and record staging for every request slot,
+/// the CTS ring and the credit word.
+pub const SEND_FIXED_BYTES: u64 =
+    (MAX_SEND_REQUESTS * (EAGER_HDR_LEN + 8) + CTS_RING_ENTRIES * CTS_ENTRY_LEN + 8) as u64;
 
 /// Fixed parameters of a send engine, agreed in the connection handshake.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -101,6 +106,9 @@ pub struct SendEngine {
     actions: Vec<Action>,
     stats: Stats,
     refusing: Option<(u64, Refusal, bool)>,
+    /// Refused for want of a credit since the last credit-consuming send: the next one tells
+    /// the receiver (eager header flag, record bit 62), which grows its queue.
+    starved: bool,
 }
 
 impl SendEngine {
@@ -117,8 +125,12 @@ impl SendEngine {
             unassigned: VecDeque::new(),
             failed: None,
             actions: Vec::new(),
-            stats: Stats::default(),
+            stats: Stats {
+                pinned_bytes: SEND_FIXED_BYTES,
+                ..Stats::default()
+            },
             refusing: None,
+            starved: false,
             p,
         }
     }
@@ -228,7 +240,7 @@ impl SendEngine {
                 Some(i) => Some(i),
                 None => return Ok(self.refuse(now, Refusal::Tag(tag))),
             },
-            None if eager => None,
+            None if eager && self.unassigned.len() < MAX_SPECULATIVE => None,
             None => return Ok(self.refuse(now, Refusal::Cts)),
         };
         if self.p.credits && self.credits_available() == 0 {
@@ -284,7 +296,12 @@ impl SendEngine {
                     },
                     signaled: false,
                 }));
-                self.post_record(id, r, i, size, WrKind::RndvImm);
+                let starved = if std::mem::take(&mut self.starved) {
+                    REC_STARVED
+                } else {
+                    0
+                };
+                self.post_record(id, r, i, size | starved, WrKind::RndvImm);
                 Ok(Some(id))
             }
             _ => {
@@ -295,7 +312,14 @@ impl SendEngine {
                 let hdr_addr = self.p.hdr_stage.0 + u64::from(id.slot) * EAGER_HDR_LEN as u64;
                 self.actions.push(Action::Stage {
                     addr: hdr_addr,
-                    bytes: EagerHeader { tag, seq: s, size }.encode().to_vec(),
+                    bytes: EagerHeader {
+                        tag,
+                        seq: s,
+                        size,
+                        starved: std::mem::take(&mut self.starved),
+                    }
+                    .encode()
+                    .to_vec(),
                 });
                 self.actions.push(Action::PostSend(SendWr {
                     wr_id: wr_id(WrKind::Eager, id.gen, id.slot),
@@ -322,7 +346,10 @@ impl SendEngine {
 
     fn refuse(&mut self, now: u64, why: Refusal) -> Option<ReqId> {
         match why {
-            Refusal::Credit => self.stats.credit_stalls += 1,
+            Refusal::Credit => {
+                self.stats.credit_stalls += 1;
+                self.starved = true;
+            }
             Refusal::Cts => self.stats.cts_waits += 1,
             Refusal::Tag(_) => self.stats.tag_waits += 1,
             Refusal::Slots => self.stats.slots_full += 1,
@@ -740,6 +767,29 @@ mod tests {
     }
 
     #[test]
+    fn speculative_eager_sends_are_capped_so_the_cts_ring_cannot_overrun() {
+        let mut e = SendEngine::new(params(false, 0));
+        for _ in 0..MAX_SPECULATIVE {
+            assert!(e.isend(0, 0x1000, 5, 8, 0).unwrap().is_some());
+        }
+        assert_eq!(
+            e.isend(0, 0x1000, 5, 8, 0).unwrap(),
+            None,
+            "no receive known"
+        );
+        assert_eq!(e.stats().cts_waits, 1);
+        e.handle_cts(0, cts(0, 0, 0, &[(8, 0)])).unwrap();
+        assert!(
+            e.isend(0, 0x1000, 5, 8, 0).unwrap().is_some(),
+            "one matched: one more"
+        );
+        const { assert!(MAX_SPECULATIVE + MAX_RECV_REQUESTS_FOR_RING < CTS_RING_ENTRIES) };
+    }
+
+    /// Receives that can be posted (and their CTS unread) at once.
+    const MAX_RECV_REQUESTS_FOR_RING: usize = crate::engine::MAX_RECV_REQUESTS;
+
+    #[test]
     fn out_of_sequence_cts_fails_the_comm() {
         let mut e = SendEngine::new(params(true, 8));
         assert!(e.handle_cts(0, cts(1, 0, 8, &[(50, 4)])).is_err());
@@ -749,6 +799,10 @@ mod tests {
     #[test]
     fn slot_limit_returns_none_then_recovers() {
         let mut e = SendEngine::new(params(false, 0));
+        // Receives for every slot: 32 groups of 8 buffers, and one more for the retry.
+        for r in 0..=(MAX_SEND_REQUESTS / MAX_RECVS) as u64 {
+            e.handle_cts(0, cts(r, r * 8, 0, &[(8, 0); 8])).unwrap();
+        }
         let mut ids = Vec::new();
         for _ in 0..MAX_SEND_REQUESTS {
             ids.push(e.isend(0, 0x1000, 5, 8, 0).unwrap().unwrap());
@@ -766,7 +820,6 @@ mod tests {
                 imm: None,
             },
         );
-        e.handle_cts(0, cts(0, 0, 0, &[(8, 0)])).unwrap();
         assert_eq!(e.test(id).unwrap(), Some(8));
         assert!(e.isend(0, 0x1000, 5, 8, 0).unwrap().is_some());
     }

@@ -84,6 +84,8 @@ pub const R_BOUNCE: u64 = 0x2000_0000;
 pub const R_REC: u64 = 0x2100_0000;
 pub const R_CTRL: u64 = 0x2200_0000;
 pub const R_USER: u64 = 0x2400_0000;
+/// The receiver's shared bounce pool.
+pub const R_POOL: u64 = 0x2800_0000;
 const USER_LEN: usize = 1 << 20;
 const RKEY_CTS: u32 = 11;
 const RKEY_CREDIT: u32 = 12;
@@ -101,6 +103,9 @@ pub struct Knobs {
     /// Completions become visible this many ns after they happen (reorders them relative to
     /// memory writes such as CTS entries).
     pub wc_delay_ns: u64,
+    /// WRs the link moves from the sender per step (more than 1: arrivals come in bursts,
+    /// faster than the receiver re-posts).
+    pub wrs_per_step: u32,
 }
 
 impl Default for Knobs {
@@ -110,6 +115,7 @@ impl Default for Knobs {
             rnr_timer_ns: 640_000,
             rnr_retry: 7,
             wc_delay_ns: 0,
+            wrs_per_step: 1,
         }
     }
 }
@@ -117,6 +123,12 @@ impl Default for Knobs {
 /// Pair configuration.
 pub struct PairCfg {
     pub rq_depth: u32,
+    /// Initial (and idle) depth; `None`: fixed depth `rq_depth`.
+    pub rq_min: Option<u32>,
+    /// Idle time before the depth shrinks by a batch, ns.
+    pub shrink_after_ns: u64,
+    /// Bounce buffers in the shared pool the receiver grows from.
+    pub pool_bufs: u32,
     pub rq_batch: u32,
     pub rq_low_water: u32,
     pub eager_buf_size: u64,
@@ -133,6 +145,9 @@ impl Default for PairCfg {
     fn default() -> Self {
         PairCfg {
             rq_depth: 16,
+            rq_min: None,
+            shrink_after_ns: 1_000_000_000,
+            pool_bufs: 256,
             rq_batch: 4,
             rq_low_water: 12,
             eager_buf_size: 256,
@@ -155,6 +170,8 @@ pub struct Pair {
     rqp: Qp,
     withheld: Vec<RecvWr>,
     pub knobs: Knobs,
+    /// Free buffers of the shared pool (addr, lkey).
+    pub pool: Vec<(u64, u32)>,
     pub now: u64,
     /// RNR NAKs seen by the sender.
     pub rnr_naks: u64,
@@ -173,12 +190,20 @@ impl Pair {
         smem.add(S_CREDIT, 8, RKEY_CREDIT);
         smem.add(S_USER, USER_LEN, 0);
         let stride = EAGER_HDR_LEN + c.eager_buf_size as usize;
-        rmem.add(R_BOUNCE, c.rq_depth as usize * stride, 0);
+        let rq_min = c.rq_min.unwrap_or(c.rq_depth);
+        rmem.add(R_BOUNCE, rq_min as usize * stride, 0);
+        rmem.add(R_POOL, (c.pool_bufs as usize).max(1) * stride, 0);
+        let pool: Vec<(u64, u32)> = (0..u64::from(c.pool_bufs))
+            .rev()
+            .map(|i| (R_POOL + i * stride as u64, 5))
+            .collect();
         rmem.add(R_REC, REC_SLOTS * MAX_RECVS * 8, RKEY_REC);
         rmem.add(R_CTRL, CTRL_STAGE_SLOTS * CTS_ENTRY_LEN, 0);
         rmem.add(R_USER, USER_LEN, RKEY_USER);
         let rcv = RecvEngine::new(RecvParams {
             rq_depth: c.rq_depth,
+            rq_min,
+            shrink_after_ns: c.shrink_after_ns,
             rq_batch: c.rq_batch,
             rq_low_water: c.rq_low_water,
             eager_buf_size: c.eager_buf_size,
@@ -211,6 +236,7 @@ impl Pair {
             rqp: Qp::default(),
             withheld: Vec::new(),
             knobs,
+            pool,
             now: 0,
             rnr_naks: 0,
             recv_bufs: Default::default(),
@@ -227,26 +253,38 @@ impl Pair {
                     assert!(self.smem.write(addr, &bytes), "sender stage {addr:#x}")
                 }
                 Action::PostSend(wr) => self.sqp.sq.push_back(wr),
-                Action::PostRecv(_) | Action::Copy { .. } => panic!("sender posted a receive/copy"),
+                other => panic!("sender action {other:?}"),
             }
         }
-        for a in self.rcv.drain_actions() {
-            match a {
-                Action::Stage { addr, bytes } => {
-                    assert!(self.rmem.write(addr, &bytes), "receiver stage {addr:#x}")
-                }
-                Action::PostSend(wr) => self.rqp.sq.push_back(wr),
-                Action::PostRecv(wrs) => {
-                    if self.knobs.withhold_recvs {
-                        self.withheld.extend(wrs);
-                    } else {
-                        self.rqp.rq.extend(wrs);
+        loop {
+            let actions = self.rcv.drain_actions();
+            if actions.is_empty() {
+                break;
+            }
+            for a in actions {
+                match a {
+                    Action::Stage { addr, bytes } => {
+                        assert!(self.rmem.write(addr, &bytes), "receiver stage {addr:#x}")
                     }
-                }
-                Action::Copy { src, req, buf, len } => {
-                    let dst = self.recv_bufs[&(req.slot, buf)];
-                    let data = self.rmem.get(src, len as usize);
-                    assert!(self.rmem.write(dst, &data));
+                    Action::PostSend(wr) => self.rqp.sq.push_back(wr),
+                    Action::PostRecv(wrs) => {
+                        if self.knobs.withhold_recvs {
+                            self.withheld.extend(wrs);
+                        } else {
+                            self.rqp.rq.extend(wrs);
+                        }
+                    }
+                    Action::Copy { src, req, buf, len } => {
+                        let dst = self.recv_bufs[&(req.slot, buf)];
+                        let data = self.rmem.get(src, len as usize);
+                        assert!(self.rmem.write(dst, &data));
+                    }
+                    Action::WantBounce(k) => {
+                        let n = self.pool.len().min(k as usize);
+                        let got = self.pool.split_off(self.pool.len() - n);
+                        self.rcv.add_bounce(k, &got);
+                    }
+                    Action::ReturnBounce(bufs) => self.pool.extend(bufs),
                 }
             }
         }
@@ -399,15 +437,18 @@ impl Pair {
     pub fn step(&mut self) -> bool {
         self.steps += 1;
         self.apply_actions();
-        let mut busy = Self::exec(
-            self.now,
-            &self.knobs,
-            &mut self.sqp,
-            &self.smem,
-            &mut self.rqp,
-            &mut self.rmem,
-            &mut self.rnr_naks,
-        );
+        let mut busy = false;
+        for _ in 0..self.knobs.wrs_per_step.max(1) {
+            busy |= Self::exec(
+                self.now,
+                &self.knobs,
+                &mut self.sqp,
+                &self.smem,
+                &mut self.rqp,
+                &mut self.rmem,
+                &mut self.rnr_naks,
+            );
+        }
         busy |= Self::exec(
             self.now,
             &self.knobs,
@@ -1215,5 +1256,133 @@ mod tests {
             }
             assert!(matches!(p.rcv.test(r2), Err(ReqError::Usage(_))));
         }
+    }
+
+    // ---- Adaptive receive depth from a shared pool ----
+
+    fn adaptive(min: u32, depth: u32, pool_bufs: u32) -> PairCfg {
+        PairCfg {
+            rq_depth: depth,
+            rq_min: Some(min),
+            rq_batch: 4,
+            rq_low_water: depth - 4,
+            shrink_after_ns: 5_000_000,
+            pool_bufs,
+            ..PairCfg::default()
+        }
+    }
+
+    /// A burst of `n` eager sends with receives posted ahead; returns the pair after it.
+    fn burst(p: &mut Pair, n: u64) {
+        let mut pairs = Vec::new();
+        for k in 0..n {
+            let r = p.irecv(&[(k % 32 * 256, 256, 0)]).unwrap();
+            pairs.push((k, r));
+            if pairs.len() == 32 {
+                break;
+            }
+        }
+        let mut next = pairs.len() as u64;
+        let mut sends = VecDeque::new();
+        let mut k = 0;
+        while k < n {
+            sends.push_back(p.isend(k % 32 * 256, &pattern(k, 200), 0).unwrap());
+            k += 1;
+            while sends.len() > 16 {
+                assert_eq!(p.wait_send(sends.pop_front().unwrap()).unwrap(), 200);
+            }
+            if k % 8 == 0 {
+                while let Some(&(j, r)) = pairs.first() {
+                    if j + 8 > k {
+                        break;
+                    }
+                    assert_eq!(p.wait_recv(r).unwrap(), vec![200]);
+                    assert_eq!(p.received(j % 32 * 256, 200), pattern(j, 200));
+                    pairs.remove(0);
+                    if next < n {
+                        pairs.push((next, p.irecv(&[(next % 32 * 256, 256, 0)]).unwrap()));
+                        next += 1;
+                    }
+                }
+            }
+        }
+        for s in sends {
+            assert_eq!(p.wait_send(s).unwrap(), 200);
+        }
+        for (j, r) in pairs {
+            assert_eq!(p.wait_recv(r).unwrap(), vec![200]);
+            assert_eq!(p.received(j % 32 * 256, 200), pattern(j, 200));
+        }
+    }
+
+    #[test]
+    fn a_busy_connection_grows_from_the_pool_with_exact_credits_and_shrinks_when_idle() {
+        let bursty = Knobs {
+            wrs_per_step: 16,
+            ..Knobs::default()
+        };
+        let mut p = Pair::new(adaptive(2, 32, 64), bursty);
+        assert_eq!(p.rcv.stats().rq_depth, 2);
+        let idle_pinned = p.rcv.stats().pinned_bytes;
+        burst(&mut p, 400);
+        let st = p.rcv.stats().clone();
+        assert!(st.rq_grows > 0, "the burst never grew the RQ: {st:?}");
+        assert_eq!(
+            st.rq_depth, 32,
+            "16 in flight, arriving in bursts: full depth: {st:?}"
+        );
+        assert!(st.pinned_bytes > idle_pinned);
+        assert_eq!(
+            p.rnr_naks, 0,
+            "credits on: growth never sent without a posted WR"
+        );
+        assert_eq!(st.pool_exhausted, 0);
+        // Idle: the depth shrinks a batch per 5 ms; buffers come back as messages consume the
+        // ones above the depth (a posted WR cannot be taken back).
+        // 40 rounds: more than the WRs posted at full depth, so every pool buffer is consumed
+        // once more and can come back.
+        for round in 0..40u64 {
+            p.now += 6_000_000;
+            let r = p.irecv(&[(0, 256, 0)]).unwrap();
+            let s = p.isend(0, &pattern(round, 10), 0).unwrap();
+            p.wait_recv(r).unwrap();
+            p.wait_send(s).unwrap();
+        }
+        let st = p.rcv.stats().clone();
+        assert!(st.rq_shrinks > 0, "{st:?}");
+        assert_eq!(st.rq_depth, 2, "back to the minimum: {st:?}");
+        assert_eq!(p.pool.len(), 64, "every pool buffer went back");
+        assert_eq!(st.pinned_bytes, idle_pinned, "pinned as when idle at first");
+        assert_eq!(p.rnr_naks, 0);
+    }
+
+    #[test]
+    fn an_exhausted_pool_means_credit_waits_never_rnr() {
+        // A pool of 2 buffers: the RQ can grow from 2 to 4 at most.
+        let bursty = Knobs {
+            wrs_per_step: 16,
+            ..Knobs::default()
+        };
+        let mut p = Pair::new(adaptive(2, 32, 2), bursty);
+        burst(&mut p, 200);
+        let st = p.rcv.stats().clone();
+        assert!(st.pool_exhausted > 0, "{st:?}");
+        assert!(st.rq_depth <= 32);
+        assert_eq!(
+            p.rnr_naks, 0,
+            "credits on: an exhausted pool stalls, it does not RNR"
+        );
+        assert!(p.snd.stats().credit_stalls > 0);
+        assert!(p.pool.is_empty());
+    }
+
+    #[test]
+    fn fixed_depth_never_touches_the_pool() {
+        let mut p = Pair::new(PairCfg::default(), Knobs::default());
+        burst(&mut p, 300);
+        let st = p.rcv.stats().clone();
+        assert_eq!((st.rq_grows, st.rq_shrinks, st.pool_exhausted), (0, 0, 0));
+        assert_eq!(st.rq_depth, 16);
+        assert_eq!(p.pool.len(), 256);
     }
 }

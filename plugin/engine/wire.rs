@@ -12,7 +12,9 @@
 //! | 4 | 4 | tag (i32) |
 //! | 8 | 8 | send sequence number `s` (u64) |
 //! | 16 | 8 | payload size in bytes (u64) |
-//! | 24 | 8 | reserved (0) |
+//! | 24 | 1 | flags: bit 0 = the sender waited for a credit since its last send (the
+//! receiver grows its queue) |
+//! | 25 | 7 | reserved (0) |
 //!
 //! **Clear-to-send (CTS) entry** — [`CTS_ENTRY_LEN`] bytes RDMA-written by the receiver into
 //! slot `r % ring_entries` of the sender's CTS ring when it posts receive `r`. The sequence word
@@ -51,6 +53,9 @@ pub const CTS_ENTRY_LEN: usize = 256;
 pub const REC_SLOTS: usize = 32;
 /// Bit 63 of a record: the send was larger than the receive buffer and was refused.
 pub const REC_TOO_BIG: u64 = 1 << 63;
+/// Bit 62 of a record: the sender waited for a credit since its last credit-consuming send
+/// (the receiver grows its queue); not part of the size.
+pub const REC_STARVED: u64 = 1 << 62;
 
 const MAGIC: u16 = 0x5645;
 const VERSION: u8 = 1;
@@ -65,6 +70,8 @@ pub struct EagerHeader {
     pub seq: u64,
     /// Payload bytes following the header.
     pub size: u64,
+    /// The sender waited for a credit since its last credit-consuming send.
+    pub starved: bool,
 }
 
 impl EagerHeader {
@@ -77,6 +84,7 @@ impl EagerHeader {
         b[4..8].copy_from_slice(&self.tag.to_le_bytes());
         b[8..16].copy_from_slice(&self.seq.to_le_bytes());
         b[16..24].copy_from_slice(&self.size.to_le_bytes());
+        b[24] = u8::from(self.starved);
         b
     }
 
@@ -93,6 +101,7 @@ impl EagerHeader {
             tag: i32::from_le_bytes(b[4..8].try_into().ok()?),
             seq: u64::from_le_bytes(b[8..16].try_into().ok()?),
             size: u64::from_le_bytes(b[16..24].try_into().ok()?),
+            starved: b[24] & 1 != 0,
         })
     }
 }
@@ -223,6 +232,7 @@ mod tests {
             tag: -3,
             seq: u64::MAX - 1,
             size: 4096,
+            starved: true,
         };
         let b = h.encode();
         assert_eq!(EagerHeader::decode(&b), Some(h));
