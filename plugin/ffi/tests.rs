@@ -66,10 +66,8 @@ fn setup() -> Pair {
 fn table_is_named_and_optional_slots_are_null() {
     let t = table();
     // SAFETY: name points to a static C string.
-    assert_eq!(
-        unsafe { CStr::from_ptr(t.name) }.to_str().unwrap(),
-        "verbsnet"
-    );
+    let name = unsafe { CStr::from_ptr(t.name) };
+    assert_eq!(name.to_str().unwrap(), "verbsnet");
     assert!(t.regMrDmaBuf.is_none() && t.getDeviceMr.is_none() && t.irecvConsumed.is_none());
     assert!(
         t.init.is_some()

@@ -400,9 +400,11 @@ fn local_checks(
 
     // --- pinned memory (when init failed, e.g. on this very limit, by the transport the
     // configuration would pick: ib where a verbs port is usable)
-    let usable_port = surveyed
-        .as_ref()
-        .is_ok_and(|d| d.iter().flat_map(|d| d.ports.iter()).any(|p| p.usable.is_ok()));
+    let usable_port = surveyed.as_ref().is_ok_and(|d| {
+        d.iter()
+            .flat_map(|d| d.ports.iter())
+            .any(|p| p.usable.is_ok())
+    });
     let uses_ib = if net.is_some() {
         local.transport == "ib"
     } else {
