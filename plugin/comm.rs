@@ -86,13 +86,19 @@ fn peer_close_first(
         return false;
     }
     watch.warned_peer = true;
-    warn!("{label}: the peer closed the connection (process exited or died); outstanding requests fail");
-    fail(ReqError::Remote(PEER_CLOSED.into()));
+    let why = peer_gone(qp);
+    warn!("{label}: {why}; outstanding requests fail");
+    fail(ReqError::Remote(why.into()));
     true
 }
 
 /// The error of a comm whose peer closed.
 const PEER_CLOSED: &str = "the peer closed the connection (its process exited or died)";
+
+/// How the peer of `qp` went: the transport's reason when it knows more, else "closed".
+fn peer_gone(qp: &dyn QueuePair) -> &'static str {
+    qp.peer_gone_reason().unwrap_or(PEER_CLOSED)
+}
 
 /// Most CQ polls (of up to 64 completions each) that drain the CQ before a peer's close is
 /// reported.
@@ -977,9 +983,10 @@ impl Inner {
                 }
             }
             self.watch.warned_peer = true;
-            warn!("{label}: the peer closed the connection (process exited or died); outstanding requests fail");
+            let why = peer_gone(&*self.qp);
+            warn!("{label}: {why}; outstanding requests fail");
             // The WARN lines carry the label already.
-            self.fail(ReqError::Remote(PEER_CLOSED.into()));
+            self.fail(ReqError::Remote(why.into()));
         }
         self.execute(label)?;
         self.watchdog(now, label);

@@ -383,6 +383,13 @@ pub trait QueuePair: Send {
     /// True once the out-of-band stream saw the peer close (a dead or exited peer).
     fn peer_closed(&self) -> bool;
 
+    /// Once [`QueuePair::peer_closed`] is true: how the peer went, in words for the error, when
+    /// the transport can tell more than "it closed" (the ib transport's set-up socket keepalive
+    /// expiring means the peer host or its link went silent, not that its process exited).
+    fn peer_gone_reason(&self) -> Option<&'static str> {
+        None
+    }
+
     /// Per-QP counters.
     fn counters(&self) -> QpCounters;
 }

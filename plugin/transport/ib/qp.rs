@@ -135,6 +135,8 @@ pub struct IbQueuePair {
     established: bool,
     oob: Option<TcpStream>,
     peer_gone: Cell<bool>,
+    /// The set-up socket's keepalive expired: the peer host or its link went silent.
+    peer_silent: Cell<bool>,
     counters: QpCounters,
     warned_error: bool,
     // scratch space reused by every post/poll (no allocation on the data path)
@@ -200,6 +202,7 @@ impl IbQueuePair {
             established: false,
             oob: None,
             peer_gone: Cell::new(false),
+            peer_silent: Cell::new(false),
             counters: QpCounters::default(),
             warned_error: false,
             send_wrs: Vec::new(),
@@ -625,6 +628,7 @@ impl QueuePair for IbQueuePair {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) if e.kind() == io::ErrorKind::TimedOut => {
                     // TCP keepalive expired: the peer host, not just its process, is gone
+                    self.peer_silent.set(true);
                     warn!(
                         qp_num = self.qpn,
                         "the peer host stopped answering on the set-up connection (no TCP \
@@ -643,10 +647,19 @@ impl QueuePair for IbQueuePair {
         true
     }
 
+    fn peer_gone_reason(&self) -> Option<&'static str> {
+        self.peer_silent.get().then_some(PEER_SILENT)
+    }
+
     fn counters(&self) -> QpCounters {
         self.counters
     }
 }
+
+/// Why a comm failed when the set-up socket's keepalive expired.
+const PEER_SILENT: &str = "the peer host stopped answering (no TCP keepalive reply on the set-up \
+                           connection within VERBSNET_SOCKET_KEEPALIVE): it lost power, or its \
+                           link or the path to it is down";
 
 /// `VERBSNET_SOCKET_KEEPALIVE` in milliseconds (0 = off), set by `open_devices`.
 static OOB_KEEPALIVE_MS: AtomicU64 = AtomicU64::new(20_000);
