@@ -1080,13 +1080,21 @@ pub fn limit_checks(
 /// whole pages as `Region::alloc` allocates them.
 pub fn pinned_bytes(cfg: &Config) -> (u64, u64) {
     let pages = |b: usize| (b as u64).div_ceil(PAGE) * PAGE;
-    let send = pages(MAX_SEND_REQUESTS * EAGER_HDR_LEN)
-        + pages(MAX_SEND_REQUESTS * 8)
-        + pages(CTS_RING_ENTRIES * CTS_ENTRY_LEN)
-        + pages(8);
-    let recv = pages(cfg.rq_depth as usize * (EAGER_HDR_LEN + cfg.eager_buf_size as usize))
-        + pages(REC_SLOTS * MAX_RECVS * 8)
-        + pages(CTRL_STAGE_SLOTS * CTS_ENTRY_LEN);
+    let a64 = |b: usize| b.next_multiple_of(64);
+    // Each comm registers its own buffers as one region (comm.rs `Owned::alloc_parts`).
+    let send = pages(
+        a64(MAX_SEND_REQUESTS * EAGER_HDR_LEN)
+            + a64(MAX_SEND_REQUESTS * 8)
+            + a64(CTS_RING_ENTRIES * CTS_ENTRY_LEN)
+            + 8,
+    );
+    let stride = EAGER_HDR_LEN + cfg.eager_buf_size as usize;
+    let min = cfg.rq_min_depth.clamp(1, cfg.rq_depth) as usize;
+    // The receive comm's own buffers and rings, plus what it may grow by from the pool at
+    // full depth (memlock must cover a busy comm too).
+    let recv = pages(
+        a64(min * stride) + a64(REC_SLOTS * MAX_RECVS * 8) + CTRL_STAGE_SLOTS * CTS_ENTRY_LEN,
+    ) + pages((cfg.rq_depth as usize - min) * stride);
     (send, recv)
 }
 
@@ -1839,12 +1847,14 @@ mod tests {
     #[test]
     fn pinned_bytes_follow_the_plugin_buffers() {
         let (s, r) = pinned_bytes(&Config::default());
-        // header 256 x 32, records 256 x 8 (one page), CTS ring 512 x 256, credit word (page)
-        assert_eq!(s, 8192 + 4096 + 131072 + 4096);
-        // bounce 128 x (8192 + 32), record ring 32 x 8 x 8 (page), control 64 x 256
-        assert_eq!(r, 128 * 8224 + 4096 + 16384);
+        // One region: header 256 x 32, records 256 x 8, CTS ring 64 x 256, credit word:
+        // 26,632 bytes, 7 pages.
+        assert_eq!(s, 7 * 4096);
+        // Own: 2 bounce buffers of 8192 + 32, record ring 32 x 8 x 8, control 64 x 256: 34,880
+        // bytes, 9 pages; grown from the pool at full depth: 126 x 8224 bytes (253 pages).
+        assert_eq!(r, 9 * 4096 + (126 * 8224u64).div_ceil(4096) * 4096);
         let (_, r2) = pinned_bytes(&cfg(&[("VERBSNET_RQ_DEPTH", "1024")]));
-        assert_eq!(r2, 1024 * 8224 + 4096 + 16384);
+        assert_eq!(r2, 9 * 4096 + (1022 * 8224u64).div_ceil(4096) * 4096);
     }
 
     #[test]
