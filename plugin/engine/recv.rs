@@ -392,9 +392,16 @@ impl RecvEngine {
         }
         let delta = self.granted - self.last_credit_sent;
         let sender_view = self.last_credit_sent.saturating_sub(self.consumed);
-        if delta == 0
-            || (sender_view >= u64::from(self.p.rq_batch) && delta < u64::from(self.p.rq_batch))
-        {
+        // The sender is short when it holds fewer credits than a batch: at full depth
+        // `rq_batch`, below it half the depth (a queue of 2 is not short with one credit left:
+        // the next CTS carries the rest, and a sender that does run out says so and the queue
+        // grows), so a small queue does not cost a credit write per message.
+        let short = if self.target >= self.p.rq_depth {
+            u64::from(self.p.rq_batch)
+        } else {
+            u64::from(self.target / 2).max(1)
+        };
+        if delta == 0 || (sender_view >= short && delta < u64::from(self.p.rq_batch)) {
             return;
         }
         let Some(stage) = self.ctrl_slot() else {
