@@ -481,6 +481,16 @@ impl Config {
         Config::from_lookup(|k| std::env::var(k).ok())
     }
 
+    /// The knobs `get` sets (non-blank), in [`KNOBS`] order: where the effective configuration
+    /// came from (every other knob has its default).
+    pub fn set_by(get: impl Fn(&str) -> Option<String>) -> Vec<&'static str> {
+        KNOBS
+            .iter()
+            .filter(|k| get(k.var).is_some_and(|v| !v.trim().is_empty()))
+            .map(|k| k.var)
+            .collect()
+    }
+
     /// Parses variables from `get` (tests pass a map). `get` is also asked for `NCCL_DEBUG`
     /// (the default of [`Config::debug`]).
     ///
@@ -1171,6 +1181,24 @@ mod tests {
             err(&[("VERBSNET_IB_SL", "16")]),
             r#"VERBSNET_IB_SL="16" is not valid: expected an integer in 0..=15"#
         );
+    }
+
+    #[test]
+    fn the_sources_of_the_configuration_are_named() {
+        let m: std::collections::HashMap<&str, &str> = [
+            ("VERBSNET_RQ_DEPTH", "256"),
+            ("VERBSNET_CREDITS", " "),
+            ("VERBSNET_DEBUG", "info"),
+        ]
+        .into_iter()
+        .collect();
+        let by = Config::set_by(|k| m.get(k).map(|v| v.to_string()));
+        assert_eq!(
+            by,
+            vec!["VERBSNET_RQ_DEPTH", "VERBSNET_DEBUG"],
+            "blank means default"
+        );
+        assert!(Config::set_by(|_| None).is_empty());
     }
 
     #[test]

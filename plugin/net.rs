@@ -56,6 +56,12 @@ pub fn open_net(logger: crate::ffi::abi::ncclDebugLogger_t) -> Result<Net, Error
         }
     }
     info!(target: "verbsnet::init", "verbsnet {} configuration: {}", env!("CARGO_PKG_VERSION"), cfg.describe());
+    let set = Config::set_by(|k| std::env::var(k).ok());
+    info!(
+        target: "verbsnet::init",
+        "configuration from the environment: {}; every other knob has its default",
+        if set.is_empty() { "none".to_string() } else { set.join(" ") }
+    );
 
     let (kind, devs) = open(&cfg)?;
     // Resource limits: what one comm will pin, against the cap and RLIMIT_MEMLOCK.
