@@ -329,99 +329,80 @@ impl Net {
                 )));
             }
         }
-        let mut tried = Vec::new();
-        for candidate in search_order(value, exe_dir) {
-            // SAFETY: loading a library runs its initialisers. The plugin is a Rust cdylib whose
-            // only initialisers are the standard library's; this is exactly what NCCL does.
-            let opened = unsafe {
-                Library::open(
-                    Some(OsStr::new(&candidate)),
-                    libc::RTLD_NOW | libc::RTLD_LOCAL,
-                )
-            };
-            let lib = match opened {
-                Ok(lib) => lib,
-                Err(e) => {
-                    tried.push((candidate, e.to_string()));
-                    continue;
+        let Opened { candidate, lib, .. } = open_first(value, exe_dir)?;
+        let order: Vec<u32> = version.map_or_else(|| VERSIONS.to_vec(), |v| vec![v]);
+        let mut found = None;
+        let mut last_err = String::new();
+        for v in order {
+            // SAFETY: the symbol is a `static ncclNet_vN_t` by the ABI; we only take its
+            // address.
+            let sym: std::result::Result<Symbol<*const c_void>, _> =
+                unsafe { lib.get(symbol(v).as_bytes()) };
+            match sym {
+                Ok(s) => {
+                    found = Some((v, *s));
+                    break;
                 }
-            };
-            let order: Vec<u32> = version.map_or_else(|| VERSIONS.to_vec(), |v| vec![v]);
-            let mut found = None;
-            let mut last_err = String::new();
-            for v in order {
-                // SAFETY: the symbol is a `static ncclNet_vN_t` by the ABI; we only take its
-                // address.
-                let sym: std::result::Result<Symbol<*const c_void>, _> =
-                    unsafe { lib.get(symbol(v).as_bytes()) };
-                match sym {
-                    Ok(s) => {
-                        found = Some((v, *s));
-                        break;
-                    }
-                    Err(e) => last_err = e.to_string(),
-                }
+                Err(e) => last_err = e.to_string(),
             }
-            let Some((v, addr)) = found else {
-                // SAFETY: only probing whether the symbol exists.
-                let has_v6 = unsafe { lib.get::<*const c_void>(V6_SYMBOL.as_bytes()) }.is_ok();
-                return Err(Error::MissingSymbol {
-                    path: candidate,
-                    wanted: version.map_or_else(
-                        || "any of ncclNetPlugin_v12 … ncclNetPlugin_v7".into(),
-                        symbol,
-                    ),
-                    detail: if has_v6 {
-                        format!("{last_err} (it exports {V6_SYMBOL}, which verbsnet-perf does not drive)")
-                    } else {
-                        last_err
-                    },
-                });
-            };
-            // SAFETY: the symbol `ncclNetPlugin_v<v>` is a `static ncclNet_v<v>_t` by the ABI;
-            // it lives as long as `lib`, which the returned `Net` keeps loaded, and the plugin
-            // never writes to it after load.
-            let table = unsafe {
-                match v {
-                    7 => Table::V7(&*addr.cast::<ncclNet_v7_t>()),
-                    8 => Table::V8(&*addr.cast::<ncclNet_v8_t>()),
-                    9 => Table::V9(&*addr.cast::<ncclNet_v9_t>()),
-                    10 => Table::V10(&*addr.cast::<ncclNet_v10_t>()),
-                    11 => Table::V11(&*addr.cast::<ncclNet_v11_t>()),
-                    _ => Table::V12(&*addr.cast::<ncclNet_v12_t>()),
-                }
-            };
-            let path = loaded_path(addr).unwrap_or_else(|| PathBuf::from(&candidate));
-            // `name` is the first member of every version's table.
-            // SAFETY: `addr` points to the exported static, valid while `lib` is loaded.
-            let name_ptr = unsafe { *(addr as *const *const c_char) };
-            let name = if name_ptr.is_null() {
-                String::new()
-            } else {
-                // SAFETY: `name` is a NUL-terminated string in the plugin's rodata.
-                unsafe { CStr::from_ptr(name_ptr) }
-                    .to_string_lossy()
-                    .into_owned()
-            };
-            if !name_matches(&name, wanted_name) {
-                return Err(Error::NameMismatch {
-                    path: path.display().to_string(),
-                    found: name,
-                    wanted: wanted_name.to_string(),
-                });
+        }
+        let Some((v, addr)) = found else {
+            // SAFETY: only probing whether the symbol exists.
+            let has_v6 = unsafe { lib.get::<*const c_void>(V6_SYMBOL.as_bytes()) }.is_ok();
+            return Err(Error::MissingSymbol {
+                path: candidate,
+                wanted: version.map_or_else(
+                    || "any of ncclNetPlugin_v12 … ncclNetPlugin_v7".into(),
+                    symbol,
+                ),
+                detail: if has_v6 {
+                    format!(
+                        "{last_err} (it exports {V6_SYMBOL}, which verbsnet-perf does not drive)"
+                    )
+                } else {
+                    last_err
+                },
+            });
+        };
+        // SAFETY: the symbol `ncclNetPlugin_v<v>` is a `static ncclNet_v<v>_t` by the ABI;
+        // it lives as long as `lib`, which the returned `Net` keeps loaded, and the plugin
+        // never writes to it after load.
+        let table = unsafe {
+            match v {
+                7 => Table::V7(&*addr.cast::<ncclNet_v7_t>()),
+                8 => Table::V8(&*addr.cast::<ncclNet_v8_t>()),
+                9 => Table::V9(&*addr.cast::<ncclNet_v9_t>()),
+                10 => Table::V10(&*addr.cast::<ncclNet_v10_t>()),
+                11 => Table::V11(&*addr.cast::<ncclNet_v11_t>()),
+                _ => Table::V12(&*addr.cast::<ncclNet_v12_t>()),
             }
-            return Ok(Net {
-                table,
-                version: v,
-                ctx: std::cell::Cell::new(ptr::null_mut()),
-                name,
-                path,
-                _lib: lib,
+        };
+        let path = loaded_path(addr).unwrap_or_else(|| PathBuf::from(&candidate));
+        // `name` is the first member of every version's table.
+        // SAFETY: `addr` points to the exported static, valid while `lib` is loaded.
+        let name_ptr = unsafe { *(addr as *const *const c_char) };
+        let name = if name_ptr.is_null() {
+            String::new()
+        } else {
+            // SAFETY: `name` is a NUL-terminated string in the plugin's rodata.
+            unsafe { CStr::from_ptr(name_ptr) }
+                .to_string_lossy()
+                .into_owned()
+        };
+        if !name_matches(&name, wanted_name) {
+            return Err(Error::NameMismatch {
+                path: path.display().to_string(),
+                found: name,
+                wanted: wanted_name.to_string(),
             });
         }
-        Err(Error::NotFound {
-            value: value.to_string(),
-            tried,
+        Ok(Net {
+            table,
+            version: v,
+            ctx: std::cell::Cell::new(ptr::null_mut()),
+            name,
+            path,
+            _lib: lib,
         })
     }
 
@@ -1144,39 +1125,64 @@ pub struct Probe {
 /// # Errors
 /// [`Error::NotFound`] when no candidate loads.
 pub fn probe(value: &str, exe_dir: Option<&Path>, symbols: &[&str]) -> Result<Probe> {
+    let Opened {
+        candidate,
+        lib,
+        tried,
+    } = open_first(value, exe_dir)?;
+    let mut found = Vec::new();
+    let mut path = None;
+    for sym in symbols {
+        // SAFETY: only the symbol's address is taken; nothing is read or called.
+        let s: std::result::Result<Symbol<*const c_void>, _> = unsafe { lib.get(sym.as_bytes()) };
+        if let Ok(s) = s {
+            path = path.or_else(|| loaded_path(*s));
+            found.push((*sym).to_string());
+        }
+    }
+    Ok(Probe {
+        path: path.unwrap_or_else(|| PathBuf::from(&candidate)),
+        candidate,
+        found,
+        tried,
+    })
+}
+
+/// The first candidate that loaded ([`open_first`]).
+struct Opened {
+    /// The candidate as passed to `dlopen`.
+    candidate: String,
+    lib: Library,
+    /// Candidates that failed before it, with the loader's message.
+    tried: Vec<(String, String)>,
+}
+
+/// `dlopen`s the candidates of `value` in NCCL's order ([`search_order`], `RTLD_NOW |
+/// RTLD_LOCAL`) and returns the first that loads, its library, and the failures before it.
+///
+/// # Errors
+/// [`Error::NotFound`] listing every candidate tried, when none loads.
+fn open_first(value: &str, exe_dir: Option<&Path>) -> Result<Opened> {
     let mut tried = Vec::new();
     for candidate in search_order(value, exe_dir) {
-        // SAFETY: as in `Net::load`: the plugin's only initialisers are the standard library's.
+        // SAFETY: loading a library runs its initialisers. The plugin is a Rust cdylib whose
+        // only initialisers are the standard library's; this is exactly what NCCL does.
         let opened = unsafe {
             Library::open(
                 Some(OsStr::new(&candidate)),
                 libc::RTLD_NOW | libc::RTLD_LOCAL,
             )
         };
-        let lib = match opened {
-            Ok(lib) => lib,
-            Err(e) => {
-                tried.push((candidate, e.to_string()));
-                continue;
+        match opened {
+            Ok(lib) => {
+                return Ok(Opened {
+                    candidate,
+                    lib,
+                    tried,
+                })
             }
-        };
-        let mut found = Vec::new();
-        let mut path = None;
-        for sym in symbols {
-            // SAFETY: only the symbol's address is taken; nothing is read or called.
-            let s: std::result::Result<Symbol<*const c_void>, _> =
-                unsafe { lib.get(sym.as_bytes()) };
-            if let Ok(s) = s {
-                path = path.or_else(|| loaded_path(*s));
-                found.push((*sym).to_string());
-            }
+            Err(e) => tried.push((candidate, e.to_string())),
         }
-        return Ok(Probe {
-            path: path.unwrap_or_else(|| PathBuf::from(&candidate)),
-            candidate,
-            found,
-            tried,
-        });
     }
     Err(Error::NotFound {
         value: value.to_string(),
