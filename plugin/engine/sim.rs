@@ -573,11 +573,34 @@ impl Pair {
         self.wait(|p| p.rcv.test(id))
     }
 
+    /// One round of the engine benchmarks (`benches/engine.rs`, `examples/engine_rounds.rs`):
+    /// a one-buffer irecv, an isend of `data`, and both driven to completion.
+    pub fn round(&mut self, data: &[u8]) {
+        let r = self.irecv(&[(0, 65536, 0)]).expect("irecv");
+        let s = self.isend(0, data, 0).expect("isend");
+        self.wait_recv(r).expect("recv");
+        self.wait_send(s).expect("send");
+    }
+
     /// The receive user region bytes at `off`.
     pub fn received(&self, off: u64, len: usize) -> Vec<u8> {
         self.rmem.get(R_USER + off, len)
     }
 }
+/// The pair the engine benchmarks run their rounds on: RQ depth 64 in batches of 16, 8 KiB
+/// bounce buffers (so everything up to 8 KiB goes eagerly).
+pub fn bench_cfg(credits: bool) -> PairCfg {
+    PairCfg {
+        rq_depth: 64,
+        rq_batch: 16,
+        rq_low_water: 48,
+        eager_buf_size: 8192,
+        eager_limit: 8192,
+        credits,
+        ..PairCfg::default()
+    }
+}
+
 /// A small seeded generator (splitmix64) for randomized engine tests: same seed, same run.
 pub struct Rng(pub u64);
 
