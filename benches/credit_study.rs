@@ -59,6 +59,21 @@ fn parse_list<T: std::str::FromStr>(v: &str) -> Vec<T> {
         .collect()
 }
 
+/// A comma-separated list of `words`, each mapped to its value (`--modes fixed,adaptive`).
+fn parse_words(flag: &str, v: &str, words: [(&str, bool); 2]) -> Vec<bool> {
+    v.split(',')
+        .map(|w| {
+            words
+                .iter()
+                .find(|(name, _)| *name == w.trim())
+                .map(|&(_, b)| b)
+                .unwrap_or_else(|| {
+                    panic!("{flag} {w}: expected {} and/or {}", words[0].0, words[1].0)
+                })
+        })
+        .collect()
+}
+
 fn args() -> Args {
     let mut a = Args {
         transport: match std::env::var("VERBSNET_TEST_TRANSPORT").as_deref() {
@@ -93,26 +108,8 @@ fn args() -> Args {
             "--sizes" => a.sizes = parse_list(&v()),
             "--repeat" => a.repeat = v().parse::<usize>().expect("--repeat N").max(1),
             "--csv" => a.csv = Some(v()),
-            "--modes" => {
-                a.modes = v()
-                    .split(',')
-                    .map(|m| match m.trim() {
-                        "fixed" => false,
-                        "adaptive" => true,
-                        m => panic!("--modes {m}: expected fixed and/or adaptive"),
-                    })
-                    .collect()
-            }
-            "--credits" => {
-                a.credits = v()
-                    .split(',')
-                    .map(|m| match m.trim() {
-                        "on" => true,
-                        "off" => false,
-                        m => panic!("--credits {m}: expected on and/or off"),
-                    })
-                    .collect()
-            }
+            "--modes" => a.modes = parse_words(&k, &v(), [("fixed", false), ("adaptive", true)]),
+            "--credits" => a.credits = parse_words(&k, &v(), [("on", true), ("off", false)]),
             // `cargo bench` passes --bench; filters are not supported.
             _ => {}
         }

@@ -1283,6 +1283,14 @@ mod tests {
 
     // ---- Adaptive receive depth from a shared pool ----
 
+    /// Arrivals in bursts of 16 WRs per step, faster than the receiver re-posts.
+    fn bursty() -> Knobs {
+        Knobs {
+            wrs_per_step: 16,
+            ..Knobs::default()
+        }
+    }
+
     fn adaptive(min: u32, depth: u32, pool_bufs: u32) -> PairCfg {
         PairCfg {
             rq_depth: depth,
@@ -1340,11 +1348,7 @@ mod tests {
 
     #[test]
     fn a_busy_connection_grows_from_the_pool_with_exact_credits_and_shrinks_when_idle() {
-        let bursty = Knobs {
-            wrs_per_step: 16,
-            ..Knobs::default()
-        };
-        let mut p = Pair::new(adaptive(2, 32, 64), bursty);
+        let mut p = Pair::new(adaptive(2, 32, 64), bursty());
         assert_eq!(p.rcv.stats().rq_depth, 2);
         let idle_pinned = p.rcv.stats().pinned_bytes;
         burst(&mut p, 400);
@@ -1382,11 +1386,7 @@ mod tests {
     #[test]
     fn an_exhausted_pool_means_credit_waits_never_rnr() {
         // A pool of 2 buffers: the RQ can grow from 2 to 4 at most.
-        let bursty = Knobs {
-            wrs_per_step: 16,
-            ..Knobs::default()
-        };
-        let mut p = Pair::new(adaptive(2, 32, 2), bursty);
+        let mut p = Pair::new(adaptive(2, 32, 2), bursty());
         burst(&mut p, 200);
         let st = p.rcv.stats().clone();
         assert!(st.pool_exhausted > 0, "{st:?}");
