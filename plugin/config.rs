@@ -1,10 +1,12 @@
 //! Configuration from `VERBSNET_*` environment variables, parsed once in `init`.
 //!
-//! Every knob, its default, range and reason is listed once, in [`KNOBS`]; the parser takes
-//! its error texts from there and [`Config::describe`] its names. `docs/configuration.md`
-//! documents the same knobs (a test checks that it names every variable); keep the two in
-//! step. A bad value fails `init` with an error naming the variable, the value and what is
-//! accepted, e.g.
+//! Every knob is declared once, in [`KNOBS`]: name, type and range ([`Kind`]), default,
+//! documentation and NCCL IB equivalent. The parser takes its ranges and error texts from
+//! there, [`Config::describe`] its names, and docs/configuration.md's knob tables are generated
+//! from it ([`doc_table`]; a unit test fails when the page differs and `VERBSNET_BLESS=1`
+//! regenerates it); another test checks the registry's default texts against
+//! [`Config::default`]. A bad value fails `init` with an error naming the variable, the value
+//! and what is accepted, e.g.
 //! `VERBSNET_RQ_DEPTH="abc" is not valid: expected an integer in 1..=32768`.
 //!
 //! Rules common to every knob: an unset or empty (all-whitespace) value means "use the
@@ -143,14 +145,32 @@ pub struct Config {
     pub test_first_gen: u32,
 }
 
+/// Default `VERBSNET_RQ_DEPTH`.
+pub const DEFAULT_RQ_DEPTH: u32 = 128;
+
+/// The defaults of `VERBSNET_RQ_BATCH`, `VERBSNET_RQ_LOW_WATER` and `VERBSNET_RQ_MIN_DEPTH`
+/// for a depth (and, for the low water mark, the batch in effect when it was set): the rules
+/// the registry's `default` texts state, `min(16, depth)`, `max(1, depth - batch)`,
+/// `min(2, depth)`.
+fn rq_defaults(depth: u32, batch: Option<u32>) -> (u32, u32, u32) {
+    let default_batch = depth.min(16);
+    let batch_in_effect = batch.unwrap_or(default_batch);
+    (
+        default_batch,
+        depth.saturating_sub(batch_in_effect).max(1),
+        depth.min(2),
+    )
+}
+
 impl Default for Config {
     fn default() -> Self {
+        let (rq_batch, rq_low_water, rq_min_depth) = rq_defaults(DEFAULT_RQ_DEPTH, None);
         Config {
             transport: TransportChoice::Auto,
-            rq_depth: 128,
-            rq_batch: 16,
-            rq_low_water: 112,
-            rq_min_depth: 2,
+            rq_depth: DEFAULT_RQ_DEPTH,
+            rq_batch,
+            rq_low_water,
+            rq_min_depth,
             rq_shrink_after: Some(Duration::from_secs(2)),
             rq_pool_size: 256 << 20,
             eager_buf_size: 8192,
@@ -204,23 +224,180 @@ impl std::fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
-/// One `VERBSNET_*` knob: the single registry entry the parser, [`Config::describe`] and
-/// the documentation test read.
+/// One `VERBSNET_*` knob: the single registry entry the parser (ranges, error texts),
+/// [`Config::describe`] (names and values), [`Config::default`] (checked against `default` by
+/// a test) and docs/configuration.md (its tables are generated from these entries:
+/// [`doc_table`]) all read.
 #[derive(Clone, Copy, Debug)]
 pub struct Knob {
     /// The environment variable, e.g. `VERBSNET_RQ_DEPTH`.
     pub var: &'static str,
     /// The short name used by [`Config::describe`], e.g. `rq_depth`.
     pub key: &'static str,
-    /// The default, as text.
+    /// The default, as text: a value the parser accepts (and which gives [`Config::default`]),
+    /// or for a default derived from other knobs the rule, e.g. `min(16, rq_depth)`.
     pub default: &'static str,
-    /// What is accepted: exactly the `expected` text of a [`ConfigError`] (for knobs bounded by
-    /// another knob, the error appends the bound in effect: `(here 1..=4)`).
-    pub accepted: &'static str,
-    /// What the knob does and why the default.
-    pub reason: &'static str,
+    /// Type and range; [`Knob::accepted`] renders it for errors and the documentation.
+    pub kind: Kind,
+    /// The documentation section the knob is listed in.
+    pub group: Group,
+    /// What the knob does and why that default (Markdown; the documentation's table cell).
+    pub doc: &'static str,
+    /// NCCL IB's equivalent (Markdown), or `none`.
+    pub nccl_ib: &'static str,
     /// Renders this knob's value in `config` for [`Config::describe`].
     show: fn(&Config) -> String,
+}
+
+/// A knob's type and accepted range: declared once, read by the parser and rendered into
+/// error messages and the documentation by [`Knob::accepted`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// One of these keywords (case-insensitive).
+    Choice(&'static [&'static str]),
+    /// `1`/`0`, `true`/`false`, `on`/`off`, `yes`/`no`.
+    Bool,
+    /// A decimal integer in `lo..=hi`.
+    Int {
+        /// Smallest value.
+        lo: u32,
+        /// Largest value.
+        hi: u32,
+    },
+    /// A decimal integer from `lo` up to a bound set by other knobs (`hi` names it).
+    IntBelow {
+        /// Smallest value.
+        lo: u32,
+        /// The bound, as an expression of other knobs.
+        hi: &'static str,
+    },
+    /// An integer in `lo..=hi`, or `-1` for automatic.
+    IntOrAuto {
+        /// Smallest value.
+        lo: u32,
+        /// Largest value.
+        hi: u32,
+    },
+    /// A byte count in `0..=hi`.
+    Bytes {
+        /// Largest value.
+        hi: u32,
+    },
+    /// A byte count from 0 up to the value of the knob `hi`.
+    BytesBelow {
+        /// The knob bounding it.
+        hi: &'static str,
+    },
+    /// Seconds, fractions allowed; `zero` says what 0 means (`None`: 0 is refused).
+    Seconds {
+        /// The meaning of 0, e.g. `off`.
+        zero: Option<&'static str>,
+    },
+    /// Free-form text, checked by the parser; the description of what is accepted.
+    Text(&'static str),
+}
+
+/// The section of docs/configuration.md a knob is listed in, in the page's order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Group {
+    /// "Transport selection".
+    Transport,
+    /// "Receive queue".
+    ReceiveQueue,
+    /// "Eager and rendezvous".
+    Eager,
+    /// "Flow control and IB transport timers".
+    FlowControl,
+    /// "Devices and addresses".
+    Devices,
+    /// "Diagnostics".
+    Diagnostics,
+    /// "Connection set-up and peer liveness".
+    Setup,
+}
+
+impl Group {
+    /// Every group, in the page's order.
+    pub const ALL: [Group; 7] = [
+        Group::Transport,
+        Group::ReceiveQueue,
+        Group::Eager,
+        Group::FlowControl,
+        Group::Devices,
+        Group::Diagnostics,
+        Group::Setup,
+    ];
+
+    /// The marker naming the group's generated table in docs/configuration.md.
+    #[must_use]
+    pub fn marker(self) -> &'static str {
+        match self {
+            Group::Transport => "transport",
+            Group::ReceiveQueue => "receive-queue",
+            Group::Eager => "eager",
+            Group::FlowControl => "flow-control",
+            Group::Devices => "devices",
+            Group::Diagnostics => "diagnostics",
+            Group::Setup => "setup",
+        }
+    }
+}
+
+impl Knob {
+    /// What the knob accepts, exactly as its errors say it (for knobs bounded by another, the
+    /// error appends the bound in effect: `(here 1..=4)`), e.g. `an integer in 1..=32768`.
+    #[must_use]
+    pub fn accepted(&self) -> String {
+        match self.kind {
+            Kind::Choice(words) => format!("one of {}", words.join(", ")),
+            Kind::Bool => "a boolean: 1, 0, true, false, on, off, yes, no".to_string(),
+            Kind::Int { lo, hi } => format!("an integer in {lo}..={hi}"),
+            Kind::IntBelow { lo, hi } => format!("an integer in {lo}..={hi}"),
+            Kind::IntOrAuto { lo, hi } => format!("an integer in {lo}..={hi}, or -1 for auto"),
+            Kind::Bytes { hi } => format!("an integer number of bytes in 0..={hi}"),
+            Kind::BytesBelow { hi } => format!("an integer number of bytes in 0..={hi}"),
+            Kind::Seconds { zero: Some(z) } => {
+                format!("a number of seconds >= 0 (fractions allowed, 0 = {z})")
+            }
+            Kind::Seconds { zero: None } => "a number of seconds > 0 (fractions allowed)".into(),
+            Kind::Text(t) => t.to_string(),
+        }
+    }
+
+    /// The fixed integer range of an `Int`, `IntOrAuto` or `Bytes` knob.
+    fn range(&self) -> Option<(u32, u32)> {
+        match self.kind {
+            Kind::Int { lo, hi } | Kind::IntOrAuto { lo, hi } => Some((lo, hi)),
+            Kind::Bytes { hi } => Some((0, hi)),
+            Kind::IntBelow { lo, .. } => Some((lo, u32::MAX)),
+            Kind::BytesBelow { .. } => Some((0, u32::MAX)),
+            _ => None,
+        }
+    }
+}
+
+/// The Markdown table of one documentation section, generated from [`KNOBS`]: what
+/// docs/configuration.md holds between `<!-- knobs:MARKER -->` and `<!-- /knobs -->` (a unit
+/// test fails when the page differs; `VERBSNET_BLESS=1 cargo test --lib config` rewrites it).
+#[must_use]
+pub fn doc_table(group: Group) -> String {
+    let cell = |s: &str| s.replace('|', "\\|");
+    let mut t = String::from(
+        "| variable | default | accepted | what it does and why that default | NCCL IB equivalent |\n\
+         |---|---|---|---|---|\n",
+    );
+    for k in KNOBS.iter().filter(|k| k.group == group) {
+        let _ = writeln!(
+            t,
+            "| `{}` | `{}` | {} | {} | {} |",
+            k.var,
+            k.default,
+            cell(&k.accepted()),
+            cell(k.doc),
+            cell(k.nccl_ib)
+        );
+    }
+    t
 }
 
 /// Largest `VERBSNET_RQ_DEPTH`.
@@ -239,8 +416,15 @@ pub const KNOBS: &[Knob] = &[
         var: "VERBSNET_TRANSPORT",
         key: "transport",
         default: "auto",
-        accepted: "one of auto, ib, tcp",
-        reason: "auto uses verbs when a usable device exists and falls back to tcp (logged)",
+        kind: Kind::Choice(&["auto", "ib", "tcp"]),
+        group: Group::Transport,
+        doc: "`ib`: real verbs; `init` fails when no usable device is found. `tcp`: the userspace \
+             TCP stand-in (same engine, same wire protocol). `auto` uses verbs when a usable \
+             device exists and falls back to tcp otherwise, logging the choice, so one build runs \
+             both on RDMA hosts and on laptops/CI.",
+        nccl_ib:
+            "none (NCCL picks its transport with `NCCL_NET` / `NCCL_IB_DISABLE`; select verbsnet \
+             itself with `NCCL_NET_PLUGIN=verbsnet`)",
         show: |c| {
             match c.transport {
                 TransportChoice::Auto => "auto",
@@ -254,43 +438,88 @@ pub const KNOBS: &[Knob] = &[
         var: "VERBSNET_RQ_DEPTH",
         key: "rq_depth",
         default: "128",
-        accepted: "an integer in 1..=32768",
-        reason: "a common driver default; 512-1024 removes stalls for bursty receivers at \
-                 rq_depth x (eager_buf_size + 64) bytes per receive comm",
+        kind: Kind::Int {
+            lo: 1,
+            hi: MAX_RQ_DEPTH,
+        },
+        group: Group::ReceiveQueue,
+        doc: "The most receive WRs (and bounce buffers) a connection grows to. 128 is a common \
+             driver default and comfortably above the 32 requests NCCL keeps outstanding per comm \
+             (`NCCL_NET_MAX_REQUESTS`). Raise it to 512–1024 when a bursty receiver stalls (eager \
+             sends waiting for credits, or RNR NAKs with credits off); the price is memory, see \
+             above.",
+        nccl_ib:
+            "receiver QP `max_recv_wr` = 256, compile-time; NCCL IB posts one zero-byte receive \
+             per `irecv` instead of a standing pool",
         show: |c| c.rq_depth.to_string(),
     },
     Knob {
         var: "VERBSNET_RQ_BATCH",
         key: "rq_batch",
         default: "min(16, rq_depth)",
-        accepted: "an integer in 1..=VERBSNET_RQ_DEPTH",
-        reason: "one post_recv call per 16 WRs amortizes the doorbell",
+        kind: Kind::IntBelow {
+            lo: 1,
+            hi: "VERBSNET_RQ_DEPTH",
+        },
+        group: Group::ReceiveQueue,
+        doc: "Receive WRs chained into one `ibv_post_recv` call. 16 amortizes the doorbell (one \
+             MMIO write per batch) without holding many buffers back; it shrinks with a smaller \
+             depth, so `VERBSNET_RQ_DEPTH=4` alone gives batch 4.",
+        nccl_ib: "none (one WR per `irecv`)",
         show: |c| c.rq_batch.to_string(),
     },
     Knob {
         var: "VERBSNET_RQ_LOW_WATER",
         key: "rq_low_water",
         default: "max(1, rq_depth - rq_batch)",
-        accepted: "an integer in 1..=VERBSNET_RQ_DEPTH-VERBSNET_RQ_BATCH+1",
-        reason: "refill as soon as one batch fits, keeping the RQ nearly full",
+        kind: Kind::IntBelow {
+            lo: 1,
+            hi: "VERBSNET_RQ_DEPTH-VERBSNET_RQ_BATCH+1",
+        },
+        group: Group::ReceiveQueue,
+        doc:
+            "Refill when fewer than this many receive WRs are posted. The default refills as soon \
+             as one whole batch fits, keeping the queue nearly full (112 of 128 at the defaults; \
+             1 at depth 4). The upper bound guarantees a refill never overfills the queue \
+             (`low_water - 1 + batch ≤ depth`). A smaller value means fewer, larger refills and a \
+             lower floor of posted receives.",
+        nccl_ib: "none",
         show: |c| c.rq_low_water.to_string(),
     },
     Knob {
         var: "VERBSNET_RQ_MIN_DEPTH",
         key: "rq_min_depth",
         default: "min(2, rq_depth)",
-        accepted: "an integer in 1..=VERBSNET_RQ_DEPTH",
-        reason: "an idle connection pins about 60 KiB in all; a busy one grows a batch each \
-                 time its RQ runs dry, from the shared pool; = rq_depth for a fixed depth",
+        kind: Kind::IntBelow {
+            lo: 1,
+            hi: "VERBSNET_RQ_DEPTH",
+        },
+        group: Group::ReceiveQueue,
+        doc:
+            "Receive WRs a connection starts with and shrinks back to. 2 keeps an idle connection \
+             at about 60 KiB pinned (NCCL opens one receive comm per channel per peer, thousands \
+             in an alltoall); a busy one doubles its depth each time its sender waits for a \
+             credit (counter `rq_grows`), so a burst costs a few credit waits, never RNR. Set it \
+             to `VERBSNET_RQ_DEPTH` for a fixed depth.",
+        nccl_ib: "none (NCCL IB posts one zero-byte receive per `irecv`)",
         show: |c| c.rq_min_depth.to_string(),
     },
     Knob {
         var: "VERBSNET_RQ_SHRINK_AFTER",
         key: "rq_shrink_after",
         default: "2",
-        accepted: "seconds >= 0 (fractions allowed; 0 = never shrink)",
-        reason: "longer than the gaps between NCCL's steps, short enough that an idle \
-                 communicator gives its bounce buffers back to the pool within seconds",
+        kind: Kind::Seconds {
+            zero: Some("never shrink"),
+        },
+        group: Group::ReceiveQueue,
+        doc:
+            "Without growing for this long, the depth shrinks by one batch towards `rq_min_depth` \
+             (`rq_shrinks`). 2 s is far longer than the gaps between NCCL's steps inside a \
+             collective, and short enough that an idle communicator gives its buffers back within \
+             seconds. Posted WRs cannot be taken back on verbs (no \"unpost\"), so the buffers \
+             above the new depth return to the pool as messages consume them, and credits stay \
+             exact.",
+        nccl_ib: "none",
         show: |c| match c.rq_shrink_after {
             Some(d) => format!("{}s", d.as_secs_f64()),
             None => "never".into(),
@@ -300,66 +529,121 @@ pub const KNOBS: &[Knob] = &[
         var: "VERBSNET_RQ_POOL_SIZE",
         key: "rq_pool_size",
         default: "268435456",
-        accepted: "an integer number of bytes in 0..=4294967295",
-        reason: "256 MiB: about 256 receive comms at the full default depth at once, whatever \
-                 the number of connections; when it is used up, senders wait for credits",
+        kind: Kind::Bytes { hi: u32::MAX },
+        group: Group::ReceiveQueue,
+        doc:
+            "Bytes of bounce buffers (registered in slabs of 16 as needed) that all receive comms \
+             of one device in this process may grow by together. 256 MiB is about 256 receive \
+             comms at the full default depth at the same time. When it is used up a queue stops \
+             growing (`pool_exhausted`): credit-gated senders wait for credits, they never meet \
+             RNR. `0`: every queue stays at `rq_min_depth`.",
+        nccl_ib: "none",
         show: |c| c.rq_pool_size.to_string(),
     },
     Knob {
         var: "VERBSNET_EAGER_BUF_SIZE",
         key: "eager_buf_size",
         default: "8192",
-        accepted: "an integer number of bytes in 0..=1048576",
-        reason: "covers NCCL's small LL/LL128 messages; memory is rq_depth x this per comm",
+        kind: Kind::Bytes {
+            hi: MAX_EAGER_BUF_SIZE,
+        },
+        group: Group::Eager,
+        doc: "Payload bytes of one bounce buffer. 8 KiB holds NCCL's small messages (LL/LL128 \
+             protocol chunks, small collectives) in one SEND, and keeps the per-comm pool at \
+             about 1 MiB. `0` disables the eager path entirely.",
+        nccl_ib: "none (NCCL IB has no eager path: every message is a receiver-driven RDMA WRITE)",
         show: |c| c.eager_buf_size.to_string(),
     },
     Knob {
         var: "VERBSNET_EAGER_LIMIT",
         key: "eager_limit",
         default: "eager_buf_size",
-        accepted: "an integer number of bytes in 0..=VERBSNET_EAGER_BUF_SIZE",
-        reason: "anything that fits a bounce buffer goes eagerly (one copy, no CTS round trip)",
+        kind: Kind::BytesBelow {
+            hi: "VERBSNET_EAGER_BUF_SIZE",
+        },
+        group: Group::Eager,
+        doc: "Largest message sent eagerly (SEND into a bounce buffer, one copy on the receiver, \
+             no round trip). Larger messages use rendezvous: the receiver sends a CTS, the sender \
+             does a zero-copy RDMA WRITE with immediate. The default sends everything that fits a \
+             bounce buffer eagerly; lower it to trade latency for fewer copies. It follows \
+             `VERBSNET_EAGER_BUF_SIZE` when only that is set; a limit above the buffer size is an \
+             error naming both variables.",
+        nccl_ib:
+            "`NCCL_IB_AR_THRESHOLD` (8192) is the closest size threshold, but it only splits data \
+             and immediate, it does not change the protocol",
         show: |c| c.eager_limit.to_string(),
     },
     Knob {
         var: "VERBSNET_CREDITS",
         key: "credits",
         default: "1",
-        accepted: "a boolean: 1, 0, true, false, on, off, yes, no",
-        reason: "an isend never outruns the receiver's posted receives; 0 mimics NCCL IB \
-                 (relies on RNR retry)",
+        kind: Kind::Bool,
+        group: Group::FlowControl,
+        doc: "Credit gating: the receiver grants one credit per posted receive buffer and the \
+             sender never has more eager SENDs in flight than credits, so an `isend` never \
+             outruns the receiver's posted receives and RNR NAKs do not happen. `0` sends without \
+             waiting for credits, mimicking NCCL IB, which relies on RNR retry (below) as its \
+             safety net; useful to compare behaviour, or when credit returns add latency.",
+        nccl_ib: "none; NCCL IB's CTS FIFO gates data writes, and RNR retry covers the rest",
         show: |c| if c.credits { "on" } else { "off" }.to_string(),
     },
     Knob {
         var: "VERBSNET_RNR_TIMER",
         key: "rnr_timer",
         default: "12",
-        accepted: "an integer in 0..=31",
-        reason: "IB encoding; 12 = 0.64 ms, as NCCL IB's min_rnr_timer",
+        kind: Kind::Int { lo: 0, hi: 31 },
+        group: Group::FlowControl,
+        doc: "Minimum RNR NAK timer our QPs advertise: how long a sender waits before retrying a \
+             SEND that found no posted receive. 12 = 0.64 ms, as NCCL IB: short enough not to add \
+             visible latency, long enough for the receiver to refill.",
+        nccl_ib: "`min_rnr_timer = 12`, compile-time",
         show: |c| c.rnr_timer.to_string(),
     },
     Knob {
         var: "VERBSNET_RNR_RETRY",
         key: "rnr_retry",
         default: "7",
-        accepted: "an integer in 0..=7",
-        reason: "7 = retry forever, as NCCL IB; the hang watchdog reports stalls",
+        kind: Kind::Int { lo: 0, hi: 7 },
+        group: Group::FlowControl,
+        doc:
+            "How many times the HCA retries after an RNR NAK; 7 means forever, as NCCL IB. A slow \
+             receiver then stalls the sender instead of killing the connection with \
+             `IBV_WC_RNR_RETRY_EXC_ERR`; the hang watchdog (`VERBSNET_HANG_TIMEOUT`) reports such \
+             stalls. Set 0–6 to turn an endless stall into an error while debugging.",
+        nccl_ib: "`rnr_retry = 7`, compile-time",
         show: |c| c.rnr_retry.to_string(),
     },
     Knob {
         var: "VERBSNET_IB_TIMEOUT",
         key: "ib_timeout",
         default: "20",
-        accepted: "an integer in 1..=31",
-        reason: "4.096 us x 2^20 = 4.3 s ACK timeout, as NCCL_IB_TIMEOUT since NCCL 2.23",
+        kind: Kind::Int { lo: 1, hi: 31 },
+        group: Group::FlowControl,
+        doc:
+            "ACK timeout of our RC QPs: 4.096 µs × 2^20 ≈ 4.3 s, as NCCL since 2.23. Large enough \
+             to ride out fabric congestion and link flaps; with the default 6 retries a silent \
+             peer (powered off, cable cut) fails every outstanding WR after (6 + 1) × 4.3 s ≈ 30 \
+             s. (0, \"wait forever\", is not accepted.)",
+        nccl_ib: "`NCCL_IB_TIMEOUT`, default 20 since NCCL 2.23 (18 in 2.14–2.22, 14 before)",
         show: |c| c.ib_timeout.to_string(),
     },
     Knob {
         var: "VERBSNET_IB_RETRY_CNT",
         key: "ib_retry_cnt",
         default: "6",
-        accepted: "an integer in 0..=7",
-        reason: "a silent peer fails WRs after (6+1) x 4.3 s = 30 s; 7 (NCCL's) is endless on rxe",
+        kind: Kind::Int { lo: 0, hi: 7 },
+        group: Group::FlowControl,
+        doc: "Transport retries after an ACK timeout before the WR fails with \
+             `IBV_WC_RETRY_EXC_ERR` (reported as `ncclRemoteError`). The bound for a silent peer \
+             is (retry_cnt + 1) × ACK timeout: 7 × 4.3 s ≈ 30 s at the defaults, well under the \
+             minutes after which frameworks give up on a collective (PyTorch's NCCL watchdog: 10 \
+             min) and under our own `VERBSNET_HANG_TIMEOUT` (60 s), so the transport names the \
+             failure before the watchdog guesses. Not 7 (NCCL's default): soft-RoCE (`rdma_rxe`) \
+             treats 7 as \"retry for ever\" (its completer counts retries down only when the \
+             value is not 7), so with 7 a powered-off peer is never reported on rxe; on hardware \
+             NICs 7 bounds at ≈ 34 s, one retry more than 6. Measured across two VMs: \
+             [troubleshooting](troubleshooting.md#a-peer-host-or-its-link-goes-silent).",
+        nccl_ib: "`NCCL_IB_RETRY_CNT`, default 7",
         show: |c| c.ib_retry_cnt.to_string(),
     },
     // -- traffic class and service level (issue 9) --
@@ -367,88 +651,148 @@ pub const KNOBS: &[Knob] = &[
         var: "VERBSNET_IB_TC",
         key: "ib_tc",
         default: "0",
-        accepted: "an integer in 0..=255",
-        reason: "the GRH traffic class (DSCP << 2 | ECN) of RC QPs, as NCCL_IB_TC (default 0);                  a communicator's trafficClass (ncclNet v10+) overrides it when set",
+        kind: Kind::Int { lo: 0, hi: 255 },
+        group: Group::FlowControl,
+        doc:
+            "The GRH traffic class of every RC QP (on RoCE the IP header's DSCP/ECN byte: DSCP 26 \
+             is `104`, with ECN-capable `106`). A communicator's `trafficClass` overrides it when \
+             set (not -1): NCCL passes it in the v11/v12 `init` config, or in the v10 `connect` \
+             config (`ncclConfig_t.trafficClass`). The value in effect is printed in each \
+             connection's INFO line (`traffic class N SL M`). On InfiniBand it only matters when \
+             the path uses a GRH.",
+        nccl_ib: "`NCCL_IB_TC`, default 0",
         show: |c| c.ib_tc.to_string(),
     },
     Knob {
         var: "VERBSNET_IB_SL",
         key: "ib_sl",
         default: "0",
-        accepted: "an integer in 0..=15",
-        reason: "the InfiniBand service level of RC QPs, as NCCL_IB_SL (default 0)",
+        kind: Kind::Int { lo: 0, hi: 15 },
+        group: Group::FlowControl,
+        doc:
+            "The InfiniBand service level of every RC QP (address vector `sl`); fabrics map it to \
+             virtual lanes. Shown in each connection's INFO line.",
+        nccl_ib: "`NCCL_IB_SL`, default 0",
         show: |c| c.ib_sl.to_string(),
     },
     Knob {
         var: "VERBSNET_IB_HCA",
         key: "ib_hca",
         default: "all active ports",
-        accepted: "a non-empty device list [^][=]name[:port],...",
-        reason: "same syntax as NCCL_IB_HCA",
+        kind: Kind::Text("a non-empty device list [^][=]name[:port],..."),
+        group: Group::Devices,
+        doc:
+            "Which verbs devices and ports to use. Same syntax as NCCL: a prefix match by default \
+             (`mlx5_1` also matches `mlx5_10`), `=` for exact names, `^` to exclude, `:port` for \
+             one port. Unset uses every ACTIVE port.",
+        nccl_ib: "`NCCL_IB_HCA`, default all",
         show: |c| show_opt_str(c.ib_hca.as_deref(), "all"),
     },
     Knob {
         var: "VERBSNET_IB_GID_INDEX",
         key: "ib_gid_index",
         default: "auto",
-        accepted: "an integer in 0..=255, or -1 for auto",
-        reason: "auto picks a RoCE v2 IPv4-mapped GID, as NCCL_IB_GID_INDEX=-1",
+        kind: Kind::IntOrAuto { lo: 0, hi: 255 },
+        group: Group::Devices,
+        doc: "Force the GID table index on RoCE. Auto picks a RoCE v2 GID holding an IPv4-mapped \
+             address, as NCCL does, which is right for routed RoCE v2 fabrics; force an index \
+             when the host has several and auto picks the wrong one. `-1` is accepted so NCCL \
+             settings can be copied verbatim.",
+        nccl_ib: "`NCCL_IB_GID_INDEX`, default -1 (auto, RoCE v2, `AF_INET`)",
         show: |c| c.ib_gid_index.map_or("auto".to_string(), |g| g.to_string()),
     },
     Knob {
         var: "VERBSNET_SOCKET_ADDR",
         key: "socket_addr",
         default: "auto",
-        accepted: "an IPv4 or IPv6 address, e.g. 10.0.0.1 or fd00::1",
-        reason: "auto uses VERBSNET_SOCKET_IFNAME or the first non-loopback interface",
+        kind: Kind::Text("an IPv4 or IPv6 address, e.g. 10.0.0.1 or fd00::1"),
+        group: Group::Devices,
+        doc: "The local address of the out-of-band listener that exchanges connection metadata \
+             (and, with `tcp`, of the data sockets). When set it is used as is and no interface \
+             is chosen. Auto chooses an interface as below.",
+        nccl_ib: "none (NCCL takes the address of `NCCL_SOCKET_IFNAME`)",
         show: |c| c.socket_addr.map_or("auto".to_string(), |a| a.to_string()),
     },
     Knob {
         var: "VERBSNET_SOCKET_IFNAME",
         key: "socket_ifname",
         default: "auto",
-        accepted: "an interface list as NCCL_SOCKET_IFNAME: [^][=]name[,name...] (prefixes)",
-        reason: "auto: NCCL_SOCKET_IFNAME, else NCCL's order (ib*, then not docker/lo/virbr/veth)",
+        kind: Kind::Text(
+            "an interface list as NCCL_SOCKET_IFNAME: [^][=]name[,name...] (prefixes)",
+        ),
+        group: Group::Devices,
+        doc: "The interfaces whose first address the listener uses; takes precedence over \
+             `NCCL_SOCKET_IFNAME`. See [the set-up interface](#the-set-up-interface) below.",
+        nccl_ib: "`NCCL_SOCKET_IFNAME`",
         show: |c| show_opt_str(c.socket_ifname.as_deref(), "auto"),
     },
     Knob {
         var: "VERBSNET_SOCKET_KEEPALIVE",
         key: "socket_keepalive",
         default: "20",
-        accepted: "a number of seconds >= 0 (fractions allowed, 0 = off)",
-        reason: "a powered-off peer host is noticed within 20 s even with no WR in flight",
+        kind: Kind::Seconds { zero: Some("off") },
+        group: Group::Devices,
+        doc: "TCP keepalive on the set-up socket of every ib connection, so that a peer **host** \
+             that goes silent (power loss, cut link: no FIN) fails the comm's requests with \
+             `ncclRemoteError` within this bound even when no WR is in flight for the transport's \
+             retry budget to expire (a receive never times out; a sender waiting for a CTS posts \
+             nothing). First probe after half the bound idle, then every tenth, five unanswered: \
+             10 s + 5 × 2 s at the default. The peer's kernel answers, so a busy peer process \
+             never trips it. 20 s: under the transport's ≈ 30 s budget and far under framework \
+             timeouts; measured 14–17 s across two VMs \
+             ([troubleshooting](troubleshooting.md#a-peer-host-or-its-link-goes-silent)).",
+        nccl_ib: "none (NCCL IB relies on the QP's retry budget only)",
         show: |c| show_duration(c.socket_keepalive),
     },
     Knob {
         var: "VERBSNET_HANG_TIMEOUT",
         key: "hang_timeout",
         default: "60",
-        accepted: "a number of seconds >= 0 (fractions allowed, 0 = off)",
-        reason: "a request idle this long is reported (WARN) instead of hanging silently",
+        kind: Kind::Seconds { zero: Some("off") },
+        group: Group::Diagnostics,
+        doc: "A request that makes no progress for this long is reported with a WARN instead of \
+             hanging silently. 60 s is well above the transport retry budget at the defaults \
+             (about 30 s, see `VERBSNET_IB_RETRY_CNT`), so a report means a real stall, typically \
+             endless RNR retry or a peer that stopped posting receives.",
+        nccl_ib: "none (NCCL IB hangs silently on infinite RNR retry)",
         show: |c| show_duration(c.hang_timeout),
     },
     Knob {
         var: "VERBSNET_STATS_INTERVAL",
         key: "stats_interval",
         default: "0",
-        accepted: "a number of seconds >= 0 (fractions allowed, 0 = off)",
-        reason: "periodic counter lines are for debugging, off by default",
+        kind: Kind::Seconds { zero: Some("off") },
+        group: Group::Diagnostics,
+        doc: "Seconds between periodic INFO lines with the plugin's counters. Off by default: it \
+             is a debugging aid and the lines are noisy.",
+        nccl_ib: "none",
         show: |c| show_duration(c.stats_interval),
     },
     Knob {
         var: "VERBSNET_STATS_FILE",
         key: "stats_file",
         default: "unset",
-        accepted: "a file path",
-        reason: "machine-readable counters for verbsnet-perf --stats and scripts; off by default",
+        kind: Kind::Text("a file path"),
+        group: Group::Diagnostics,
+        doc: "When set, every comm appends one JSON object with its counters (side, ops, bytes, \
+             eager, rendezvous, credit_stalls, cts_waits, rq_post_calls, rq_wrs_posted, \
+             rq_min_level, RNR counters, ...) to this file as it closes; with ncclNet v11/v12 the \
+             object also names its communicator (`\"comm_id\": \"0x…\"`, NCCL's `commId`), so \
+             counters can be grouped per communicator. The `dev_*` RNR counters are device-wide \
+             (every QP on the port) and given as moved while the comm existed. See \
+             [troubleshooting](troubleshooting.md) for reading them. `verbsnet-perf --stats` uses \
+             it.",
+        nccl_ib: "none",
         show: |c| show_opt_str(c.stats_file.as_deref(), "off"),
     },
     Knob {
         var: "VERBSNET_DEBUG",
         key: "debug",
         default: "warn (info when NCCL_DEBUG is INFO or TRACE)",
-        accepted: "one of none, warn, info, debug, trace",
-        reason: "warnings always; setup lines when NCCL itself is asked for INFO",
+        kind: Kind::Choice(&["none", "warn", "info", "debug", "trace"]),
+        group: Group::Diagnostics,
+        doc: "How much the plugin logs; see [Logging](#logging-verbsnet_debug-and-nccl_debug).",
+        nccl_ib: "`NCCL_DEBUG` (see below)",
         show: |c| c.debug.as_str().to_string(),
     },
     // Connection set-up and peer liveness (issue 12).
@@ -456,18 +800,38 @@ pub const KNOBS: &[Knob] = &[
         var: "VERBSNET_CONNECT_TIMEOUT",
         key: "connect_timeout",
         default: "120",
-        accepted: "a number of seconds >= 0 (fractions allowed, 0 = no deadline)",
-        reason: "a connect/accept that cannot finish fails naming the peer and stage instead of \
-                 hanging; 2x NCCL's ~60 s socket connect retries, so a late peer still makes it",
+        kind: Kind::Seconds {
+            zero: Some("no deadline"),
+        },
+        group: Group::Setup,
+        doc:
+            "Longest a `connect` or an `accept` may take. A `connect` that has not finished fails \
+             with `ncclRemoteError` naming the listener's address and the stage reached (TCP \
+             connect, handshake, QP exchange, RTR/RTS); an `accept` that completed no connection \
+             for this long fails naming what the pending handshakes reached. 120 s is twice \
+             NCCL's own socket connect retry window (`NCCL_SOCKET_RETRY_CNT`=34 × \
+             `NCCL_SOCKET_RETRY_SLEEP_MSEC`, `src/misc/socket.cc`), so a rank that starts late \
+             still makes it, while a dead or unreachable peer is an error instead of a silent \
+             hang (a kernel SYN retry alone takes about 127 s). The hang watchdog \
+             (`VERBSNET_HANG_TIMEOUT`) reports a connect or accept without progress first. \
+             Connections that have not shown the listen comm's nonce are dropped after 10 s (or \
+             this value when shorter).",
+        nccl_ib: "none: NCCL IB's connect/accept have no deadline",
         show: |c| show_duration(c.connect_timeout),
     },
     Knob {
         var: "VERBSNET_PEER_CHECK_INTERVAL",
         key: "peer_check_interval",
         default: "1",
-        accepted: "a number of seconds > 0 (fractions allowed)",
-        reason: "the set-up socket is read at most this often to notice a closed peer, so the \
-                 data path makes no system call of its own",
+        kind: Kind::Seconds { zero: None },
+        group: Group::Setup,
+        doc: "How often a comm asks its set-up socket whether the peer closed. The data path \
+             (`isend`/`irecv`/`test`) makes no system call of its own: a dead peer is learnt from \
+             the transport (error completions; on tcp the data stream's EOF) and from this check, \
+             made at most once per interval. 1 s bounds how late a peer's exit is noticed when \
+             the transport says nothing (ib: the peer's QP is gone but nothing was outstanding), \
+             at one `read` per second per comm.",
+        nccl_ib: "none (NCCL IB learns peer death from completions only)",
         show: |c| format!("{}s", c.peer_check_interval.as_secs_f64()),
     },
 ];
@@ -511,34 +875,35 @@ impl Config {
             };
         }
 
-        c.rq_depth = env
-            .int("VERBSNET_RQ_DEPTH", 1, MAX_RQ_DEPTH)?
-            .unwrap_or(128);
+        if let Some(n) = env.int("VERBSNET_RQ_DEPTH", None)? {
+            c.rq_depth = n;
+        }
+        // The derived defaults follow the depth in effect (the rules in the registry).
         let depth = c.rq_depth;
-        c.rq_batch = env
-            .int("VERBSNET_RQ_BATCH", 1, depth)?
-            .unwrap_or(depth.min(16));
+        let (batch, _, min_depth) = rq_defaults(depth, None);
+        c.rq_batch = env.int("VERBSNET_RQ_BATCH", Some(depth))?.unwrap_or(batch);
         let batch = c.rq_batch;
         // batch <= depth, so the bound is >= 1.
         let low_max = depth - batch + 1;
         c.rq_low_water = env
-            .int("VERBSNET_RQ_LOW_WATER", 1, low_max)?
-            .unwrap_or((depth - batch).max(1));
+            .int("VERBSNET_RQ_LOW_WATER", Some(low_max))?
+            .unwrap_or(rq_defaults(depth, Some(batch)).1);
         c.rq_min_depth = env
-            .int("VERBSNET_RQ_MIN_DEPTH", 1, depth)?
-            .unwrap_or(depth.min(2));
+            .int("VERBSNET_RQ_MIN_DEPTH", Some(depth))?
+            .unwrap_or(min_depth);
         if let Some(t) = env.seconds("VERBSNET_RQ_SHRINK_AFTER")? {
             c.rq_shrink_after = t;
         }
-        if let Some(b) = env.int("VERBSNET_RQ_POOL_SIZE", 0, u32::MAX)? {
+        if let Some(b) = env.int("VERBSNET_RQ_POOL_SIZE", None)? {
             c.rq_pool_size = u64::from(b);
         }
 
-        c.eager_buf_size = env
-            .int("VERBSNET_EAGER_BUF_SIZE", 0, MAX_EAGER_BUF_SIZE)?
-            .unwrap_or(8192);
+        if let Some(n) = env.int("VERBSNET_EAGER_BUF_SIZE", None)? {
+            c.eager_buf_size = n;
+        }
+        // Default: follows the buffer size.
         c.eager_limit = env
-            .int("VERBSNET_EAGER_LIMIT", 0, c.eager_buf_size)?
+            .int("VERBSNET_EAGER_LIMIT", Some(c.eager_buf_size))?
             .unwrap_or(c.eager_buf_size);
 
         if let Some(v) = env.value("VERBSNET_CREDITS") {
@@ -549,18 +914,24 @@ impl Config {
             };
         }
 
-        c.rnr_timer = env.small("VERBSNET_RNR_TIMER", 0, 31)?.unwrap_or(12);
-        c.rnr_retry = env.small("VERBSNET_RNR_RETRY", 0, 7)?.unwrap_or(7);
-        c.ib_timeout = env.small("VERBSNET_IB_TIMEOUT", 1, 31)?.unwrap_or(20);
-        c.ib_retry_cnt = env.small("VERBSNET_IB_RETRY_CNT", 0, 7)?.unwrap_or(6);
-        c.ib_tc = env.small("VERBSNET_IB_TC", 0, 255)?.unwrap_or(0);
-        c.ib_sl = env.small("VERBSNET_IB_SL", 0, 15)?.unwrap_or(0);
+        for (var, field) in [
+            ("VERBSNET_RNR_TIMER", &mut c.rnr_timer),
+            ("VERBSNET_RNR_RETRY", &mut c.rnr_retry),
+            ("VERBSNET_IB_TIMEOUT", &mut c.ib_timeout),
+            ("VERBSNET_IB_RETRY_CNT", &mut c.ib_retry_cnt),
+            ("VERBSNET_IB_TC", &mut c.ib_tc),
+            ("VERBSNET_IB_SL", &mut c.ib_sl),
+        ] {
+            if let Some(n) = env.small(var)? {
+                *field = n;
+            }
+        }
 
         c.ib_hca = env.value("VERBSNET_IB_HCA").map(|v| v.trim().to_string());
         // -1 is NCCL_IB_GID_INDEX's spelling of "auto"; accept it for copied settings.
         c.ib_gid_index = match env.value("VERBSNET_IB_GID_INDEX") {
             Some(v) if v.trim() == "-1" => None,
-            _ => env.int("VERBSNET_IB_GID_INDEX", 0, 255)?,
+            _ => env.int("VERBSNET_IB_GID_INDEX", None)?,
         };
         if let Some(v) = env.value("VERBSNET_SOCKET_ADDR") {
             let addr = v.trim().parse::<IpAddr>();
@@ -678,12 +1049,16 @@ impl<F: Fn(&str) -> Option<String>> Lookup<'_, F> {
         (self.0)(var).filter(|v| !v.trim().is_empty())
     }
 
-    /// An integer in `lo..=hi`. For knobs whose bound comes from another knob, the error's
-    /// `expected` adds the bound in effect.
-    fn int(&self, var: &'static str, lo: u32, hi: u32) -> Result<Option<u32>, ConfigError> {
+    /// An integer in the knob's range (its [`Kind`]); `bound` is the upper bound in effect for
+    /// a knob bounded by another (the error's `expected` then adds it).
+    fn int(&self, var: &'static str, bound: Option<u32>) -> Result<Option<u32>, ConfigError> {
         let Some(v) = self.value(var) else {
             return Ok(None);
         };
+        let (lo, hi) = knob(var)
+            .and_then(Knob::range)
+            .expect("an integer knob has a range in the registry");
+        let hi = bound.map_or(hi, |b| b.min(hi));
         let n = v.trim().parse::<u64>().ok();
         match n.and_then(|n| u32::try_from(n).ok()) {
             Some(n) if (lo..=hi).contains(&n) => Ok(Some(n)),
@@ -691,9 +1066,11 @@ impl<F: Fn(&str) -> Option<String>> Lookup<'_, F> {
         }
     }
 
-    /// An integer in `lo..=hi` that fits a `u8`.
-    fn small(&self, var: &'static str, lo: u8, hi: u8) -> Result<Option<u8>, ConfigError> {
-        Ok(self.int(var, lo.into(), hi.into())?.map(|n| n as u8))
+    /// An integer knob whose range fits a `u8`.
+    fn small(&self, var: &'static str) -> Result<Option<u8>, ConfigError> {
+        Ok(self
+            .int(var, None)?
+            .map(|n| u8::try_from(n).expect("registry range fits u8")))
     }
 
     /// Seconds (fractions allowed): `Some(None)` for 0 (off), `None` when unset.
@@ -711,11 +1088,11 @@ impl<F: Fn(&str) -> Option<String>> Lookup<'_, F> {
 
 /// The error for `var=value`, with the registry's accepted text.
 fn invalid(var: &'static str, value: &str) -> ConfigError {
-    let expected = knob(var).map_or("a valid value", |k| k.accepted);
+    let expected = knob(var).map_or_else(|| "a valid value".to_string(), Knob::accepted);
     ConfigError {
         var: var.to_string(),
         value: value.to_string(),
-        expected: expected.to_string(),
+        expected,
     }
 }
 
@@ -1208,7 +1585,8 @@ mod tests {
             assert!(k.var.starts_with("VERBSNET_"), "{}", k.var);
             assert_eq!(k.var, format!("VERBSNET_{}", k.key.to_ascii_uppercase()));
             assert!(KNOBS[i + 1..].iter().all(|o| o.var != k.var), "{}", k.var);
-            assert!(!k.accepted.is_empty() && !k.reason.is_empty() && !k.default.is_empty());
+            assert!(!k.accepted().is_empty() && !k.doc.is_empty() && !k.default.is_empty());
+            assert!(!k.nccl_ib.is_empty(), "{}", k.var);
         }
         // Every field of Config appears in describe().
         let d = Config::default().describe();
@@ -1227,7 +1605,7 @@ mod tests {
             let e = parse(&[(k.var, "bogus?")]).expect_err(k.var);
             assert_eq!(e.var, k.var);
             assert_eq!(e.value, "bogus?");
-            assert!(e.expected.starts_with(k.accepted), "{e}");
+            assert!(e.expected.starts_with(&k.accepted()), "{e}");
         }
         for var in free {
             assert!(parse(&[(var, "bogus?")]).is_ok(), "{var}");
@@ -1262,16 +1640,132 @@ mod tests {
         assert_eq!(suggest("VERBSNET_FOO"), None);
     }
 
+    /// The registry's `default` text and [`Config::default`] say the same: every literal
+    /// default parses to exactly the default configuration; the derived ones are the listed
+    /// rules (a literal default that does not parse would land here and fail).
     #[test]
-    fn documentation_names_every_knob_and_default() {
-        let doc = include_str!("../docs/configuration.md");
+    fn registry_defaults_are_the_default_config() {
+        let derived = [
+            ("VERBSNET_RQ_BATCH", "min(16, rq_depth)"),
+            ("VERBSNET_RQ_LOW_WATER", "max(1, rq_depth - rq_batch)"),
+            ("VERBSNET_RQ_MIN_DEPTH", "min(2, rq_depth)"),
+            ("VERBSNET_EAGER_LIMIT", "eager_buf_size"),
+            ("VERBSNET_IB_HCA", "all active ports"),
+            ("VERBSNET_STATS_FILE", "unset"),
+            (
+                "VERBSNET_DEBUG",
+                "warn (info when NCCL_DEBUG is INFO or TRACE)",
+            ),
+            ("VERBSNET_SOCKET_ADDR", "auto"),
+            ("VERBSNET_SOCKET_IFNAME", "auto"),
+            // Spelt -1 in the environment, as NCCL_IB_GID_INDEX.
+            ("VERBSNET_IB_GID_INDEX", "auto"),
+        ];
+        let d = Config::default();
         for k in KNOBS {
-            assert!(
-                doc.contains(&format!("`{}`", k.var)),
-                "{} undocumented",
-                k.var
-            );
-            assert!(doc.contains(k.default), "{} default {:?}", k.var, k.default);
+            if let Some((_, rule)) = derived.iter().find(|(v, _)| *v == k.var) {
+                assert_eq!(k.default, *rule, "{}", k.var);
+                continue;
+            }
+            let c = parse(&[(k.var, k.default)]).unwrap_or_else(|e| panic!("{}: {e}", k.var));
+            assert_eq!(c, d, "{}={} is not Config::default()", k.var, k.default);
+        }
+        // The derived rules, evaluated at the default and at a small depth.
+        assert_eq!((d.rq_batch, d.rq_low_water, d.rq_min_depth), (16, 112, 2));
+        assert_eq!(d.eager_limit, d.eager_buf_size);
+        let c = ok(&[("VERBSNET_RQ_DEPTH", "4")]);
+        assert_eq!((c.rq_batch, c.rq_low_water, c.rq_min_depth), (4, 1, 2));
+        let c = ok(&[("VERBSNET_RQ_DEPTH", "1")]);
+        assert_eq!((c.rq_batch, c.rq_low_water, c.rq_min_depth), (1, 1, 1));
+        let c = ok(&[("VERBSNET_RQ_DEPTH", "64"), ("VERBSNET_RQ_BATCH", "8")]);
+        assert_eq!(c.rq_low_water, 56);
+        assert_eq!(ok(&[("VERBSNET_EAGER_BUF_SIZE", "1024")]).eager_limit, 1024);
+        assert_eq!(ok(&[("NCCL_DEBUG", "INFO")]).debug, DebugLevel::Info);
+    }
+
+    /// The parser takes its ranges from the registry: each fixed range's ends are accepted and
+    /// one past them refused; every keyword of a choice parses.
+    #[test]
+    fn registry_ranges_are_what_the_parser_enforces() {
+        let mut checked = 0;
+        for k in KNOBS {
+            let fixed = match k.kind {
+                Kind::Int { lo, hi } | Kind::IntOrAuto { lo, hi } => Some((lo, hi)),
+                Kind::Bytes { hi } => Some((0, hi)),
+                _ => None,
+            };
+            if let Some((lo, hi)) = fixed {
+                for v in [lo, hi].map(|n| n.to_string()) {
+                    parse(&[(k.var, &v)]).unwrap_or_else(|e| panic!("{}={v}: {e}", k.var));
+                }
+                let above = (u64::from(hi) + 1).to_string();
+                assert_eq!(parse(&[(k.var, &above)]).unwrap_err().var, k.var);
+                if lo > 0 {
+                    let below = (lo - 1).to_string();
+                    assert_eq!(parse(&[(k.var, &below)]).unwrap_err().var, k.var);
+                }
+                checked += 1;
+            }
+            if let Kind::Choice(words) = k.kind {
+                for w in words {
+                    parse(&[(k.var, w)]).unwrap_or_else(|e| panic!("{}={w}: {e}", k.var));
+                    let upper = w.to_ascii_uppercase();
+                    assert!(parse(&[(k.var, &upper)]).is_ok(), "{}={upper}", k.var);
+                }
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, 12, "integer and choice knobs checked");
+        assert_eq!(
+            parse(&[("VERBSNET_IB_GID_INDEX", "-1")])
+                .unwrap()
+                .ib_gid_index,
+            None
+        );
+    }
+
+    /// docs/configuration.md's knob tables are generated from the registry: the page holds,
+    /// between `<!-- knobs:MARKER -->` and `<!-- /knobs -->`, exactly [`doc_table`]'s output,
+    /// and its example INFO line is `describe()` of the defaults. `VERBSNET_BLESS=1` rewrites
+    /// the page instead of failing (then review the diff).
+    #[test]
+    fn documentation_tables_are_generated_from_the_registry() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/configuration.md");
+        let doc = std::fs::read_to_string(path).expect("docs/configuration.md");
+        let mut out = String::new();
+        let mut rest = doc.as_str();
+        let mut listed = 0;
+        for g in Group::ALL {
+            let open = format!("<!-- knobs:{} -->\n", g.marker());
+            let start = rest
+                .find(&open)
+                .unwrap_or_else(|| panic!("docs/configuration.md lacks {open:?} (in order)"));
+            let body = start + open.len();
+            let end = body
+                + rest[body..]
+                    .find("<!-- /knobs -->")
+                    .expect("an end marker after each table");
+            out.push_str(&rest[..body]);
+            out.push_str(&doc_table(g));
+            rest = &rest[end..];
+            listed += KNOBS.iter().filter(|k| k.group == g).count();
+        }
+        out.push_str(rest);
+        assert_eq!(listed, KNOBS.len(), "every knob is in one group");
+        let describe = Config::default().describe();
+        assert!(
+            doc.contains(&format!("NET/verbsnet : configuration {describe}\n")),
+            "docs/configuration.md's example INFO line differs from the defaults: {describe}"
+        );
+        if out != doc {
+            if std::env::var_os("VERBSNET_BLESS").is_some() {
+                std::fs::write(path, &out).expect("rewrite docs/configuration.md");
+            } else {
+                panic!(
+                    "docs/configuration.md's knob tables differ from plugin/config.rs's KNOBS; \
+                     rerun with VERBSNET_BLESS=1 to regenerate them and review the diff"
+                );
+            }
         }
     }
 }

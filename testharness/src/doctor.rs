@@ -336,7 +336,8 @@ fn local_checks(
             Some(c)
         }
         Err(e) => {
-            let accepted = config::knob(&e.var).map_or("a valid value", |k| k.accepted);
+            let accepted = config::knob(&e.var)
+                .map_or_else(|| "a valid value".to_string(), config::Knob::accepted);
             report.push(
                 Check::new("config", Verdict::Fail, e.to_string())
                     .expect(format!("{} {accepted}", e.var))
