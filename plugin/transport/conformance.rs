@@ -1058,6 +1058,9 @@ pub fn rnr_retry_exceeded_then_flush(t: &Transport) {
         let want = u64::from(rnr_retry) + 1;
         let rnr = p.rnr();
         assert_eq!((rnr.received, rnr.sent), (want, want), "{rnr:?}");
+        if let Some((ca, cb)) = rnr.per_qp {
+            assert_eq!((ca.rnr_naks_received, cb.rnr_naks_sent), (want, want));
+        }
         assert!(dst.bytes().iter().all(|&x| x == 0), "the write never ran");
         if let Some(wc) = post_send_on_error(&mut p, send(4, &[src.sge(0, 8)])) {
             check(
