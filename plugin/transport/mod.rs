@@ -25,6 +25,8 @@ use std::sync::Arc;
 
 use crate::ffi::mem::Region;
 
+#[doc(hidden)]
+pub mod conformance;
 pub mod ib;
 pub mod tcp;
 

@@ -12,7 +12,10 @@
 # plugin and verbsnet-perf with `cargo build --release --workspace`: the commands CI runs
 # before, so nothing is rebuilt), checks that nothing links libibverbs, then boots the VM once
 # and runs, in order, against rxe0:
-#   1. ib_transport      tests/ib_transport.rs (the transport alone)
+#   1. conformance       tests/transport_conformance.rs, its ib:: half: the verbs-behaviour
+#                        suite every transport passes (tcp runs it on the host), one test at a
+#                        time (RNR counts come from device-wide counters)
+#      ib_transport      tests/ib_transport.rs (what only ib has: GID, filter, device limits)
 #   2. plugin_pair       tests/plugin_pair.rs with VERBSNET_TEST_TRANSPORT=ib
 #   3. scenarios         tests/scenarios.rs with VERBSNET_TEST_TRANSPORT=ib (when it exists)
 #   4. rnr               tests/rnr.rs (RNR retry with device counters, credits, closed peer)
@@ -51,7 +54,7 @@ if [ "${1:-}" = --guest ]; then
     logs=$2
     # shellcheck source=/dev/null
     . "$logs/manifest.env"  # BIN_<test>=..., PLUGIN_SO, PERF_BIN (written by the host side)
-    : "${BIN_ib_transport:?}" "${BIN_plugin_pair:?}" "${BIN_rnr:?}"
+    : "${BIN_transport_conformance:?}" "${BIN_ib_transport:?}" "${BIN_plugin_pair:?}" "${BIN_rnr:?}"
     passed=0; failed=0; failures=()
     pass() { passed=$((passed + 1)); printf 'vm-suite: PASS  %-18s %s\n' "$1" "$2"; }
     fail() {
@@ -63,11 +66,13 @@ if [ "${1:-}" = --guest ]; then
     }
     secs() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f s", b - a }'; }
 
-    # test_step NAME BINARY [ENV=VALUE...]: a Rust test binary, all tests, none skipped
+    # test_step NAME BINARY [ENV=VALUE...]: a Rust test binary, all tests (or those $TEST_FILTER
+    # selects), none skipped
     test_step() {
         local name=$1 bin=$2 t0 rc result; shift 2
         t0=$(date +%s.%N)
-        env RUST_BACKTRACE=1 "$@" "$bin" --nocapture > "$logs/$name.log" 2>&1
+        # shellcheck disable=SC2086 # TEST_FILTER is a word list
+        env RUST_BACKTRACE=1 "$@" "$bin" ${TEST_FILTER:-} --nocapture > "$logs/$name.log" 2>&1
         rc=$?
         result=$(grep -E '^test result:' "$logs/$name.log" | tail -n 1 | sed 's/^test result: //; s/; finished.*//')
         if [ $rc != 0 ]; then
@@ -134,6 +139,7 @@ if [ "${1:-}" = --guest ]; then
 
     devs=$(cd /sys/class/infiniband 2>/dev/null && echo *)
     echo "vm-suite: in the VM: kernel $(uname -r), $(nproc) vCPUs, verbs devices: ${devs:-none}"
+    TEST_FILTER=ib:: test_step conformance "$BIN_transport_conformance" RUST_TEST_THREADS=1
     test_step ib_transport "$BIN_ib_transport" RUST_TEST_THREADS=2
     test_step plugin_pair "$BIN_plugin_pair" RUST_TEST_THREADS=2 VERBSNET_TEST_TRANSPORT=ib
     if [ -n "${BIN_scenarios:-}" ]; then
@@ -223,7 +229,7 @@ logs=$(cd "$logs" && pwd)
 rm -f "$logs"/*.log
 t0=$(date +%s)
 
-tests=(ib_transport plugin_pair rnr)
+tests=(transport_conformance ib_transport plugin_pair rnr)
 [ -f tests/scenarios.rs ] && tests+=(scenarios)
 [ -f testharness/tests/lifecycle.rs ] && tests+=(lifecycle)
 # The workspace-wide commands CI runs before (testharness/run-tests.sh), so that nothing is

@@ -594,7 +594,9 @@ impl QueuePair for IbQueuePair {
                     status,
                     opcode,
                     byte_len: if is_recv { wc.byte_len } else { 0 },
-                    imm: with_imm.then(|| u32::from_be(imm_be)),
+                    // rxe also flags the requester's completion of a WRITE_WITH_IMM (imm 0); the
+                    // immediate belongs to the receive completion only
+                    imm: (with_imm && is_recv).then(|| u32::from_be(imm_be)),
                 };
                 let vendor_err = wc.vendor_err;
                 out.push(c);
