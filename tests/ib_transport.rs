@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use tracing_subscriber::layer::SubscriberExt;
 
 use nccl_net_verbsnet::config::Config;
-use nccl_net_verbsnet::ffi::mem::Region;
+use nccl_net_verbsnet::mem::Region;
 use nccl_net_verbsnet::transport::ib::open_devices;
 use nccl_net_verbsnet::transport::{
     Device, MemoryRegion, QpConfig, QueuePair, RecvWr, SendOpcode, SendWr, Sge, TransportError, Wc,

@@ -23,7 +23,7 @@ use std::fmt;
 use std::net::TcpStream;
 use std::sync::Arc;
 
-use crate::ffi::mem::Region;
+use crate::mem::Region;
 
 pub mod ib;
 pub mod tcp;

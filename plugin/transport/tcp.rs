@@ -125,7 +125,7 @@ use std::sync::Arc;
 use self::qp::TcpQp;
 use self::registry::{Registry, TcpMr};
 use crate::config::Config;
-use crate::ffi::mem::Region;
+use crate::mem::Region;
 use crate::transport::TransportError;
 use crate::transport::{Device, DeviceProps, MemoryRegion, QpConfig, QueuePair, Result};
 

@@ -8,6 +8,7 @@
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -15,7 +16,7 @@ use tracing::{debug, warn};
 
 use super::registry::Registry;
 use super::wire::{self, ConnInfo, Frame, FrameError, NakCode, HEADER_LEN, MAX_MSG_LEN};
-use crate::ffi::mem::Region;
+use crate::mem::Region;
 use crate::transport::{
     QpConfig, QpCounters, QueuePair, RecvWr, Result, SendOpcode, SendWr, TransportError, Wc,
     WcOpcode, WcStatus, MAX_SEND_SGE,
@@ -299,11 +300,10 @@ impl TcpQp {
         let rest = seg.len().saturating_sub(p.off);
         let step = match self
             .registry
-            .while_registered(*key, || seg.with(p.off, rest, |s| stream.write(s)))
+            .while_registered(*key, || seg.send_from(p.off, rest, stream.as_fd()))
         {
             None => return TxStep::SourceGone(p.psn),
-            Some(Ok(r)) => classify_write(r),
-            Some(Err(e)) => TxStep::Failed(format!("internal: send payload range: {e}")),
+            Some(r) => classify_write(r),
         };
         if let TxStep::Wrote(n) = step {
             p.off += n;
@@ -421,7 +421,7 @@ impl TcpQp {
                 let tx_buf = &mut self.tx_buf;
                 let copied = self
                     .registry
-                    .while_registered(*key, || r.with(0, r.len(), |s| tx_buf.extend_from_slice(s)));
+                    .while_registered(*key, || r.append_to(0, r.len(), tx_buf));
                 if !matches!(copied, Some(Ok(()))) {
                     // Deregistered since `resolve` (or, unreachable, out of range): never send
                     // a short frame; drop it and fail the WR instead.
@@ -530,22 +530,18 @@ impl TcpQp {
                     let want = (*remaining).min(budget);
                     let r = self
                         .registry
-                        .while_registered(*key, || region.with_mut(*off, want, |b| stream.read(b)));
+                        .while_registered(*key, || region.recv_into(*off, want, stream.as_fd()));
                     let r = match r {
                         None => {
                             self.sink_gone();
                             continue;
                         }
-                        Some(Ok(Ok(0))) => Ok(0),
-                        Some(Ok(Ok(n))) => {
+                        Some(Ok(n)) => {
                             *off += n;
                             *remaining -= n;
                             Ok(n)
                         }
-                        Some(Ok(Err(e))) => Err(e),
-                        Some(Err(e)) => {
-                            Err(io::Error::other(format!("internal: receive range: {e}")))
-                        }
+                        Some(Err(e)) => Err(e),
                     };
                     (r, want)
                 }

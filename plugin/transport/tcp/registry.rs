@@ -8,7 +8,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use crate::ffi::mem::Region;
+use crate::mem::Region;
 use crate::transport::{MemoryRegion, MrKeys, Result, TransportError};
 
 /// Regions registered on one device; shared by the device, its QPs and its MR handles.

@@ -10,7 +10,7 @@ use super::qp::TcpQp;
 use super::wire::{self, ConnInfo, Frame, FrameError, NakCode, HEADER_LEN, MAX_MSG_LEN};
 use super::{open_devices, TcpDevice};
 use crate::config::Config;
-use crate::ffi::mem::Region;
+use crate::mem::Region;
 use crate::transport::{
     Device, MemoryRegion, QpConfig, QueuePair, RecvWr, SendOpcode, SendWr, Sge, TransportError, Wc,
     WcOpcode, WcStatus,
@@ -57,13 +57,8 @@ impl Buf {
 
     fn filled(dev: &dyn Device, len: usize, seed: u8) -> Buf {
         let b = Buf::new(dev, len);
-        b.region
-            .with_mut(0, len, |s| {
-                for (i, x) in s.iter_mut().enumerate() {
-                    *x = pattern(i, seed);
-                }
-            })
-            .expect("fill");
+        let bytes: Vec<u8> = (0..len).map(|i| pattern(i, seed)).collect();
+        b.region.write(0, &bytes).expect("fill");
         b
     }
 
@@ -1789,7 +1784,11 @@ fn destination_deregistered_mid_write_stops_writing() {
         true,
     )])
     .expect("post_send");
-    let landed = |dst: &Region| dst.with(0, 1, |s| s[0]).expect("read") != 0;
+    let landed = |dst: &Region| {
+        let mut b = [0u8; 1];
+        dst.read(0, &mut b).expect("read");
+        b[0] != 0
+    };
     p.drive("the first bytes", |_| landed(&dst));
     drop(mr);
     let snapshot = {
