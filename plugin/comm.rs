@@ -908,7 +908,9 @@ impl Inner {
         if let Some(e) = &self.sticky {
             return Err(e.clone());
         }
+        self.qp.begin_batch();
         let r = f(self);
+        self.qp.end_batch();
         if let Err(e @ (Error::Usage(_) | Error::Remote(_))) = &r {
             self.sticky = Some(e.clone());
         }

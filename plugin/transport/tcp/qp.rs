@@ -53,6 +53,8 @@ pub(super) struct TcpQp {
     io_dead: bool,
     /// `post_send` starts transmitting at once (off only in white-box tests that stage by hand).
     doorbell: bool,
+    /// Inside a caller's batch (`begin_batch`): `poll_cq` leaves what it generated queued.
+    in_batch: bool,
     /// The peer closed the connection or the stream failed (`peer_closed()`).
     peer_closed: bool,
 
@@ -90,6 +92,10 @@ pub(super) struct TcpQp {
     rx_start: usize,
     rx_end: usize,
     rx: RxState,
+    /// When the last read found the socket drained (`None`: it may hold more).
+    rx_drained_at: Option<Instant>,
+    /// Polls that skipped the read since then ([`io::RX_SKIP_POLLS`]).
+    rx_skips: u32,
 
     /// Completions not yet handed out by `poll_cq`.
     cq: VecDeque<Wc>,
@@ -136,6 +142,7 @@ impl TcpQp {
             stream: None,
             io_dead: false,
             doorbell: true,
+            in_batch: false,
             peer_closed: false,
             sq: VecDeque::new(),
             next_psn: initial_psn,
@@ -154,6 +161,8 @@ impl TcpQp {
             rx_start: 0,
             rx_end: 0,
             rx: RxState::Header,
+            rx_drained_at: None,
+            rx_skips: 0,
             cq: VecDeque::new(),
             counters: QpCounters::default(),
         }
@@ -380,14 +389,30 @@ impl QueuePair for TcpQp {
         if self.stream.is_some() && !self.io_dead {
             let now = Instant::now();
             self.flush_tx(now);
-            self.read_rx(now);
+            self.poll_rx(now);
             self.retire_sq();
-            self.flush_tx(now);
+            if !self.in_batch {
+                self.flush_tx(now);
+            }
         }
         self.retire_sq();
         let n = max.min(self.cq.len());
         out.extend(self.cq.drain(..n));
         Ok(n)
+    }
+
+    /// ACKs (and NAKs, retransmissions) `poll_cq` generates wait in the out-queue for the
+    /// next `post_send`, whose doorbell writes them with the new frames in one `sendmsg`, or
+    /// for [`QueuePair::end_batch`].
+    fn begin_batch(&mut self) {
+        self.in_batch = true;
+    }
+
+    fn end_batch(&mut self) {
+        self.in_batch = false;
+        if self.stream.is_some() && !self.io_dead {
+            self.flush_tx(Instant::now());
+        }
     }
 
     fn peer_closed(&self) -> bool {
@@ -579,5 +604,207 @@ mod tests {
         region.read(0, &mut got).expect("read region");
         assert!(got == payload, "payload differs");
         assert_eq!(qp.ctrl.back(), Some(&Frame::Ack { psn: 7 }));
+    }
+
+    /// Reads `n` frames (with their payloads) from the raw peer, waiting at most 10 s.
+    fn read_frames(peer: &mut TcpStream, n: usize) -> Vec<(Frame, Vec<u8>)> {
+        use std::io::Read;
+        peer.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .expect("timeout");
+        let mut out = Vec::new();
+        while out.len() < n {
+            let mut h = [0u8; HEADER_LEN];
+            peer.read_exact(&mut h).expect("peer read header");
+            let f = Frame::decode(&h).expect("frame");
+            let len = match f {
+                Frame::Send { len, .. }
+                | Frame::Write { len, .. }
+                | Frame::WriteImm { len, .. } => len as usize,
+                _ => 0,
+            };
+            let mut payload = vec![0u8; len];
+            peer.read_exact(&mut payload).expect("peer read payload");
+            out.push((f, payload));
+        }
+        out
+    }
+
+    fn poll_all(qp: &mut TcpQp) -> Vec<Wc> {
+        let mut wcs = Vec::new();
+        qp.poll_cq(&mut wcs, 64).expect("poll");
+        wcs
+    }
+
+    /// Many WRs posted in one call, small (copied into the out-buffer) and large (gathered
+    /// from registered memory behind their header), reach the peer intact and in order, and
+    /// complete only as the peer's (cumulative) ACKs arrive, in posting order.
+    #[test]
+    fn a_posted_batch_arrives_in_order_and_completes_only_when_acknowledged() {
+        let (mut qp, mut peer, region, lkey) = established();
+        qp.doorbell = true;
+        let pattern: Vec<u8> = (0..region.len()).map(|i| (i * 7 % 253) as u8).collect();
+        region.write(0, &pattern).expect("fill");
+        let lens: Vec<u32> = (0..12)
+            .map(|i| {
+                if i % 4 == 3 {
+                    20_000 + i * 1000
+                } else {
+                    8 + i * 3
+                }
+            })
+            .collect();
+        let wrs: Vec<SendWr> = lens
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| {
+                let mut wr = send_of(&region, lkey, len);
+                wr.wr_id = i as u64;
+                wr.sgl[0].addr = region.addr() + (i as u64) * 512;
+                wr
+            })
+            .collect();
+        qp.post_send(&wrs).expect("post");
+        // The doorbell wrote what fit; polling finishes the rest (no ACK can have come).
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        while (qp.tx_payload.is_some() || !qp.tx_buf.is_empty()) && Instant::now() < deadline {
+            assert!(poll_all(&mut qp).is_empty(), "a completion before any ACK");
+        }
+        let got = read_frames(&mut peer, wrs.len());
+        for (i, (f, payload)) in got.iter().enumerate() {
+            assert_eq!(
+                *f,
+                Frame::Send {
+                    psn: 100 + i as u32,
+                    len: lens[i]
+                },
+                "frame {i}"
+            );
+            let at = i * 512;
+            assert!(
+                payload[..] == pattern[at..at + lens[i] as usize],
+                "payload of frame {i} differs"
+            );
+        }
+        assert!(poll_all(&mut qp).is_empty(), "completed without an ACK");
+        // A cumulative ACK of the first 5 completes exactly those, in order.
+        peer.write_all(&Frame::Ack { psn: 104 }.encode())
+            .expect("ack");
+        let mut done = Vec::new();
+        while done.len() < 5 && Instant::now() < deadline {
+            done.extend(poll_all(&mut qp).iter().map(|w| (w.wr_id, w.status)));
+        }
+        assert_eq!(
+            done,
+            (0..5).map(|i| (i, WcStatus::Success)).collect::<Vec<_>>()
+        );
+        assert!(poll_all(&mut qp).is_empty(), "only the acknowledged ones");
+        peer.write_all(&Frame::Ack { psn: 111 }.encode())
+            .expect("ack");
+        while done.len() < 12 && Instant::now() < deadline {
+            done.extend(poll_all(&mut qp).iter().map(|w| (w.wr_id, w.status)));
+        }
+        assert_eq!(
+            done,
+            (0..12).map(|i| (i, WcStatus::Success)).collect::<Vec<_>>()
+        );
+    }
+
+    /// Inside a batch, the ACK `poll_cq` generates waits for the batch's next `post_send`
+    /// and leaves in the same write, ahead of the new frame; a batch that posts nothing
+    /// sends it at `end_batch`. Outside a batch it leaves in the same `poll_cq`.
+    #[test]
+    fn a_batch_holds_acks_until_its_send_or_its_end() {
+        let (mut qp, mut peer, region, lkey) = established();
+        qp.doorbell = true;
+        let write = |psn: u32| {
+            let mut b = Frame::Write {
+                psn,
+                len: 4,
+                remote_addr: region.addr(),
+                rkey: lkey,
+            }
+            .encode()
+            .to_vec();
+            b.extend_from_slice(&[1, 2, 3, 4]);
+            b
+        };
+        let carried = |qp: &mut TcpQp, psn: u32| {
+            let deadline = Instant::now() + std::time::Duration::from_secs(10);
+            while qp.rcv_nxt != psn.wrapping_add(1) && Instant::now() < deadline {
+                poll_all(qp);
+            }
+            assert_eq!(
+                qp.rcv_nxt,
+                psn.wrapping_add(1),
+                "message {psn} not carried out"
+            );
+        };
+        // 1: held, then sent with the batch's SEND, ACK first.
+        qp.begin_batch();
+        peer.write_all(&write(7)).expect("peer write");
+        carried(&mut qp, 7);
+        assert_eq!(
+            frames_in(&qp.tx_buf[qp.tx_off..])
+                .into_iter()
+                .chain(qp.ctrl.iter().copied())
+                .collect::<Vec<_>>(),
+            [Frame::Ack { psn: 7 }],
+            "the ACK waits inside the batch"
+        );
+        qp.post_send(&[send_of(&region, lkey, 8)]).expect("post");
+        qp.end_batch();
+        let got = read_frames(&mut peer, 2);
+        assert_eq!(got[0].0, Frame::Ack { psn: 7 });
+        assert_eq!(got[1].0, Frame::Send { psn: 100, len: 8 });
+        // 2: a batch that posts nothing sends the ACK at its end.
+        qp.begin_batch();
+        peer.write_all(&write(8)).expect("peer write");
+        carried(&mut qp, 8);
+        qp.end_batch();
+        assert_eq!(read_frames(&mut peer, 1)[0].0, Frame::Ack { psn: 8 });
+        // 3: no batch: the ACK leaves in the poll that generated it.
+        peer.write_all(&write(9)).expect("peer write");
+        carried(&mut qp, 9);
+        assert!(
+            qp.ctrl.is_empty() && qp.tx_buf.is_empty(),
+            "nothing left queued"
+        );
+        assert_eq!(read_frames(&mut peer, 1)[0].0, Frame::Ack { psn: 9 });
+    }
+
+    /// After a read that drained the socket, the very next poll (within the window) may skip
+    /// the read, but never two in a row: bytes already there are taken in by the poll after.
+    #[test]
+    fn a_drained_socket_is_not_read_on_every_poll_but_data_waits_one_poll_at_most() {
+        let (mut qp, mut peer, region, lkey) = established();
+        let now = Instant::now();
+        qp.poll_rx(now); // EAGAIN: drained
+        assert_eq!(qp.rx_drained_at, Some(now));
+        let mut b = Frame::Write {
+            psn: 7,
+            len: 4,
+            remote_addr: region.addr(),
+            rkey: lkey,
+        }
+        .encode()
+        .to_vec();
+        b.extend_from_slice(&[9; 4]);
+        peer.write_all(&b).expect("peer write");
+        std::thread::sleep(std::time::Duration::from_millis(50)); // it is in our socket now
+        qp.poll_rx(now); // within the window: skipped
+        assert_eq!(qp.rcv_nxt, 7, "the skipped poll read nothing");
+        qp.poll_rx(now); // never two skips in a row
+        assert_eq!(qp.rcv_nxt, 8, "the next poll took the message in");
+        // Past the window a poll always reads.
+        peer.write_all(&{
+            let mut b = b.clone();
+            b[4..8].copy_from_slice(&8u32.to_be_bytes());
+            b
+        })
+        .expect("peer write");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let t = qp.rx_drained_at.expect("drained");
+        qp.poll_rx(t + io::RX_SKIP_WINDOW);
+        assert_eq!(qp.rcv_nxt, 9, "a poll after the window reads");
     }
 }

@@ -106,6 +106,16 @@ impl Registry {
         Some(f())
     }
 
+    /// Like [`Registry::while_registered`] for several keys at once (one lock): `f` runs only
+    /// while every key in `keys` stays registered; `None` when one is not.
+    pub(super) fn while_all_registered<R>(&self, keys: &[u32], f: impl FnOnce() -> R) -> Option<R> {
+        let inner = self.read();
+        if !keys.iter().all(|k| inner.regions.contains_key(k)) {
+            return None;
+        }
+        Some(f())
+    }
+
     /// Registered regions (tests).
     #[cfg(test)]
     pub(super) fn len(&self) -> usize {

@@ -4,14 +4,15 @@
 //! for the requester and the responder. No protocol decisions are made here.
 
 use std::collections::VecDeque;
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::os::fd::AsFd;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::responder::{RxState, Sink};
 use super::TcpQp;
-use crate::mem::Region;
+use crate::mem::{self, IoPiece, Region};
 use crate::transport::tcp::wire::{Frame, HEADER_LEN};
+use crate::transport::MAX_SEND_SGE;
 
 /// A frame in `tx_buf`: where it ends, and whether it carries a message (not ACK/NAK).
 #[derive(Clone, Copy)]
@@ -70,6 +71,15 @@ pub(super) const DIRECT_READ_MIN: usize = 16 * 1024;
 /// control frames per system call.
 pub(super) const STAGE_READ_MAX: usize = DIRECT_READ_MIN;
 
+/// Consecutive polls that may skip the read after a drained one ([`TcpQp::poll_rx`]): 1, so
+/// at most every other poll of a tight loop skips, and bytes wait at most one poll.
+pub(super) const RX_SKIP_POLLS: u32 = 1;
+
+/// Polls later than this after a drained read always read ([`TcpQp::poll_rx`]). 20 µs: below
+/// one 8-byte round trip through the plugin on loopback (~30-45 µs), far above one iteration
+/// of a tight poll loop (~1 µs). Measured in docs/performance.md.
+pub(super) const RX_SKIP_WINDOW: Duration = Duration::from_micros(20);
+
 /// Bytes one `poll_cq` writes, and reads, at most (bounds the time of one call).
 pub(super) const IO_BUDGET: usize = 16 * 1024 * 1024;
 
@@ -101,43 +111,81 @@ impl TcpQp {
         }
     }
 
-    /// One write: the rest of `tx_buf`, else the next piece of `tx_payload`.
+    /// One gathered write (`sendmsg`): the rest of `tx_buf` and, behind it, what is left of
+    /// `tx_payload` (its header is the last frame in `tx_buf`, or out already), so a frame and
+    /// its large payload leave in one system call. The payload's keys are held registered for
+    /// the call; if one is gone, only `tx_buf` is written and the payload fails on the next
+    /// call (`SourceGone`), as when it was written on its own.
     pub(super) fn write_some(&mut self) -> TxStep {
-        let Some(stream) = self.stream.as_mut() else {
+        let Some(stream) = self.stream.as_ref() else {
             return TxStep::Blocked;
         };
-        if self.tx_off < self.tx_buf.len() {
-            let step = classify_write(stream.write(&self.tx_buf[self.tx_off..]));
-            if let TxStep::Wrote(n) = step {
-                self.tx_off += n;
-                if self.tx_off >= self.tx_buf.len() {
-                    self.tx_buf.clear();
-                    self.tx_frames.clear();
-                    self.tx_off = 0;
-                }
-            }
-            return step;
+        let buffered = self.tx_buf.len().saturating_sub(self.tx_off);
+        let mut pieces = [IoPiece::Bytes(&[]); 1 + MAX_SEND_SGE];
+        let mut n = 0;
+        if buffered > 0 {
+            pieces[0] = IoPiece::Bytes(&self.tx_buf[self.tx_off..]);
+            n = 1;
         }
-        let Some(p) = self.tx_payload.as_mut() else {
+        let mut keys = [0u32; MAX_SEND_SGE];
+        let mut nkeys = 0;
+        let mut psn = None;
+        if let Some(p) = &self.tx_payload {
+            psn = Some(p.psn);
+            for (i, (key, seg)) in p.segs.iter().enumerate().skip(p.seg).take(MAX_SEND_SGE) {
+                let off = if i == p.seg { p.off } else { 0 };
+                pieces[n] = IoPiece::Region {
+                    region: seg,
+                    off,
+                    len: seg.len().saturating_sub(off),
+                };
+                n += 1;
+                keys[nkeys] = *key;
+                nkeys += 1;
+            }
+        }
+        if n == 0 {
+            if self.tx_payload.take().is_some() {
+                return TxStep::Wrote(0); // every range written: the WR may complete
+            }
             return TxStep::Idle;
+        }
+        let fd = stream.as_fd();
+        let r = if nkeys == 0 {
+            mem::sendmsg(fd, &pieces[..n])
+        } else {
+            match self
+                .registry
+                .while_all_registered(&keys[..nkeys], || mem::sendmsg(fd, &pieces[..n]))
+            {
+                Some(r) => r,
+                None if buffered > 0 => mem::sendmsg(fd, &pieces[..1]),
+                None => return TxStep::SourceGone(psn.unwrap_or_default()),
+            }
         };
-        let Some((key, seg)) = p.segs.get(p.seg) else {
-            self.tx_payload = None;
-            return TxStep::Wrote(0);
-        };
-        let rest = seg.len().saturating_sub(p.off);
-        let step = match self
-            .registry
-            .while_registered(*key, || seg.send_from(p.off, rest, stream.as_fd()))
-        {
-            None => return TxStep::SourceGone(p.psn),
-            Some(r) => classify_write(r),
-        };
-        if let TxStep::Wrote(n) = step {
-            p.off += n;
-            if p.off >= seg.len() {
-                p.seg += 1;
-                p.off = 0;
+        let step = classify_write(r);
+        if let TxStep::Wrote(mut w) = step {
+            let t = w.min(buffered);
+            self.tx_off += t;
+            w -= t;
+            if self.tx_off >= self.tx_buf.len() {
+                self.tx_buf.clear();
+                self.tx_frames.clear();
+                self.tx_off = 0;
+            }
+            if let Some(p) = self.tx_payload.as_mut() {
+                while w > 0 {
+                    let Some((_, seg)) = p.segs.get(p.seg) else {
+                        break;
+                    };
+                    let t = w.min(seg.len().saturating_sub(p.off));
+                    p.off += t;
+                    w -= t;
+                    if p.off >= seg.len() {
+                        p.seg += 1;
+                        p.off = 0;
+                    }
+                }
                 if p.seg >= p.segs.len() {
                     self.tx_payload = None;
                 }
@@ -201,6 +249,24 @@ impl TcpQp {
         self.tx_off = 0;
     }
 
+    /// `poll_cq`'s read: [`Self::read_rx`], except right after a read that found the socket
+    /// drained. Nothing on our side tells when the peer's next bytes arrive, so every read
+    /// of an idle socket is a system call that returns `EAGAIN`; a caller polling in a tight
+    /// loop (NCCL's proxy) would pay one per poll. So after a drained read, up to
+    /// [`RX_SKIP_POLLS`] following polls skip the read, but only while they come within
+    /// [`RX_SKIP_WINDOW`] of that read: data that lands meanwhile waits at most that many polls
+    /// of a tight loop, and a caller that polls less often than the window reads on every poll.
+    pub(super) fn poll_rx(&mut self, now: Instant) {
+        if let Some(t) = self.rx_drained_at {
+            if self.rx_skips < RX_SKIP_POLLS && now.saturating_duration_since(t) < RX_SKIP_WINDOW {
+                self.rx_skips += 1;
+                return;
+            }
+        }
+        self.rx_skips = 0;
+        self.read_rx(now);
+    }
+
     /// Reads what the socket has (up to a budget) and processes every complete frame.
     ///
     /// A read that returns fewer bytes than asked for means the socket is drained for now:
@@ -211,9 +277,14 @@ impl TcpQp {
     pub(super) fn read_rx(&mut self, now: Instant) {
         let mut budget = IO_BUDGET;
         let mut drained = false;
+        self.rx_drained_at = None;
         loop {
             self.process_rx(now);
-            if self.io_dead || budget == 0 || drained {
+            if self.io_dead || budget == 0 {
+                return;
+            }
+            if drained {
+                self.rx_drained_at = Some(now);
                 return;
             }
             let Some(stream) = self.stream.as_mut() else {
@@ -282,7 +353,10 @@ impl TcpQp {
                     budget = budget.saturating_sub(n);
                     drained = n < asked;
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.rx_drained_at = Some(now);
+                    return;
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return self.connection_lost(format!("read: {e}")),
             }
