@@ -346,7 +346,7 @@ impl NetComm {
     }
 
     /// `regMr` of host memory `[region)` on this comm's device.
-    pub fn reg_mr(&self, region: crate::ffi::mem::Region) -> Result<MrHandle, Error> {
+    pub fn reg_mr(&self, region: crate::mem::Region) -> Result<MrHandle, Error> {
         MrHandle::register(&**self.comm().device(), region)
     }
 

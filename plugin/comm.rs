@@ -25,7 +25,7 @@ use crate::engine::{
     Action, Engine, RecvBuf, RecvEngine, RecvParams, ReqError, ReqId, SendEngine, SendParams,
     Stats, CTRL_STAGE_SLOTS, CTS_RING_ENTRIES, MAX_RECV_REQUESTS, MAX_SEND_REQUESTS,
 };
-use crate::ffi::mem::Region;
+use crate::mem::Region;
 use crate::pool::BouncePool;
 use crate::transport::{Device, DeviceRnrCounters, MemoryRegion, MrKeys, QueuePair, Wc, WcStatus};
 
@@ -908,7 +908,9 @@ impl Inner {
         if let Some(e) = &self.sticky {
             return Err(e.clone());
         }
+        self.qp.begin_batch();
         let r = f(self);
+        self.qp.end_batch();
         if let Err(e @ (Error::Usage(_) | Error::Remote(_))) = &r {
             self.sticky = Some(e.clone());
         }

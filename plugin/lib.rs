@@ -2,8 +2,7 @@
 //!
 //! Layers (top to bottom):
 //! - [`ffi`]: the exported `ncclNetPlugin_v7` … `ncclNetPlugin_v12` tables (one adapter per
-//!   version), shim bodies written once, panic containment, error → `ncclResult_t`, and the
-//!   only raw-memory access ([`ffi::mem`]).
+//!   version), shim bodies written once, panic containment, error → `ncclResult_t`.
 //! - [`api`]: the version-independent plugin API: per-communicator contexts, the shared,
 //!   reference-counted plugin state, typed listen/send/receive comms, one error type.
 //! - `comm` / `conn`: send/receive comms: drive the engine, post its WRs to a transport,
@@ -12,6 +11,8 @@
 //! - [`engine`]: the pure protocol engine (no I/O, no clock): request slots, posting-order
 //!   matching, eager and rendezvous paths, RQ batching, credits.
 //! - [`transport`]: one verbs-shaped interface; `ib` (libibverbs) and `tcp` (userspace).
+//! - [`mem`]: raw memory below all of the above: bounds-checked copies, volatile words and
+//!   socket I/O on registered ranges, never a Rust reference to memory a NIC or peer writes.
 //! - [`config`]: `VERBSNET_*` variables, parsed once.
 //! - [`log`]: `tracing` events bridged to NCCL's logger.
 #![warn(missing_docs)]
@@ -21,6 +22,7 @@ pub mod engine;
 pub mod ffi;
 pub mod ifselect;
 pub mod log;
+pub mod mem;
 pub mod transport;
 
 pub mod api;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use crate::comm::{Comm, Error, MrHandle, ReqHandle};
 use crate::config::{Config, TransportChoice};
 use crate::conn::{Connecting, Listen, HANDLE_SIZE};
-use crate::ffi::mem::Region;
+use crate::mem::Region;
 use crate::transport::{self, Device, Kind};
 
 /// The first device of the transport `cfg.transport` names (`Auto` = ib if present, else tcp).

@@ -12,7 +12,6 @@
 
 pub mod abi;
 pub mod logger;
-pub mod mem;
 
 pub mod shim;
 pub mod v10;

@@ -25,11 +25,11 @@ use super::abi::{
     ncclDebugLogger_t, ncclNetCommConfig_v10_t, ncclNetDeviceHandle_v8_t, ncclProfilerCallback_t,
     ncclResult_t, NCCL_NET_OPTIONAL_RECV_COMPLETION, NCCL_PTR_HOST,
 };
-use super::mem::Region;
 use crate::api::{self, Context, Error, InitArgs, ListenComm, MrHandle, NetComm, ReqHandle};
 use crate::comm::Comm;
 use crate::conn::HANDLE_SIZE;
 use crate::engine::wire::MAX_RECVS;
+use crate::mem::Region;
 
 /// Every table's `name`: final at load time (NCCL 2.28+ matches `NCCL_NET` against it before
 /// `init`).

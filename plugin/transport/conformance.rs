@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::config::Config;
-use crate::ffi::mem::Region;
+use crate::mem::Region;
 use crate::transport::{
     self, Device, DeviceRnrCounters, Kind, MemoryRegion, QpConfig, QpCounters, QueuePair, RecvWr,
     SendOpcode, SendWr, Sge, TransportError, Wc, WcOpcode, WcStatus,

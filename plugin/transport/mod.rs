@@ -23,7 +23,7 @@ use std::fmt;
 use std::net::TcpStream;
 use std::sync::Arc;
 
-use crate::ffi::mem::Region;
+use crate::mem::Region;
 
 #[doc(hidden)]
 pub mod conformance;
@@ -381,6 +381,17 @@ pub trait QueuePair: Send {
     /// Makes progress and appends up to `max` completions to `out`; returns how many.
     /// Never blocks.
     fn poll_cq(&mut self, out: &mut Vec<Wc>, max: usize) -> Result<usize>;
+
+    /// Opens a batch of calls (a comm: one plugin entry). Until [`QueuePair::end_batch`] the
+    /// QP may hold back what it would send on its own, so that it leaves with the sends the
+    /// batch posts: the tcp transport holds the ACKs `poll_cq` generates until the next
+    /// `post_send` (one `sendmsg` for both) or the batch's end. Verbs NICs acknowledge in
+    /// hardware: nothing to hold (the default).
+    fn begin_batch(&mut self) {}
+
+    /// Closes the batch: sends whatever [`QueuePair::begin_batch`] let the QP hold back.
+    /// Never blocks. A caller that opens a batch must close it, or the peer's sends wait.
+    fn end_batch(&mut self) {}
 
     /// True once the out-of-band stream saw the peer close (a dead or exited peer).
     fn peer_closed(&self) -> bool;

@@ -4,7 +4,8 @@
 //! non-blocking stream of its connection handshake. There is no background thread: everything
 //! (sending, receiving, acknowledging, RNR retransmission) happens inside
 //! [`QueuePair::poll_cq`], and no call ever blocks. No `unsafe` code: memory is touched only
-//! through the bounds-checked [`Region`] of a registration.
+//! through the bounds-checked [`Region`] of a registration (copies, and socket I/O straight
+//! into or out of the raw range: [`crate::mem`]).
 //!
 //! # Semantics (RC, as in `plugin/transport/mod.rs`)
 //!
@@ -21,12 +22,15 @@
 //! - **Sending.** `post_send` only queues. Each WR gets the next message sequence number (PSN,
 //!   `u32`, wrapping; the first is random and travels in `local_info`). `poll_cq` resolves its
 //!   SGEs in the registry when it puts the message on the wire (an SGE outside every registered
-//!   region: `LocalProtection`; more than 1 GiB in all: `LocalLength`), and writes the payload
-//!   straight from registered memory (payloads up to 16 KiB are copied with their header into
-//!   one write). A signaled WR completes when the peer acknowledges it; an unsignaled one
-//!   completes only on error. Completions appear in posting order. The peer acknowledges
-//!   inside its own `poll_cq` (after carrying a message out; ACKs are cumulative and
-//!   coalesced), so a send completes only while the peer polls.
+//!   region: `LocalProtection`; more than 1 GiB in all: `LocalLength`). Payloads up to 16 KiB
+//!   are copied into the out-buffer with their header; a larger one is gathered straight from
+//!   registered memory behind it, so everything ready in one flush (control frames, several
+//!   messages, a large payload) leaves in one `sendmsg`. A signaled WR completes when the peer
+//!   acknowledges it; an unsignaled one completes only on error. Completions appear in posting
+//!   order. The peer acknowledges inside its own `poll_cq` (after carrying a message out; ACKs
+//!   are cumulative and coalesced), so a send completes only while the peer polls. Inside a
+//!   caller's batch (`begin_batch` … `end_batch`: one comm entry) those ACKs wait for the
+//!   batch's next `post_send`, and leave in its `sendmsg`, or for the batch's end.
 //! - **Receiving.** A SEND or RDMA WRITE with immediate consumes the oldest posted receive WR.
 //!   SEND data goes to the receive WR's buffer (`byte_len` = message length, opcode `Recv`);
 //!   WRITE-with-immediate data goes to `remote_addr` (rkey and bounds checked), and the receive
@@ -34,7 +38,10 @@
 //!   from the socket straight into their destination; headers and small payloads (under
 //!   16 KiB) go through a 64 KiB staging buffer, in reads of at most 16 KiB so that little of a
 //!   large payload behind them is copied twice. A read that returns less than it asked for ends
-//!   the poll's reading (the socket is drained; no extra call for `EAGAIN`).
+//!   the poll's reading (the socket is drained; no extra call for `EAGAIN`), and the next
+//!   `poll_cq`, if it comes within 100 µs, does not read at all (never two polls in a row):
+//!   a caller polling in a tight loop pays about half the `EAGAIN` reads, and bytes wait at
+//!   most one poll.
 //! - **RNR.** With no receive WR posted, the responder counts `rnr_naks_sent`, answers RNR_NAK
 //!   carrying its `min_rnr_timer`, and discards that message and every later one until the
 //!   message comes again (go-back-N). The requester counts `rnr_naks_received`, waits the
@@ -125,7 +132,7 @@ use std::sync::Arc;
 use self::qp::TcpQp;
 use self::registry::{Registry, TcpMr};
 use crate::config::Config;
-use crate::ffi::mem::Region;
+use crate::mem::Region;
 use crate::transport::TransportError;
 use crate::transport::{Device, DeviceProps, MemoryRegion, QpConfig, QueuePair, Result};
 

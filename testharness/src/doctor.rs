@@ -51,7 +51,7 @@ pub const NCCL_DEFAULT_BUFFSIZE: u64 = 4 << 20;
 /// `CAP_IPC_LOCK`'s bit in `/proc/self/status` `CapEff` (linux/capability.h).
 const CAP_IPC_LOCK_BIT: u32 = 14;
 
-/// Page size the plugin rounds its registered buffers up to (`ffi::mem::Region::alloc`).
+/// Page size the plugin rounds its registered buffers up to (`mem::Region::alloc`).
 const PAGE: u64 = 4096;
 
 /// The verdict of one check. Ordered: `Ok < Warn < Fail`.

@@ -21,7 +21,7 @@ use super::dl::{self, Verbs};
 use super::filter::HcaFilter;
 use super::gid::{self, GidKind};
 use super::qp::IbQueuePair;
-use crate::ffi::mem::Region;
+use crate::mem::Region;
 use crate::transport::{
     Device, DeviceProps, DeviceRnrCounters, MemoryRegion, MrKeys, QpConfig, QueuePair,
     TransportError,

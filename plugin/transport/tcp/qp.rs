@@ -1,24 +1,38 @@
 //! The tcp queue pair: an RC requester and responder over one non-blocking stream, driven
 //! entirely by `poll_cq` (the protocol is described in the parent module's documentation).
 //!
+//! This file holds the QP's state, the error state every half shares, and the [`QueuePair`]
+//! entry points; the rest is split by role:
+//! - [`requester`]: send WRs, PSNs, ACK/NAK/RNR NAK handling, in-order send completions;
+//! - [`responder`]: receive WRs, where each message's payload goes, ACKs and NAKs;
+//! - [`io`]: the socket: staging and writing frames, reading and cutting the stream into frames.
+//!
+//! Time is passed in: only the entry points (`post_send`, `poll_cq`) read the clock, once per
+//! call, and hand `now` down to what decides retransmissions (the RNR timer).
+//!
 //! Call order inside [`QueuePair::poll_cq`]: flush the out-queue → read and process frames →
 //! retire decided send WRs → flush again (ACKs/NAKs just generated, retransmissions whose RNR
 //! timer expired) → hand out completions.
 
+mod io;
+mod requester;
+mod responder;
+
 use std::collections::VecDeque;
-use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::sync::Arc;
 use std::time::Instant;
 
 use tracing::{debug, warn};
 
+use self::io::{Staged, TxPayload, INLINE_MAX, RX_BUF_LEN, TX_BUF_CAP};
+use self::requester::SendEntry;
+use self::responder::{recv_wc, Done, RxState};
 use super::registry::Registry;
-use super::wire::{self, ConnInfo, Frame, FrameError, NakCode, HEADER_LEN, MAX_MSG_LEN};
-use crate::ffi::mem::Region;
+use super::wire::{ConnInfo, Frame, NakCode, HEADER_LEN};
 use crate::transport::{
-    QpConfig, QpCounters, QueuePair, RecvWr, Result, SendOpcode, SendWr, TransportError, Wc,
-    WcOpcode, WcStatus, MAX_SEND_SGE,
+    QpConfig, QpCounters, QueuePair, RecvWr, Result, SendWr, TransportError, Wc, WcStatus,
+    MAX_SEND_SGE,
 };
 
 /// An RC queue pair over a TCP stream.
@@ -39,6 +53,8 @@ pub(super) struct TcpQp {
     io_dead: bool,
     /// `post_send` starts transmitting at once (off only in white-box tests that stage by hand).
     doorbell: bool,
+    /// Inside a caller's batch (`begin_batch`): `poll_cq` leaves what it generated queued.
+    in_batch: bool,
     /// The peer closed the connection or the stream failed (`peer_closed()`).
     peer_closed: bool,
 
@@ -76,6 +92,10 @@ pub(super) struct TcpQp {
     rx_start: usize,
     rx_end: usize,
     rx: RxState,
+    /// When the last read found the socket drained (`None`: it may hold more).
+    rx_drained_at: Option<Instant>,
+    /// Polls that skipped the read since then ([`io::RX_SKIP_POLLS`]).
+    rx_skips: u32,
 
     /// Completions not yet handed out by `poll_cq`.
     cq: VecDeque<Wc>,
@@ -104,103 +124,6 @@ enum Cause {
     Protocol,
 }
 
-struct SendEntry {
-    wr: SendWr,
-    psn: u32,
-    /// Completion status once decided (`Success` when acknowledged).
-    status: Option<WcStatus>,
-    /// RNR NAKs received for this WR.
-    rnr_naks: u32,
-}
-
-/// A frame in `tx_buf`: where it ends, and whether it carries a message (not ACK/NAK).
-#[derive(Clone, Copy)]
-struct Staged {
-    end: usize,
-    data: bool,
-}
-
-/// A payload being written from registered memory; `segs` are exactly the gathered ranges.
-struct TxPayload {
-    /// The message it belongs to: that WR must not complete while this is in flight.
-    psn: u32,
-    /// Each gathered range with the key that registers it.
-    segs: Vec<(u32, Region)>,
-    seg: usize,
-    off: usize,
-}
-
-enum RxState {
-    /// Expecting a frame header.
-    Header,
-    /// Expecting `remaining` payload bytes of the current data frame.
-    Payload {
-        remaining: usize,
-        sink: Sink,
-        done: Done,
-    },
-    /// The QP is in the error state: every byte read is dropped (only EOF matters).
-    Drain,
-}
-
-/// Where payload bytes go.
-enum Sink {
-    Discard,
-    /// The destination range (exactly the payload's length), the key that registers it, and
-    /// bytes written so far.
-    Memory {
-        region: Region,
-        key: u32,
-        off: usize,
-    },
-}
-
-/// What to do once a payload is complete.
-enum Done {
-    Nothing,
-    /// RDMA WRITE: acknowledge.
-    Ack(u32),
-    /// SEND: complete the receive WR, acknowledge.
-    Recv {
-        wr_id: u64,
-        psn: u32,
-        len: u32,
-    },
-    /// RDMA WRITE with immediate: complete the receive WR, acknowledge.
-    RecvImm {
-        wr_id: u64,
-        psn: u32,
-        len: u32,
-        imm: u32,
-    },
-}
-
-/// A data request as the responder sees it.
-#[derive(Clone, Copy)]
-enum Request {
-    Send,
-    Write {
-        remote_addr: u64,
-        rkey: u32,
-    },
-    WriteImm {
-        remote_addr: u64,
-        rkey: u32,
-        imm: u32,
-    },
-}
-
-/// Outcome of one socket write attempt.
-enum TxStep {
-    /// Nothing is staged.
-    Idle,
-    Wrote(usize),
-    Blocked,
-    Failed(String),
-    /// The payload's memory was deregistered before its frame was out.
-    SourceGone(u32),
-}
-
 impl TcpQp {
     /// A QP in the INIT state whose first send WR gets `initial_psn`.
     pub(super) fn new(
@@ -219,6 +142,7 @@ impl TcpQp {
             stream: None,
             io_dead: false,
             doorbell: true,
+            in_batch: false,
             peer_closed: false,
             sq: VecDeque::new(),
             next_psn: initial_psn,
@@ -237,673 +161,10 @@ impl TcpQp {
             rx_start: 0,
             rx_end: 0,
             rx: RxState::Header,
+            rx_drained_at: None,
+            rx_skips: 0,
             cq: VecDeque::new(),
             counters: QpCounters::default(),
-        }
-    }
-
-    // ---------------------------------------------------------------------------------------
-    // Output.
-
-    /// Writes staged bytes until the socket would block, staging more frames as room frees.
-    fn flush_tx(&mut self) {
-        let mut budget = IO_BUDGET;
-        while !self.io_dead {
-            match self.write_some() {
-                TxStep::Wrote(n) => {
-                    budget = budget.saturating_sub(n);
-                    if budget == 0 {
-                        return;
-                    }
-                }
-                TxStep::Blocked => return,
-                TxStep::Failed(why) => {
-                    // Take in what the peer sent before it went (its last ACKs) first.
-                    self.read_rx();
-                    return self.connection_lost(why);
-                }
-                TxStep::SourceGone(psn) => return self.source_gone(psn),
-                TxStep::Idle => {
-                    if !self.stage_frames() {
-                        return;
-                    }
-                }
-            }
-        }
-    }
-
-    /// One write: the rest of `tx_buf`, else the next piece of `tx_payload`.
-    fn write_some(&mut self) -> TxStep {
-        let Some(stream) = self.stream.as_mut() else {
-            return TxStep::Blocked;
-        };
-        if self.tx_off < self.tx_buf.len() {
-            let step = classify_write(stream.write(&self.tx_buf[self.tx_off..]));
-            if let TxStep::Wrote(n) = step {
-                self.tx_off += n;
-                if self.tx_off >= self.tx_buf.len() {
-                    self.tx_buf.clear();
-                    self.tx_frames.clear();
-                    self.tx_off = 0;
-                }
-            }
-            return step;
-        }
-        let Some(p) = self.tx_payload.as_mut() else {
-            return TxStep::Idle;
-        };
-        let Some((key, seg)) = p.segs.get(p.seg) else {
-            self.tx_payload = None;
-            return TxStep::Wrote(0);
-        };
-        let rest = seg.len().saturating_sub(p.off);
-        let step = match self
-            .registry
-            .while_registered(*key, || seg.with(p.off, rest, |s| stream.write(s)))
-        {
-            None => return TxStep::SourceGone(p.psn),
-            Some(Ok(r)) => classify_write(r),
-            Some(Err(e)) => TxStep::Failed(format!("internal: send payload range: {e}")),
-        };
-        if let TxStep::Wrote(n) = step {
-            p.off += n;
-            if p.off >= seg.len() {
-                p.seg += 1;
-                p.off = 0;
-                if p.seg >= p.segs.len() {
-                    self.tx_payload = None;
-                }
-            }
-        }
-        step
-    }
-
-    /// Moves control frames, then data frames, into `tx_buf` until it is full or a large
-    /// payload is pending. Returns whether anything was staged.
-    fn stage_frames(&mut self) -> bool {
-        let mut staged = false;
-        while self.tx_buf.len() < TX_BUF_CAP && self.tx_payload.is_none() {
-            if let Some(f) = self.ctrl.pop_front() {
-                self.tx_buf.extend_from_slice(&f.encode());
-                self.tx_frames.push_back(Staged {
-                    end: self.tx_buf.len(),
-                    data: false,
-                });
-                staged = true;
-                continue;
-            }
-            if !self.stage_data() {
-                break;
-            }
-            staged = true;
-        }
-        staged
-    }
-
-    /// Stages the message at `snd_nxt`, if the QP may send it now. A WR whose SGEs do not
-    /// resolve fails here (`LocalProtection`, `LocalLength`) and blocks the ones behind it; it
-    /// completes once everything before it is acknowledged (completions stay in order).
-    fn stage_data(&mut self) -> bool {
-        if self.state != QpState::Ready {
-            return false;
-        }
-        if let Some(t) = self.rnr_wait_until {
-            if Instant::now() < t {
-                return false;
-            }
-            self.rnr_wait_until = None;
-        }
-        let Some(base) = self.sq.front().map(|e| e.psn) else {
-            return false;
-        };
-        let idx = self.snd_nxt.wrapping_sub(base) as usize;
-        let Some(entry) = self.sq.get_mut(idx) else {
-            return false;
-        };
-        if entry.status.is_some() {
-            return false;
-        }
-        let total = entry.wr.byte_len();
-        if total > u64::from(MAX_MSG_LEN) {
-            debug!(
-                qp_num = self.qp_num,
-                wr_id = entry.wr.wr_id,
-                total,
-                "send WR longer than the tcp message limit"
-            );
-            entry.status = Some(WcStatus::LocalLength);
-            return false;
-        }
-        let len = total as u32; // fits: checked against MAX_MSG_LEN above
-        let mut segs = Vec::with_capacity(MAX_SEND_SGE);
-        for sge in entry.wr.sges().iter().filter(|s| s.length > 0) {
-            match self.registry.resolve(sge.lkey, sge.addr, sge.length) {
-                Some(r) => segs.push((sge.lkey, r)),
-                None => {
-                    debug!(
-                        qp_num = self.qp_num,
-                        wr_id = entry.wr.wr_id,
-                        lkey = sge.lkey,
-                        addr = sge.addr,
-                        length = sge.length,
-                        "SGE outside every registered region"
-                    );
-                    entry.status = Some(WcStatus::LocalProtection);
-                    return false;
-                }
-            }
-        }
-        let psn = entry.psn;
-        let frame = match entry.wr.opcode {
-            SendOpcode::Send => Frame::Send { psn, len },
-            SendOpcode::RdmaWrite { remote_addr, rkey } => Frame::Write {
-                psn,
-                len,
-                remote_addr,
-                rkey,
-            },
-            SendOpcode::RdmaWriteWithImm {
-                remote_addr,
-                rkey,
-                imm,
-            } => Frame::WriteImm {
-                psn,
-                len,
-                remote_addr,
-                rkey,
-                imm,
-            },
-        };
-        let start = self.tx_buf.len();
-        self.tx_buf.extend_from_slice(&frame.encode());
-        if len as usize <= INLINE_MAX {
-            for (key, r) in &segs {
-                let tx_buf = &mut self.tx_buf;
-                let copied = self
-                    .registry
-                    .while_registered(*key, || r.with(0, r.len(), |s| tx_buf.extend_from_slice(s)));
-                if !matches!(copied, Some(Ok(()))) {
-                    // Deregistered since `resolve` (or, unreachable, out of range): never send
-                    // a short frame; drop it and fail the WR instead.
-                    self.tx_buf.truncate(start);
-                    entry.status = Some(WcStatus::LocalProtection);
-                    return false;
-                }
-            }
-        } else {
-            self.tx_payload = Some(TxPayload {
-                psn,
-                segs,
-                seg: 0,
-                off: 0,
-            });
-        }
-        self.tx_frames.push_back(Staged {
-            end: self.tx_buf.len(),
-            data: true,
-        });
-        self.snd_nxt = self.snd_nxt.wrapping_add(1);
-        true
-    }
-
-    /// On entering the error state: drops data frames not yet begun (their WRs flush and
-    /// must not run at the peer), keeping control frames and the frame being written (the
-    /// stream must stay framed).
-    fn drop_unsent_data(&mut self) {
-        let last = self.tx_frames.len().saturating_sub(1);
-        let mut kept = Vec::with_capacity(self.tx_buf.len().saturating_sub(self.tx_off));
-        let mut frames = VecDeque::new();
-        let mut keep_payload = self.tx_frames.is_empty(); // its header is out already
-        let mut start = 0;
-        for (i, f) in self.tx_frames.iter().enumerate() {
-            let (s, e) = (start, f.end.min(self.tx_buf.len()));
-            start = e;
-            if e <= self.tx_off {
-                continue; // written
-            }
-            let begun = s < self.tx_off;
-            if begun || !f.data {
-                kept.extend_from_slice(&self.tx_buf[s.max(self.tx_off)..e]);
-                frames.push_back(Staged {
-                    end: kept.len(),
-                    data: f.data,
-                });
-                keep_payload |= i == last;
-            }
-        }
-        if !keep_payload {
-            self.tx_payload = None;
-        }
-        self.tx_buf = kept;
-        self.tx_frames = frames;
-        self.tx_off = 0;
-    }
-
-    /// Queues an ACK for `psn`, merging it into a queued ACK (ACKs are cumulative).
-    fn push_ack(&mut self, psn: u32) {
-        if let Some(Frame::Ack { psn: p }) = self.ctrl.back_mut() {
-            *p = psn;
-            return;
-        }
-        self.push_ctrl(Frame::Ack { psn });
-    }
-
-    fn push_ctrl(&mut self, f: Frame) {
-        if self.ctrl.len() >= MAX_CTRL_QUEUE {
-            // Only a peer that sends without ever reading our replies gets here.
-            return self.protocol_error(format!(
-                "{MAX_CTRL_QUEUE} control frames are queued: the peer does not read"
-            ));
-        }
-        self.ctrl.push_back(f);
-    }
-
-    // ---------------------------------------------------------------------------------------
-    // Input.
-
-    /// Reads what the socket has (up to a budget) and processes every complete frame.
-    ///
-    /// A read that returns fewer bytes than asked for means the socket is drained for now:
-    /// the loop stops there instead of paying one more system call for `EAGAIN`. Reads into
-    /// the staging buffer ask for at most [`STAGE_READ_MAX`] bytes while a header or a small
-    /// payload is expected, so a large payload that follows is read straight into its
-    /// destination instead of being copied twice.
-    fn read_rx(&mut self) {
-        let mut budget = IO_BUDGET;
-        let mut drained = false;
-        loop {
-            self.process_rx();
-            if self.io_dead || budget == 0 || drained {
-                return;
-            }
-            let Some(stream) = self.stream.as_mut() else {
-                return;
-            };
-            let buffered = self.rx_end - self.rx_start;
-            let (r, asked) = match &mut self.rx {
-                RxState::Payload {
-                    remaining,
-                    sink: Sink::Memory { region, key, off },
-                    ..
-                } if buffered == 0 && *remaining >= DIRECT_READ_MIN => {
-                    // Large payload: straight from the socket into the destination.
-                    let want = (*remaining).min(budget);
-                    let r = self
-                        .registry
-                        .while_registered(*key, || region.with_mut(*off, want, |b| stream.read(b)));
-                    let r = match r {
-                        None => {
-                            self.sink_gone();
-                            continue;
-                        }
-                        Some(Ok(Ok(0))) => Ok(0),
-                        Some(Ok(Ok(n))) => {
-                            *off += n;
-                            *remaining -= n;
-                            Ok(n)
-                        }
-                        Some(Ok(Err(e))) => Err(e),
-                        Some(Err(e)) => {
-                            Err(io::Error::other(format!("internal: receive range: {e}")))
-                        }
-                    };
-                    (r, want)
-                }
-                rx => {
-                    if buffered == 0 {
-                        self.rx_start = 0;
-                        self.rx_end = 0;
-                    } else if self.rx_end == self.rx_buf.len() {
-                        self.rx_buf.copy_within(self.rx_start..self.rx_end, 0);
-                        self.rx_start = 0;
-                        self.rx_end = buffered;
-                    }
-                    // Headers and small payloads: a bounded read, so that little of a large
-                    // payload behind them lands here. Discarded bytes: as much as fits.
-                    let cap = match rx {
-                        RxState::Header
-                        | RxState::Payload {
-                            sink: Sink::Memory { .. },
-                            ..
-                        } => STAGE_READ_MAX,
-                        _ => usize::MAX,
-                    };
-                    let end = self.rx_buf.len().min(self.rx_end.saturating_add(cap));
-                    let asked = end - self.rx_end;
-                    let r = match stream.read(&mut self.rx_buf[self.rx_end..end]) {
-                        Ok(n) => {
-                            self.rx_end += n;
-                            Ok(n)
-                        }
-                        Err(e) => Err(e),
-                    };
-                    (r, asked)
-                }
-            };
-            match r {
-                Ok(0) => return self.connection_lost("the peer closed the connection".into()),
-                Ok(n) => {
-                    budget = budget.saturating_sub(n);
-                    drained = n < asked;
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return self.connection_lost(format!("read: {e}")),
-            }
-        }
-    }
-
-    /// Consumes buffered bytes: headers, and payload bytes for the current frame.
-    fn process_rx(&mut self) {
-        loop {
-            let buffered = self.rx_end - self.rx_start;
-            match &mut self.rx {
-                RxState::Drain => {
-                    self.rx_start = self.rx_end;
-                    return;
-                }
-                RxState::Header => {
-                    if buffered < HEADER_LEN {
-                        return;
-                    }
-                    let mut h = [0u8; HEADER_LEN];
-                    h.copy_from_slice(&self.rx_buf[self.rx_start..self.rx_start + HEADER_LEN]);
-                    self.rx_start += HEADER_LEN;
-                    match Frame::decode(&h) {
-                        Ok(f) => self.on_frame(f),
-                        Err(e) => self.bad_frame(e),
-                    }
-                }
-                RxState::Payload {
-                    remaining, sink, ..
-                } => {
-                    if *remaining > 0 {
-                        let n = (*remaining).min(buffered);
-                        if n == 0 {
-                            return;
-                        }
-                        let src = &self.rx_buf[self.rx_start..self.rx_start + n];
-                        if let Sink::Memory { region, key, off } = sink {
-                            match self
-                                .registry
-                                .while_registered(*key, || region.write(*off, src))
-                            {
-                                None => {
-                                    self.sink_gone();
-                                    continue;
-                                }
-                                Some(Err(e)) => {
-                                    return self
-                                        .protocol_error(format!("internal: receive range: {e}"));
-                                }
-                                Some(Ok(())) => *off += n,
-                            }
-                        }
-                        self.rx_start += n;
-                        *remaining -= n;
-                        if *remaining > 0 {
-                            return;
-                        }
-                    }
-                    if let RxState::Payload { done, .. } =
-                        std::mem::replace(&mut self.rx, RxState::Header)
-                    {
-                        self.finish(done);
-                    }
-                }
-            }
-        }
-    }
-
-    fn bad_frame(&mut self, e: FrameError) {
-        self.protocol_error(format!("malformed frame header: {e}"));
-    }
-
-    fn on_frame(&mut self, f: Frame) {
-        match f {
-            Frame::Send { psn, len } => self.on_request(psn, len, Request::Send),
-            Frame::Write {
-                psn,
-                len,
-                remote_addr,
-                rkey,
-            } => self.on_request(psn, len, Request::Write { remote_addr, rkey }),
-            Frame::WriteImm {
-                psn,
-                len,
-                remote_addr,
-                rkey,
-                imm,
-            } => self.on_request(
-                psn,
-                len,
-                Request::WriteImm {
-                    remote_addr,
-                    rkey,
-                    imm,
-                },
-            ),
-            Frame::Ack { psn } => self.on_ack(psn),
-            Frame::RnrNak { psn, timer } => self.on_rnr_nak(psn, timer),
-            Frame::Nak { psn, code } => self.on_nak(psn, code),
-        }
-    }
-
-    /// Responder: a data frame header. Decides where its payload goes.
-    fn on_request(&mut self, psn: u32, len: u32, req: Request) {
-        let n = len as usize; // len <= MAX_MSG_LEN (validated by decode)
-        if psn != self.rcv_nxt {
-            if self.rnr_nak_outstanding {
-                // Sent after the message we refused; it comes again after the retransmission.
-                return self.discard(n);
-            }
-            return self.protocol_error(format!(
-                "message with psn {psn:#x} while expecting {:#x}",
-                self.rcv_nxt
-            ));
-        }
-        if !matches!(req, Request::Write { .. }) && self.rq.is_empty() {
-            self.counters.rnr_naks_sent += 1;
-            self.rnr_nak_outstanding = true;
-            debug!(qp_num = self.qp_num, psn, "no receive WR posted: RNR NAK");
-            self.push_ctrl(Frame::RnrNak {
-                psn,
-                timer: self.cfg.min_rnr_timer,
-            });
-            return self.discard(n);
-        }
-        self.rnr_nak_outstanding = false;
-        self.rcv_nxt = psn.wrapping_add(1);
-        match req {
-            Request::Send => {
-                let Some(wr) = self.rq.pop_front() else {
-                    return; // unreachable: checked non-empty above
-                };
-                if len > wr.sge.length {
-                    return self.refuse_recv(
-                        wr.wr_id,
-                        WcStatus::LocalLength,
-                        psn,
-                        NakCode::InvalidRequest,
-                        format!(
-                            "a {len}-byte SEND does not fit the {}-byte receive buffer",
-                            wr.sge.length
-                        ),
-                    );
-                }
-                let done = Done::Recv {
-                    wr_id: wr.wr_id,
-                    psn,
-                    len,
-                };
-                if len == 0 {
-                    return self.expect_payload(0, Sink::Discard, done);
-                }
-                let dest = self
-                    .registry
-                    .resolve(wr.sge.lkey, wr.sge.addr, wr.sge.length)
-                    .and_then(|r| r.slice(0, n).ok());
-                match dest {
-                    Some(region) => {
-                        let key = wr.sge.lkey;
-                        self.expect_payload(
-                            n,
-                            Sink::Memory {
-                                region,
-                                key,
-                                off: 0,
-                            },
-                            done,
-                        );
-                    }
-                    None => self.refuse_recv(
-                        wr.wr_id,
-                        WcStatus::LocalProtection,
-                        psn,
-                        NakCode::Operation,
-                        format!(
-                            "receive WR {:#x} has an SGE outside every registered region \
-                             (lkey {:#x})",
-                            wr.wr_id, wr.sge.lkey
-                        ),
-                    ),
-                }
-            }
-            Request::Write { remote_addr, rkey } => {
-                if len == 0 {
-                    // IB: a zero-length RDMA WRITE checks neither rkey nor address.
-                    return self.expect_payload(0, Sink::Discard, Done::Ack(psn));
-                }
-                match self.registry.resolve(rkey, remote_addr, len) {
-                    Some(region) => self.expect_payload(
-                        n,
-                        Sink::Memory {
-                            region,
-                            key: rkey,
-                            off: 0,
-                        },
-                        Done::Ack(psn),
-                    ),
-                    None => self.refuse(
-                        psn,
-                        NakCode::Access,
-                        format!(
-                            "RDMA WRITE of {len} bytes at {remote_addr:#x} with rkey {rkey:#x} \
-                             is outside every registered region"
-                        ),
-                    ),
-                }
-            }
-            Request::WriteImm {
-                remote_addr,
-                rkey,
-                imm,
-            } => {
-                let Some(wr) = self.rq.pop_front() else {
-                    return; // unreachable: checked non-empty above
-                };
-                let done = Done::RecvImm {
-                    wr_id: wr.wr_id,
-                    psn,
-                    len,
-                    imm,
-                };
-                if len == 0 {
-                    return self.expect_payload(0, Sink::Discard, done);
-                }
-                match self.registry.resolve(rkey, remote_addr, len) {
-                    Some(region) => self.expect_payload(
-                        n,
-                        Sink::Memory {
-                            region,
-                            key: rkey,
-                            off: 0,
-                        },
-                        done,
-                    ),
-                    None => self.refuse_recv(
-                        wr.wr_id,
-                        WcStatus::LocalProtection,
-                        psn,
-                        NakCode::Access,
-                        format!(
-                            "RDMA WRITE with immediate of {len} bytes at {remote_addr:#x} with \
-                             rkey {rkey:#x} is outside every registered region"
-                        ),
-                    ),
-                }
-            }
-        }
-    }
-
-    fn expect_payload(&mut self, remaining: usize, sink: Sink, done: Done) {
-        if matches!(self.rx, RxState::Drain) {
-            return; // the QP failed while handling this header
-        }
-        self.rx = RxState::Payload {
-            remaining,
-            sink,
-            done,
-        };
-    }
-
-    fn discard(&mut self, n: usize) {
-        self.expect_payload(n, Sink::Discard, Done::Nothing);
-    }
-
-    /// A payload arrived completely.
-    fn finish(&mut self, done: Done) {
-        match done {
-            Done::Nothing => {}
-            Done::Ack(psn) => self.push_ack(psn),
-            Done::Recv { wr_id, psn, len } => {
-                self.cq.push_back(Wc {
-                    wr_id,
-                    status: WcStatus::Success,
-                    opcode: WcOpcode::Recv,
-                    byte_len: len,
-                    imm: None,
-                });
-                self.push_ack(psn);
-            }
-            Done::RecvImm {
-                wr_id,
-                psn,
-                len,
-                imm,
-            } => {
-                self.cq.push_back(Wc {
-                    wr_id,
-                    status: WcStatus::Success,
-                    opcode: WcOpcode::RecvRdmaWithImm,
-                    byte_len: len,
-                    imm: Some(imm),
-                });
-                self.push_ack(psn);
-            }
-        }
-    }
-
-    /// The destination of the payload being received was deregistered mid-message (IB: the
-    /// MR was invalidated): refuse the message, writing nothing more.
-    fn sink_gone(&mut self) {
-        let RxState::Payload { done, .. } = std::mem::replace(&mut self.rx, RxState::Header) else {
-            return;
-        };
-        let why = "its destination was deregistered while it arrived".to_string();
-        match done {
-            Done::Recv { wr_id, psn, .. } => self.refuse_recv(
-                wr_id,
-                WcStatus::LocalProtection,
-                psn,
-                NakCode::Operation,
-                why,
-            ),
-            Done::RecvImm { wr_id, psn, .. } => {
-                self.refuse_recv(wr_id, WcStatus::LocalProtection, psn, NakCode::Access, why)
-            }
-            Done::Ack(psn) => self.refuse(psn, NakCode::Access, why),
-            Done::Nothing => self.enter_error(Cause::Local, "internal: discarded payload"),
         }
     }
 
@@ -930,157 +191,6 @@ impl TcpQp {
             Cause::Local,
             &format!("the memory of message {psn:#x} was deregistered while it was being sent"),
         );
-    }
-
-    /// Responder error that consumed a receive WR: complete it with `status`, then
-    /// [`Self::refuse`].
-    fn refuse_recv(&mut self, wr_id: u64, status: WcStatus, psn: u32, code: NakCode, why: String) {
-        self.cq.push_back(recv_wc(wr_id, status));
-        self.refuse(psn, code, why);
-    }
-
-    /// Responder error: NAK message `psn` and enter the error state (as rxe does for class
-    /// A/C errors), dropping its payload.
-    fn refuse(&mut self, psn: u32, code: NakCode, why: String) {
-        self.push_ctrl(Frame::Nak { psn, code });
-        self.enter_error(Cause::Local, &format!("refused message {psn:#x}: {why}"));
-    }
-
-    /// Requester: cumulative ACK.
-    fn on_ack(&mut self, psn: u32) {
-        let in_flight = self.snd_nxt.wrapping_sub(self.snd_una);
-        let newly = psn.wrapping_add(1).wrapping_sub(self.snd_una);
-        if newly > in_flight {
-            return self.protocol_error(format!(
-                "ACK for psn {psn:#x}, but only {:#x}..{:#x} are outstanding",
-                self.snd_una, self.snd_nxt
-            ));
-        }
-        self.ack_before(psn.wrapping_add(1));
-    }
-
-    /// Requester: RNR NAK; go back to `psn` after the timer, or fail it when out of retries.
-    fn on_rnr_nak(&mut self, psn: u32, timer: u8) {
-        if !self.nak_in_window(psn, "RNR NAK") {
-            return;
-        }
-        self.ack_before(psn);
-        self.counters.rnr_naks_received += 1;
-        self.snd_nxt = psn;
-        let rnr_retry = self.cfg.rnr_retry;
-        let Some(entry) = self.entry_mut(psn) else {
-            return; // unreachable: in the window
-        };
-        entry.rnr_naks += 1;
-        let naks = entry.rnr_naks;
-        let wr_id = entry.wr.wr_id;
-        if rnr_retry != RNR_RETRY_INFINITE && naks > u32::from(rnr_retry) {
-            entry.status = Some(WcStatus::RnrRetryExceeded);
-            warn!(
-                qp_num = self.qp_num,
-                remote_qp_num = self.remote_qp_num,
-                wr_id,
-                rnr_naks = naks,
-                rnr_retry = self.cfg.rnr_retry,
-                "RNR retries exhausted: the peer never posted a receive WR"
-            );
-            return;
-        }
-        let delay = wire::rnr_timer(timer);
-        debug!(
-            qp_num = self.qp_num,
-            psn,
-            wr_id,
-            ?delay,
-            "RNR NAK: retransmitting after the RNR timer"
-        );
-        self.rnr_wait_until = Some(Instant::now() + delay);
-    }
-
-    /// Requester: the responder refused `psn` and is now in the error state.
-    fn on_nak(&mut self, psn: u32, code: NakCode) {
-        if !self.nak_in_window(psn, "NAK") {
-            return;
-        }
-        self.ack_before(psn);
-        self.snd_nxt = psn;
-        if let Some(entry) = self.entry_mut(psn) {
-            entry.status = Some(code.status());
-        }
-    }
-
-    /// A NAK must name an outstanding message; anything else is a protocol violation.
-    fn nak_in_window(&mut self, psn: u32, what: &str) -> bool {
-        let in_flight = self.snd_nxt.wrapping_sub(self.snd_una);
-        if psn.wrapping_sub(self.snd_una) < in_flight {
-            return true;
-        }
-        self.protocol_error(format!(
-            "{what} for psn {psn:#x}, but only {:#x}..{:#x} are outstanding",
-            self.snd_una, self.snd_nxt
-        ));
-        false
-    }
-
-    /// Marks every message before `end` acknowledged.
-    fn ack_before(&mut self, end: u32) {
-        let Some(base) = self.sq.front().map(|e| e.psn) else {
-            self.snd_una = end;
-            return;
-        };
-        while self.snd_una != end {
-            let idx = self.snd_una.wrapping_sub(base) as usize;
-            if let Some(e) = self.sq.get_mut(idx) {
-                if e.status.is_none() {
-                    e.status = Some(WcStatus::Success);
-                }
-            }
-            self.snd_una = self.snd_una.wrapping_add(1);
-        }
-    }
-
-    fn entry_mut(&mut self, psn: u32) -> Option<&mut SendEntry> {
-        let base = self.sq.front()?.psn;
-        self.sq.get_mut(psn.wrapping_sub(base) as usize)
-    }
-
-    // ---------------------------------------------------------------------------------------
-    // Completions and errors.
-
-    /// Completes decided send WRs from the head of the SQ, in posting order. The WR whose
-    /// payload is still being written waits (its memory must stay valid until it completes).
-    fn retire_sq(&mut self) {
-        while let Some(e) = self.sq.front() {
-            if self.tx_payload.as_ref().is_some_and(|p| p.psn == e.psn) {
-                return;
-            }
-            let status = match e.status {
-                Some(s) => s,
-                None if self.state == QpState::Error => WcStatus::WrFlush,
-                None => return,
-            };
-            let wc = Wc {
-                wr_id: e.wr.wr_id,
-                status,
-                opcode: match e.wr.opcode {
-                    SendOpcode::Send => WcOpcode::Send,
-                    _ => WcOpcode::RdmaWrite,
-                },
-                byte_len: 0,
-                imm: None,
-            };
-            let signaled = e.wr.signaled;
-            self.sq.pop_front();
-            if status != WcStatus::Success || signaled {
-                self.cq.push_back(wc);
-            }
-            if status != WcStatus::Success {
-                self.enter_error(
-                    Cause::Local,
-                    &format!("send WR {:#x} completed with {status}", wc.wr_id),
-                );
-            }
-        }
     }
 
     /// The peer broke the protocol: NAK (best effort, so a conforming peer learns why) and
@@ -1246,7 +356,7 @@ impl QueuePair for TcpQp {
         // Ring the doorbell: start transmitting now, as a NIC does, instead of waiting for
         // the next poll_cq (a CTS or a send would otherwise sit queued until the caller polls).
         if self.doorbell && self.stream.is_some() && !self.io_dead {
-            self.flush_tx();
+            self.flush_tx(Instant::now());
         }
         Ok(())
     }
@@ -1277,15 +387,32 @@ impl QueuePair for TcpQp {
 
     fn poll_cq(&mut self, out: &mut Vec<Wc>, max: usize) -> Result<usize> {
         if self.stream.is_some() && !self.io_dead {
-            self.flush_tx();
-            self.read_rx();
+            let now = Instant::now();
+            self.flush_tx(now);
+            self.poll_rx(now);
             self.retire_sq();
-            self.flush_tx();
+            if !self.in_batch {
+                self.flush_tx(now);
+            }
         }
         self.retire_sq();
         let n = max.min(self.cq.len());
         out.extend(self.cq.drain(..n));
         Ok(n)
+    }
+
+    /// ACKs (and NAKs, retransmissions) `poll_cq` generates wait in the out-queue for the
+    /// next `post_send`, whose doorbell writes them with the new frames in one `sendmsg`, or
+    /// for [`QueuePair::end_batch`].
+    fn begin_batch(&mut self) {
+        self.in_batch = true;
+    }
+
+    fn end_batch(&mut self) {
+        self.in_batch = false;
+        if self.stream.is_some() && !self.io_dead {
+            self.flush_tx(Instant::now());
+        }
     }
 
     fn peer_closed(&self) -> bool {
@@ -1297,60 +424,16 @@ impl QueuePair for TcpQp {
     }
 }
 
-fn recv_wc(wr_id: u64, status: WcStatus) -> Wc {
-    Wc {
-        wr_id,
-        status,
-        opcode: WcOpcode::Recv,
-        byte_len: 0,
-        imm: None,
-    }
-}
-
-fn classify_write(r: io::Result<usize>) -> TxStep {
-    match r {
-        Ok(0) => TxStep::Failed("write: the socket accepted no bytes".into()),
-        Ok(n) => TxStep::Wrote(n),
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock => TxStep::Blocked,
-        Err(e) if e.kind() == io::ErrorKind::Interrupted => TxStep::Wrote(0),
-        Err(e) => TxStep::Failed(format!("write: {e}")),
-    }
-}
-
-/// `rnr_retry` value meaning "retry forever" (IB spec).
-const RNR_RETRY_INFINITE: u8 = 7;
-
-/// `tx_buf` is refilled once drained; staging stops when it holds this many bytes.
-const TX_BUF_CAP: usize = 64 * 1024;
-
-/// Payloads up to this size are copied into `tx_buf` with their header (one write for many
-/// small messages); larger ones are written straight from registered memory.
-const INLINE_MAX: usize = 16 * 1024;
-
-/// Size of the receive staging buffer.
-const RX_BUF_LEN: usize = 64 * 1024;
-
-/// Payload remainders at least this large are read straight into their destination.
-const DIRECT_READ_MIN: usize = 16 * 1024;
-
-/// Most bytes one read into the staging buffer asks for while a header or a small payload is
-/// expected: whatever of a large payload comes along is copied twice, so this bounds that copy
-/// (at most [`DIRECT_READ_MIN`] bytes per large message) while still taking in dozens of
-/// control frames per system call.
-const STAGE_READ_MAX: usize = DIRECT_READ_MIN;
-
-/// Bytes one `poll_cq` writes, and reads, at most (bounds the time of one call).
-const IO_BUDGET: usize = 16 * 1024 * 1024;
-
-/// Control frames queued at most before the peer is declared broken.
-const MAX_CTRL_QUEUE: usize = 64 * 1024;
-
 #[cfg(test)]
 mod tests {
+    use std::io::Write;
     use std::net::{TcpListener, TcpStream};
 
+    use super::io::STAGE_READ_MAX;
     use super::*;
-    use crate::transport::Sge;
+    use crate::mem::Region;
+    use crate::transport::tcp::wire::HEADER_LEN;
+    use crate::transport::{SendOpcode, Sge};
 
     fn established() -> (TcpQp, TcpStream, Region, u32) {
         let registry = Arc::new(Registry::new(1));
@@ -1419,7 +502,7 @@ mod tests {
         qp.post_send(&[send_of(&region, lkey, 16); 3])
             .expect("post");
         qp.push_ack(6);
-        assert!(qp.stage_frames());
+        assert!(qp.stage_frames(Instant::now()));
         qp.push_ack(7); // queued behind the data, not staged yet
         assert_eq!(qp.tx_frames.len(), 4);
         assert_eq!(qp.tx_buf.len(), 32 + 3 * 48);
@@ -1427,7 +510,10 @@ mod tests {
         assert_eq!(frames_in(&qp.tx_buf), [Frame::Ack { psn: 6 }]);
         assert_eq!(qp.tx_off, 0);
         assert_eq!(qp.tx_frames.len(), 1);
-        assert!(qp.stage_frames(), "the queued ACK still goes out");
+        assert!(
+            qp.stage_frames(Instant::now()),
+            "the queued ACK still goes out"
+        );
         assert_eq!(
             frames_in(&qp.tx_buf),
             [Frame::Ack { psn: 6 }, Frame::Ack { psn: 7 }]
@@ -1439,7 +525,7 @@ mod tests {
         let (mut qp, _peer, region, lkey) = established();
         qp.post_send(&[send_of(&region, lkey, 16); 3])
             .expect("post");
-        assert!(qp.stage_frames());
+        assert!(qp.stage_frames(Instant::now()));
         let first_end = 48;
         qp.tx_off = 40; // 8 bytes of the first frame still to write
         let rest = qp.tx_buf[40..first_end].to_vec();
@@ -1453,7 +539,7 @@ mod tests {
         let (mut qp, _peer, region, lkey) = established();
         qp.post_send(&[send_of(&region, lkey, 32 << 10)])
             .expect("post");
-        assert!(qp.stage_frames());
+        assert!(qp.stage_frames(Instant::now()));
         assert!(qp.tx_payload.is_some());
         qp.enter_error(Cause::Local, "test");
         assert!(qp.tx_buf.is_empty());
@@ -1469,7 +555,7 @@ mod tests {
             let (mut qp, _peer, region, lkey) = established();
             qp.post_send(&[send_of(&region, lkey, 32 << 10)])
                 .expect("post");
-            assert!(qp.stage_frames());
+            assert!(qp.stage_frames(Instant::now()));
             if tx_off == 32 {
                 // Header fully written: tx_buf drained.
                 qp.tx_buf.clear();
@@ -1505,7 +591,7 @@ mod tests {
         // twice), the rest of the payload straight into the region.
         let deadline = Instant::now() + std::time::Duration::from_secs(10);
         while qp.rcv_nxt != 8 && Instant::now() < deadline {
-            qp.read_rx();
+            qp.read_rx(Instant::now());
             assert!(
                 qp.rx_end <= STAGE_READ_MAX,
                 "a staged read took {} bytes",
@@ -1518,5 +604,207 @@ mod tests {
         region.read(0, &mut got).expect("read region");
         assert!(got == payload, "payload differs");
         assert_eq!(qp.ctrl.back(), Some(&Frame::Ack { psn: 7 }));
+    }
+
+    /// Reads `n` frames (with their payloads) from the raw peer, waiting at most 10 s.
+    fn read_frames(peer: &mut TcpStream, n: usize) -> Vec<(Frame, Vec<u8>)> {
+        use std::io::Read;
+        peer.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .expect("timeout");
+        let mut out = Vec::new();
+        while out.len() < n {
+            let mut h = [0u8; HEADER_LEN];
+            peer.read_exact(&mut h).expect("peer read header");
+            let f = Frame::decode(&h).expect("frame");
+            let len = match f {
+                Frame::Send { len, .. }
+                | Frame::Write { len, .. }
+                | Frame::WriteImm { len, .. } => len as usize,
+                _ => 0,
+            };
+            let mut payload = vec![0u8; len];
+            peer.read_exact(&mut payload).expect("peer read payload");
+            out.push((f, payload));
+        }
+        out
+    }
+
+    fn poll_all(qp: &mut TcpQp) -> Vec<Wc> {
+        let mut wcs = Vec::new();
+        qp.poll_cq(&mut wcs, 64).expect("poll");
+        wcs
+    }
+
+    /// Many WRs posted in one call, small (copied into the out-buffer) and large (gathered
+    /// from registered memory behind their header), reach the peer intact and in order, and
+    /// complete only as the peer's (cumulative) ACKs arrive, in posting order.
+    #[test]
+    fn a_posted_batch_arrives_in_order_and_completes_only_when_acknowledged() {
+        let (mut qp, mut peer, region, lkey) = established();
+        qp.doorbell = true;
+        let pattern: Vec<u8> = (0..region.len()).map(|i| (i * 7 % 253) as u8).collect();
+        region.write(0, &pattern).expect("fill");
+        let lens: Vec<u32> = (0..12)
+            .map(|i| {
+                if i % 4 == 3 {
+                    20_000 + i * 1000
+                } else {
+                    8 + i * 3
+                }
+            })
+            .collect();
+        let wrs: Vec<SendWr> = lens
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| {
+                let mut wr = send_of(&region, lkey, len);
+                wr.wr_id = i as u64;
+                wr.sgl[0].addr = region.addr() + (i as u64) * 512;
+                wr
+            })
+            .collect();
+        qp.post_send(&wrs).expect("post");
+        // The doorbell wrote what fit; polling finishes the rest (no ACK can have come).
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        while (qp.tx_payload.is_some() || !qp.tx_buf.is_empty()) && Instant::now() < deadline {
+            assert!(poll_all(&mut qp).is_empty(), "a completion before any ACK");
+        }
+        let got = read_frames(&mut peer, wrs.len());
+        for (i, (f, payload)) in got.iter().enumerate() {
+            assert_eq!(
+                *f,
+                Frame::Send {
+                    psn: 100 + i as u32,
+                    len: lens[i]
+                },
+                "frame {i}"
+            );
+            let at = i * 512;
+            assert!(
+                payload[..] == pattern[at..at + lens[i] as usize],
+                "payload of frame {i} differs"
+            );
+        }
+        assert!(poll_all(&mut qp).is_empty(), "completed without an ACK");
+        // A cumulative ACK of the first 5 completes exactly those, in order.
+        peer.write_all(&Frame::Ack { psn: 104 }.encode())
+            .expect("ack");
+        let mut done = Vec::new();
+        while done.len() < 5 && Instant::now() < deadline {
+            done.extend(poll_all(&mut qp).iter().map(|w| (w.wr_id, w.status)));
+        }
+        assert_eq!(
+            done,
+            (0..5).map(|i| (i, WcStatus::Success)).collect::<Vec<_>>()
+        );
+        assert!(poll_all(&mut qp).is_empty(), "only the acknowledged ones");
+        peer.write_all(&Frame::Ack { psn: 111 }.encode())
+            .expect("ack");
+        while done.len() < 12 && Instant::now() < deadline {
+            done.extend(poll_all(&mut qp).iter().map(|w| (w.wr_id, w.status)));
+        }
+        assert_eq!(
+            done,
+            (0..12).map(|i| (i, WcStatus::Success)).collect::<Vec<_>>()
+        );
+    }
+
+    /// Inside a batch, the ACK `poll_cq` generates waits for the batch's next `post_send`
+    /// and leaves in the same write, ahead of the new frame; a batch that posts nothing
+    /// sends it at `end_batch`. Outside a batch it leaves in the same `poll_cq`.
+    #[test]
+    fn a_batch_holds_acks_until_its_send_or_its_end() {
+        let (mut qp, mut peer, region, lkey) = established();
+        qp.doorbell = true;
+        let write = |psn: u32| {
+            let mut b = Frame::Write {
+                psn,
+                len: 4,
+                remote_addr: region.addr(),
+                rkey: lkey,
+            }
+            .encode()
+            .to_vec();
+            b.extend_from_slice(&[1, 2, 3, 4]);
+            b
+        };
+        let carried = |qp: &mut TcpQp, psn: u32| {
+            let deadline = Instant::now() + std::time::Duration::from_secs(10);
+            while qp.rcv_nxt != psn.wrapping_add(1) && Instant::now() < deadline {
+                poll_all(qp);
+            }
+            assert_eq!(
+                qp.rcv_nxt,
+                psn.wrapping_add(1),
+                "message {psn} not carried out"
+            );
+        };
+        // 1: held, then sent with the batch's SEND, ACK first.
+        qp.begin_batch();
+        peer.write_all(&write(7)).expect("peer write");
+        carried(&mut qp, 7);
+        assert_eq!(
+            frames_in(&qp.tx_buf[qp.tx_off..])
+                .into_iter()
+                .chain(qp.ctrl.iter().copied())
+                .collect::<Vec<_>>(),
+            [Frame::Ack { psn: 7 }],
+            "the ACK waits inside the batch"
+        );
+        qp.post_send(&[send_of(&region, lkey, 8)]).expect("post");
+        qp.end_batch();
+        let got = read_frames(&mut peer, 2);
+        assert_eq!(got[0].0, Frame::Ack { psn: 7 });
+        assert_eq!(got[1].0, Frame::Send { psn: 100, len: 8 });
+        // 2: a batch that posts nothing sends the ACK at its end.
+        qp.begin_batch();
+        peer.write_all(&write(8)).expect("peer write");
+        carried(&mut qp, 8);
+        qp.end_batch();
+        assert_eq!(read_frames(&mut peer, 1)[0].0, Frame::Ack { psn: 8 });
+        // 3: no batch: the ACK leaves in the poll that generated it.
+        peer.write_all(&write(9)).expect("peer write");
+        carried(&mut qp, 9);
+        assert!(
+            qp.ctrl.is_empty() && qp.tx_buf.is_empty(),
+            "nothing left queued"
+        );
+        assert_eq!(read_frames(&mut peer, 1)[0].0, Frame::Ack { psn: 9 });
+    }
+
+    /// After a read that drained the socket, the very next poll (within the window) may skip
+    /// the read, but never two in a row: bytes already there are taken in by the poll after.
+    #[test]
+    fn a_drained_socket_is_not_read_on_every_poll_but_data_waits_one_poll_at_most() {
+        let (mut qp, mut peer, region, lkey) = established();
+        let now = Instant::now();
+        qp.poll_rx(now); // EAGAIN: drained
+        assert_eq!(qp.rx_drained_at, Some(now));
+        let mut b = Frame::Write {
+            psn: 7,
+            len: 4,
+            remote_addr: region.addr(),
+            rkey: lkey,
+        }
+        .encode()
+        .to_vec();
+        b.extend_from_slice(&[9; 4]);
+        peer.write_all(&b).expect("peer write");
+        std::thread::sleep(std::time::Duration::from_millis(50)); // it is in our socket now
+        qp.poll_rx(now); // within the window: skipped
+        assert_eq!(qp.rcv_nxt, 7, "the skipped poll read nothing");
+        qp.poll_rx(now); // never two skips in a row
+        assert_eq!(qp.rcv_nxt, 8, "the next poll took the message in");
+        // Past the window a poll always reads.
+        peer.write_all(&{
+            let mut b = b.clone();
+            b[4..8].copy_from_slice(&8u32.to_be_bytes());
+            b
+        })
+        .expect("peer write");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let t = qp.rx_drained_at.expect("drained");
+        qp.poll_rx(t + io::RX_SKIP_WINDOW);
+        assert_eq!(qp.rcv_nxt, 9, "a poll after the window reads");
     }
 }

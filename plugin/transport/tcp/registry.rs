@@ -8,7 +8,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use crate::ffi::mem::Region;
+use crate::mem::Region;
 use crate::transport::{MemoryRegion, MrKeys, Result, TransportError};
 
 /// Regions registered on one device; shared by the device, its QPs and its MR handles.
@@ -101,6 +101,16 @@ impl Registry {
     pub(super) fn while_registered<R>(&self, key: u32, f: impl FnOnce() -> R) -> Option<R> {
         let inner = self.read();
         if !inner.regions.contains_key(&key) {
+            return None;
+        }
+        Some(f())
+    }
+
+    /// Like [`Registry::while_registered`] for several keys at once (one lock): `f` runs only
+    /// while every key in `keys` stays registered; `None` when one is not.
+    pub(super) fn while_all_registered<R>(&self, keys: &[u32], f: impl FnOnce() -> R) -> Option<R> {
+        let inner = self.read();
+        if !keys.iter().all(|k| inner.regions.contains_key(k)) {
             return None;
         }
         Some(f())

@@ -18,7 +18,7 @@ use super::qp::TcpQp;
 use super::wire::{self, ConnInfo, Frame, FrameError, NakCode, HEADER_LEN, MAX_MSG_LEN};
 use super::{open_devices, TcpDevice};
 use crate::config::Config;
-use crate::ffi::mem::Region;
+use crate::mem::Region;
 use crate::transport::conformance::{
     self, err, ok, qp_cfg, recv, send, send_wr, stream_pair, Buf, Pair, MAX_POLLS,
 };

@@ -1,0 +1,616 @@
+//! Raw memory regions: the one place where plugin code touches memory by address.
+//!
+//! NCCL hands the plugin raw pointers (`regMr(data, size)`, `isend(data, size)`); the tcp
+//! transport writes incoming RDMA data into them and the receive path copies eager payloads out
+//! of bounce buffers into them. This module sits below the transports, the comms and the C
+//! boundary, and everything above it goes through [`Region`]'s bounds-checked methods, so a
+//! hostile frame or a wrong size can at worst be refused, never touch memory outside a
+//! registered range.
+//!
+//! # Why no slices
+//!
+//! A NIC, the tcp responder of another QP, or the peer (RDMA WRITE) may write a region's bytes
+//! at any time, and a `Region` is `Clone + Sync`. A `&[u8]` or `&mut [u8]` over such memory
+//! would promise Rust that nobody else writes it (or, for `&mut`, reads it) while the reference
+//! lives: undefined behaviour the first time a peer writes. So no method hands out a reference
+//! to region memory. Every access is a copy through raw pointers ([`Region::read`],
+//! [`Region::write`], [`Region::copy_from`], [`Region::append_to`]), a volatile 8-byte load or
+//! store ([`Region::read_u64_volatile`], [`Region::write_u64_volatile`]), or a system call
+//! that moves bytes between a socket and the raw range ([`Region::recv_into`],
+//! [`Region::send_from`], [`sendmsg`]): the kernel writes the memory as a NIC's DMA would.
+//! Bytes another party writes concurrently may arrive torn; the protocol above tolerates that
+//! (it checks sequence words after the copy), as it does for a NIC.
+
+use std::fmt;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::sync::Arc;
+
+/// A byte range `[addr, addr + len)` that stays readable and writable while any clone of the
+/// `Region` is in use: either memory NCCL registered (valid from `regMr` to `deregMr`: ext-net
+/// README) or a buffer the plugin allocated and owns (kept alive by the `Region` itself).
+///
+/// Cloning shares the range (no copy); every clone may be used from any thread. Accesses have
+/// RDMA's rules, not Rust's: concurrent writers are allowed and the last one wins.
+#[derive(Clone)]
+pub struct Region {
+    addr: u64,
+    len: usize,
+    _owned: Option<Arc<OwnedBuf>>,
+}
+
+struct OwnedBuf {
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+}
+
+// SAFETY: OwnedBuf is a plain heap allocation with no thread affinity; it is only freed (Drop),
+// and its bytes are only reached through Region's raw-pointer methods, never through references.
+unsafe impl Send for OwnedBuf {}
+// SAFETY: see above; a shared OwnedBuf exposes nothing but the pointer value.
+unsafe impl Sync for OwnedBuf {}
+
+impl Drop for OwnedBuf {
+    fn drop(&mut self) {
+        // SAFETY: ptr was returned by alloc_zeroed with exactly this layout and is freed once
+        // (the last Arc clone drops it).
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) }
+    }
+}
+
+/// An access outside a region's bounds (or, for the 8-byte volatile accesses, a misaligned
+/// one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OutOfBounds {
+    /// Offset asked for.
+    pub offset: u64,
+    /// Length asked for.
+    pub len: u64,
+    /// The region's length.
+    pub region_len: u64,
+}
+
+impl fmt::Display for OutOfBounds {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "access of {} bytes at offset {} is outside a region of {} bytes (or misaligned)",
+            self.len, self.offset, self.region_len
+        )
+    }
+}
+
+impl std::error::Error for OutOfBounds {}
+
+impl From<OutOfBounds> for io::Error {
+    fn from(e: OutOfBounds) -> io::Error {
+        io::Error::new(io::ErrorKind::InvalidInput, e)
+    }
+}
+
+/// One piece of a gathered socket write ([`sendmsg`]).
+#[derive(Clone, Copy, Debug)]
+pub enum IoPiece<'a> {
+    /// Plain bytes the caller owns (headers, staged frames).
+    Bytes(&'a [u8]),
+    /// `len` bytes of `region` from `off`.
+    Region {
+        /// The region the bytes are in.
+        region: &'a Region,
+        /// Offset into the region.
+        off: usize,
+        /// Bytes to send.
+        len: usize,
+    },
+}
+
+impl IoPiece<'_> {
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        match self {
+            IoPiece::Bytes(b) => b.len(),
+            IoPiece::Region { len, .. } => *len,
+        }
+    }
+
+    /// True for an empty piece.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Most pieces one [`sendmsg`] call takes (Linux's `UIO_MAXIOV` is 1024); pieces beyond it
+/// are left for the next call, which a short write implies anyway.
+pub const MAX_IOV: usize = 64;
+
+/// Writes the pieces, in order, with one `sendmsg(2)` (`MSG_NOSIGNAL`: a closed peer is an
+/// `EPIPE` error, never a `SIGPIPE` in the host process). Returns the bytes the kernel took,
+/// which may be fewer than the pieces hold (a short write, as `write(2)`); at most
+/// [`MAX_IOV`] non-empty pieces go into one call.
+///
+/// # Errors
+/// The call's error (`WouldBlock` when a non-blocking socket's buffer is full,
+/// `Interrupted`), or `InvalidInput` when a region piece lies outside its region (nothing is
+/// written then).
+pub fn sendmsg(fd: BorrowedFd<'_>, pieces: &[IoPiece<'_>]) -> io::Result<usize> {
+    let mut iov = [libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }; MAX_IOV];
+    let mut n = 0;
+    for p in pieces.iter().filter(|p| !p.is_empty()) {
+        if n == MAX_IOV {
+            break;
+        }
+        let base = match *p {
+            IoPiece::Bytes(b) => b.as_ptr(),
+            IoPiece::Region { region, off, len } => region.ptr(off, len)?.cast_const(),
+        };
+        iov[n] = libc::iovec {
+            iov_base: base as *mut libc::c_void,
+            iov_len: p.len(),
+        };
+        n += 1;
+    }
+    if n == 0 {
+        return Ok(0);
+    }
+    // SAFETY: a zeroed msghdr is valid (no name, no control data); it points at `iov`, whose
+    // first `n` entries each describe readable memory: a live slice (`Bytes`) or a range
+    // bounds-checked inside a region, valid by Region's contract. The kernel only reads them.
+    let r = unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = iov.as_mut_ptr();
+        msg.msg_iovlen = n as _;
+        libc::sendmsg(fd.as_raw_fd(), &msg, libc::MSG_NOSIGNAL)
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(r as usize)
+}
+
+impl Region {
+    /// Wraps memory the caller owns.
+    ///
+    /// # Safety
+    /// `[addr, addr + len)` must be valid for reads and writes for as long as any clone of the
+    /// returned region is used (for NCCL buffers: until `deregMr`, which drops every clone).
+    pub unsafe fn from_raw(addr: u64, len: usize) -> Region {
+        Region {
+            addr,
+            len,
+            _owned: None,
+        }
+    }
+
+    /// Allocates `len` zeroed bytes, 4096-aligned, owned by the region (bounce buffers, CTS
+    /// rings, credit words). `len` 0 allocates one page. Aborts when memory is exhausted: use
+    /// [`Region::try_alloc`] for sizes that come from the configuration.
+    pub fn alloc(len: usize) -> Region {
+        match Region::try_alloc(len) {
+            Ok(r) => r,
+            Err(_) => std::alloc::handle_alloc_error(
+                std::alloc::Layout::from_size_align(len.max(1), 4096).expect("page layout"),
+            ),
+        }
+    }
+
+    /// Like [`Region::alloc`], but a failed allocation (or a size no layout can hold) is an
+    /// error naming the size instead of an abort.
+    pub fn try_alloc(len: usize) -> Result<Region, String> {
+        let size = len
+            .max(1)
+            .checked_next_multiple_of(4096)
+            .ok_or_else(|| format!("{len} bytes cannot be allocated"))?;
+        let layout = std::alloc::Layout::from_size_align(size, 4096)
+            .map_err(|e| format!("{len} bytes cannot be allocated: {e}"))?;
+        // SAFETY: layout has non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return Err(format!("allocating {size} bytes failed (out of memory)"));
+        }
+        Ok(Region {
+            addr: ptr as u64,
+            len,
+            _owned: Some(Arc::new(OwnedBuf { ptr, layout })),
+        })
+    }
+
+    /// Virtual address of the first byte.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for a zero-length region.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// True when `[addr, addr + len)` lies inside this region.
+    pub fn contains(&self, addr: u64, len: u64) -> bool {
+        addr >= self.addr
+            && addr
+                .checked_add(len)
+                .is_some_and(|end| end <= self.addr + self.len as u64)
+    }
+
+    fn check(&self, offset: usize, len: usize) -> Result<(), OutOfBounds> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(OutOfBounds {
+                offset: offset as u64,
+                len: len as u64,
+                region_len: self.len as u64,
+            }),
+        }
+    }
+
+    /// The address of byte `offset`, after checking that `[offset, offset + len)` is inside.
+    /// Only ever turned into raw-pointer accesses, never into a reference.
+    fn ptr(&self, offset: usize, len: usize) -> Result<*mut u8, OutOfBounds> {
+        self.check(offset, len)?;
+        Ok((self.addr as usize + offset) as *mut u8)
+    }
+
+    /// Copies `src` to `offset`.
+    ///
+    /// # Errors
+    /// [`OutOfBounds`] (nothing written) when the range is not inside the region.
+    pub fn write(&self, offset: usize, src: &[u8]) -> Result<(), OutOfBounds> {
+        let dst = self.ptr(offset, src.len())?;
+        // SAFETY: `dst..dst + src.len()` is inside the region (checked), valid for writes by the
+        // constructor's contract; `src` is a live slice. ptr::copy (memmove) is correct even if
+        // the two ranges overlap.
+        unsafe { std::ptr::copy(src.as_ptr(), dst, src.len()) };
+        Ok(())
+    }
+
+    /// Copies `dst.len()` bytes from `offset` into `dst`.
+    ///
+    /// # Errors
+    /// [`OutOfBounds`] (`dst` untouched) when the range is not inside the region.
+    pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), OutOfBounds> {
+        let src = self.ptr(offset, dst.len())?;
+        // SAFETY: the source range is inside the region (checked), valid for reads by the
+        // constructor's contract; `dst` is a distinct live buffer the caller owns exclusively.
+        unsafe { std::ptr::copy(src.cast_const(), dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
+    /// Appends `len` bytes from `offset` to `dst` (no zero-fill of the new tail first).
+    ///
+    /// # Errors
+    /// [`OutOfBounds`] (`dst` untouched) when the range is not inside the region.
+    pub fn append_to(
+        &self,
+        offset: usize,
+        len: usize,
+        dst: &mut Vec<u8>,
+    ) -> Result<(), OutOfBounds> {
+        let src = self.ptr(offset, len)?;
+        dst.reserve(len);
+        let at = dst.len();
+        // SAFETY: `reserve` made room for `len` more bytes after `at`; the copy fills exactly
+        // those from a checked range of the region (valid for reads by contract), which is not
+        // the Vec's own allocation; only then does `set_len` expose them, all initialised.
+        unsafe {
+            std::ptr::copy(src.cast_const(), dst.as_mut_ptr().add(at), len);
+            dst.set_len(at + len);
+        }
+        Ok(())
+    }
+
+    /// Reads a little-endian u64 at `offset` with a volatile load (a NIC may write it at any
+    /// time). The address must be 8-byte aligned.
+    ///
+    /// # Errors
+    /// [`OutOfBounds`] when the 8 bytes are not inside the region or not aligned.
+    pub fn read_u64_volatile(&self, offset: usize) -> Result<u64, OutOfBounds> {
+        let p = self.aligned_u64(offset)?;
+        // SAFETY: in bounds and aligned (checked); the memory is valid per the contract. A
+        // volatile load is a single access the compiler may neither elide nor merge.
+        Ok(u64::from_le(unsafe { std::ptr::read_volatile(p) }))
+    }
+
+    /// Stores `v` little-endian at `offset` with a volatile store. The address must be 8-byte
+    /// aligned.
+    ///
+    /// # Errors
+    /// [`OutOfBounds`] (nothing written) when the 8 bytes are not inside the region or not
+    /// aligned.
+    pub fn write_u64_volatile(&self, offset: usize, v: u64) -> Result<(), OutOfBounds> {
+        let p = self.aligned_u64(offset)?;
+        // SAFETY: in bounds and aligned (checked); valid for writes per the contract.
+        unsafe { std::ptr::write_volatile(p, v.to_le()) };
+        Ok(())
+    }
+
+    fn aligned_u64(&self, offset: usize) -> Result<*mut u64, OutOfBounds> {
+        let p = self.ptr(offset, 8)?.cast::<u64>();
+        if p.align_offset(8) != 0 {
+            return Err(OutOfBounds {
+                offset: offset as u64,
+                len: 8,
+                region_len: self.len as u64,
+            });
+        }
+        Ok(p)
+    }
+
+    /// Copies `len` bytes from `src` at `src_off` to this region at `dst_off` (the ranges may
+    /// overlap, also within one region).
+    ///
+    /// # Errors
+    /// [`OutOfBounds`] (nothing copied) when either range is outside its region.
+    pub fn copy_from(
+        &self,
+        dst_off: usize,
+        src: &Region,
+        src_off: usize,
+        len: usize,
+    ) -> Result<(), OutOfBounds> {
+        let s = src.ptr(src_off, len)?;
+        let d = self.ptr(dst_off, len)?;
+        // SAFETY: both ranges are inside their regions (checked) and valid by contract;
+        // ptr::copy is a memmove, so overlapping ranges are fine.
+        unsafe { std::ptr::copy(s.cast_const(), d, len) };
+        Ok(())
+    }
+
+    /// Receives at most `len` bytes from the socket `fd` straight into `[offset, offset +
+    /// len)` with one `recv(2)`; returns how many arrived (0: the peer closed the stream, or
+    /// `len` was 0).
+    ///
+    /// # Errors
+    /// The call's error (`WouldBlock` on a drained non-blocking socket, `Interrupted`), or
+    /// `InvalidInput` when the range is outside the region (nothing read).
+    pub fn recv_into(&self, offset: usize, len: usize, fd: BorrowedFd<'_>) -> io::Result<usize> {
+        let p = self.ptr(offset, len)?;
+        if len == 0 {
+            return Ok(0);
+        }
+        // SAFETY: `p..p + len` is inside the region (checked), valid for writes by contract; the
+        // kernel writes at most `len` bytes there and no reference to the range exists.
+        let r = unsafe { libc::recv(fd.as_raw_fd(), p.cast(), len, 0) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(r as usize)
+    }
+
+    /// Sends at most `len` bytes from `[offset, offset + len)` on the socket `fd` with one
+    /// `send(2)` (`MSG_NOSIGNAL`); returns how many the kernel took.
+    ///
+    /// # Errors
+    /// As [`Region::recv_into`] (`WouldBlock` when the socket buffer is full).
+    pub fn send_from(&self, offset: usize, len: usize, fd: BorrowedFd<'_>) -> io::Result<usize> {
+        self.check(offset, len)?;
+        sendmsg(
+            fd,
+            &[IoPiece::Region {
+                region: self,
+                off: offset,
+                len,
+            }],
+        )
+    }
+
+    /// The sub-range `[offset, offset + len)` as a region sharing this one's lifetime.
+    ///
+    /// # Errors
+    /// [`OutOfBounds`] when the range is not inside the region.
+    pub fn slice(&self, offset: usize, len: usize) -> Result<Region, OutOfBounds> {
+        self.check(offset, len)?;
+        Ok(Region {
+            addr: self.addr + offset as u64,
+            len,
+            _owned: self._owned.clone(),
+        })
+    }
+}
+
+impl fmt::Debug for Region {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Region({:#x}+{})", self.addr, self.len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::os::fd::AsFd;
+
+    use super::*;
+
+    fn pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let a = TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+        let (b, _) = l.accept().expect("accept");
+        (a, b)
+    }
+
+    #[test]
+    fn bounds_are_enforced() {
+        let r = Region::alloc(16);
+        assert!(r.write(8, &[1; 8]).is_ok());
+        assert_eq!(
+            r.write(9, &[1; 8]),
+            Err(OutOfBounds {
+                offset: 9,
+                len: 8,
+                region_len: 16
+            })
+        );
+        assert!(r.write(usize::MAX, &[1]).is_err());
+        let mut b = [0u8; 8];
+        r.read(8, &mut b).unwrap();
+        assert_eq!(b, [1; 8]);
+        let mut big = [9u8; 17];
+        assert!(r.read(0, &mut big).is_err());
+        assert_eq!(big, [9; 17], "a refused read leaves the buffer alone");
+        assert_eq!(r.read_u64_volatile(8).unwrap(), 0x0101_0101_0101_0101);
+        assert!(r.read_u64_volatile(9).is_err(), "misaligned");
+        assert!(r.read_u64_volatile(16).is_err(), "out of bounds");
+        assert!(r.contains(r.addr() + 8, 8));
+        assert!(!r.contains(r.addr() + 9, 8));
+        assert!(!r.contains(r.addr() - 1, 1));
+    }
+
+    #[test]
+    fn volatile_store_round_trips_little_endian() {
+        let r = Region::alloc(16);
+        r.write_u64_volatile(8, 0x0102_0304_0506_0708).unwrap();
+        let mut b = [0u8; 8];
+        r.read(8, &mut b).unwrap();
+        assert_eq!(b, [8, 7, 6, 5, 4, 3, 2, 1]);
+        assert_eq!(r.read_u64_volatile(8).unwrap(), 0x0102_0304_0506_0708);
+        assert!(r.write_u64_volatile(4, 1).is_err());
+        assert!(r.write_u64_volatile(16, 1).is_err());
+    }
+
+    #[test]
+    fn slices_share_memory() {
+        let r = Region::alloc(32);
+        let s = r.slice(16, 16).unwrap();
+        s.write(0, &[7; 4]).unwrap();
+        let mut b = [0u8; 4];
+        r.read(16, &mut b).unwrap();
+        assert_eq!(b, [7; 4]);
+        assert!(r.slice(17, 16).is_err());
+    }
+
+    #[test]
+    fn copy_from_handles_overlap_and_bounds() {
+        let a = Region::alloc(16);
+        a.write(0, &[1, 2, 3, 4, 5, 6, 7, 8]).unwrap();
+        a.copy_from(2, &a, 0, 6).unwrap(); // overlapping, forwards
+        let mut b = [0u8; 8];
+        a.read(0, &mut b).unwrap();
+        assert_eq!(b, [1, 2, 1, 2, 3, 4, 5, 6]);
+        let c = Region::alloc(8);
+        c.copy_from(0, &a, 8, 8).unwrap();
+        assert!(c.copy_from(1, &a, 0, 8).is_err(), "destination too short");
+        assert!(c.copy_from(0, &a, 9, 8).is_err(), "source too short");
+    }
+
+    #[test]
+    fn append_to_extends_a_vec() {
+        let r = Region::alloc(8);
+        r.write(0, b"abcdefgh").unwrap();
+        let mut v = b"xy".to_vec();
+        r.append_to(2, 3, &mut v).unwrap();
+        assert_eq!(v, b"xycde");
+        assert!(r.append_to(6, 3, &mut v).is_err());
+        assert_eq!(v, b"xycde", "a refused append leaves the vec alone");
+    }
+
+    #[test]
+    fn recv_into_reads_partially_and_reports_would_block() {
+        let (mut a, b) = pair();
+        b.set_nonblocking(true).unwrap();
+        let r = Region::alloc(64);
+        // Nothing sent yet: EAGAIN surfaces as WouldBlock, nothing written.
+        let e = r.recv_into(0, 64, b.as_fd()).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+        a.write_all(b"hello").unwrap();
+        // A partial read: asked for 64, 5 are there.
+        let mut got = 0;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while got < 5 && std::time::Instant::now() < deadline {
+            match r.recv_into(10 + got, 64 - 10 - got, b.as_fd()) {
+                Ok(n) => got += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
+                Err(e) => panic!("recv_into: {e}"),
+            }
+        }
+        assert_eq!(got, 5);
+        let mut v = [0u8; 5];
+        r.read(10, &mut v).unwrap();
+        assert_eq!(&v, b"hello");
+        // Out of bounds: refused before the call.
+        let e = r.recv_into(60, 8, b.as_fd()).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        // The peer closes: 0.
+        drop(a);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            match r.recv_into(0, 8, b.as_fd()) {
+                Ok(n) => break assert_eq!(n, 0),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    assert!(std::time::Instant::now() < deadline, "no EOF");
+                    std::thread::yield_now()
+                }
+                Err(e) => panic!("recv_into: {e}"),
+            }
+        }
+    }
+
+    #[test]
+    fn send_from_and_sendmsg_gather_in_order() {
+        let (a, mut b) = pair();
+        let r = Region::alloc(16);
+        r.write(0, b"0123456789abcdef").unwrap();
+        assert_eq!(r.send_from(4, 4, a.as_fd()).unwrap(), 4);
+        let e = r.send_from(14, 4, a.as_fd()).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        let pieces = [
+            IoPiece::Bytes(b"<"),
+            IoPiece::Region {
+                region: &r,
+                off: 10,
+                len: 6,
+            },
+            IoPiece::Bytes(b""),
+            IoPiece::Region {
+                region: &r,
+                off: 0,
+                len: 0,
+            },
+            IoPiece::Bytes(b">"),
+        ];
+        assert_eq!(sendmsg(a.as_fd(), &pieces).unwrap(), 8);
+        let bad = [
+            IoPiece::Bytes(b"x"),
+            IoPiece::Region {
+                region: &r,
+                off: 12,
+                len: 5,
+            },
+        ];
+        let e = sendmsg(a.as_fd(), &bad).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        drop(a);
+        let mut got = Vec::new();
+        b.read_to_end(&mut got).unwrap();
+        assert_eq!(
+            got, b"4567<abcdef>",
+            "nothing of the refused gather went out"
+        );
+    }
+
+    #[test]
+    fn sendmsg_reports_would_block_on_a_full_socket() {
+        let (a, _b) = pair();
+        a.set_nonblocking(true).unwrap();
+        let r = Region::alloc(1 << 20);
+        let mut total = 0usize;
+        let e = loop {
+            match r.send_from(0, r.len(), a.as_fd()) {
+                Ok(n) => {
+                    total += n;
+                    assert!(total < 1 << 30, "the socket never filled");
+                }
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+        assert!(total > 0);
+    }
+}
