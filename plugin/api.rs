@@ -20,8 +20,8 @@ use std::sync::{Arc, Mutex};
 
 use tracing::info;
 
-use crate::comm::Comm;
-pub use crate::comm::{Error, MrHandle, ReqHandle};
+use crate::comm::{self, Comm, Role};
+pub use crate::comm::{CommPtr, Error, MrHandle, ReqHandle};
 use crate::conn::{Connecting, Listen, HANDLE_SIZE};
 use crate::engine::wire::MAX_RECVS;
 use crate::ffi::abi::ncclDebugLogger_t;
@@ -301,15 +301,16 @@ pub struct ListenComm {
     ctx: Arc<Context>,
 }
 
-/// A send comm.
+/// A send comm (from [`connect`]): `isend`, and `test` of its requests.
 pub struct SendComm {
-    comm: Box<Comm>,
+    comm: Box<comm::SendComm>,
     _ctx: Arc<Context>,
 }
 
-/// A receive comm.
+/// A receive comm (from [`ListenComm::accept`]): `irecv`, `iflush`, and `test` of its
+/// requests.
 pub struct RecvComm {
-    comm: Box<Comm>,
+    comm: Box<comm::RecvComm>,
     _ctx: Arc<Context>,
 }
 
@@ -322,10 +323,10 @@ pub enum NetComm {
 }
 
 impl NetComm {
-    fn comm(&self) -> &Comm {
+    fn device(&self) -> &Arc<dyn crate::transport::Device> {
         match self {
-            NetComm::Send(s) => &s.comm,
-            NetComm::Recv(r) => &r.comm,
+            NetComm::Send(s) => s.comm.device(),
+            NetComm::Recv(r) => r.comm.device(),
         }
     }
 
@@ -347,7 +348,7 @@ impl NetComm {
 
     /// `regMr` of host memory `[region)` on this comm's device.
     pub fn reg_mr(&self, region: crate::ffi::mem::Region) -> Result<MrHandle, Error> {
-        MrHandle::register(&**self.comm().device(), region)
+        MrHandle::register(&**self.device(), region)
     }
 
     /// `closeSend`/`closeRecv`: logs the counters and releases the QP and buffers.
@@ -474,10 +475,17 @@ impl RecvComm {
         }
         self.comm.irecv(bufs)
     }
+
+    /// `iflush` of received buffers: nothing to do for host memory; `Ok(None)` means
+    /// "complete" (ext-net README).
+    pub fn iflush(&self) -> Result<Request<'_>, Error> {
+        self.comm.iflush()
+    }
 }
 
-/// `test(request)`: `Ok(Some(sizes))` when done (one size for a send, n for a grouped receive).
-pub fn test(req: &ReqHandle, comm: &Comm) -> Result<Option<Vec<u64>>, Error> {
+/// `test(request)` on the comm the request belongs to ([`ReqHandle::comm`]): `Ok(Some(sizes))`
+/// when done (one size for a send, n for a grouped receive).
+pub fn test<R: Role>(req: &ReqHandle, comm: &Comm<R>) -> Result<Option<Vec<u64>>, Error> {
     comm.test(req.id())
 }
 

@@ -37,7 +37,7 @@ use std::time::Duration;
 
 use tracing::{info, warn};
 
-use crate::comm::{Comm, Error, PeerParams, RecvBuffers, SendBuffers};
+use crate::comm::{Error, PeerParams, RecvBuffers, RecvComm, SendBuffers, SendComm};
 use crate::config::Config;
 use crate::engine::RecvEngine;
 use crate::transport::{Device, Kind, QpConfig, QueuePair};
@@ -626,7 +626,7 @@ impl Listen {
     /// Errors are the listener's own failures (the listening socket, local resources) and a
     /// wait for a connection longer than `VERBSNET_CONNECT_TIMEOUT`, which names what the
     /// pending handshakes reached.
-    pub fn accept(&mut self) -> Result<Option<Box<Comm>>, Error> {
+    pub fn accept(&mut self) -> Result<Option<Box<RecvComm>>, Error> {
         let now = crate::comm::now_ns();
         let since = *self.waiting_since.get_or_insert(now);
         let at = self.handle.addr;
@@ -720,7 +720,7 @@ impl Listen {
     }
 
     /// Bookkeeping after a handshake completed.
-    fn accepted(&mut self, c: Box<Comm>) -> Box<Comm> {
+    fn accepted(&mut self, c: Box<RecvComm>) -> Box<RecvComm> {
         self.waiting_since = None;
         self.warned_wait = false;
         c
@@ -797,7 +797,7 @@ impl Listen {
 
     /// Steps pending handshake `i`; a refused one is removed (and logged), a completed one is
     /// removed and returned.
-    fn step_or_refuse(&mut self, i: usize) -> Result<Option<Box<Comm>>, Error> {
+    fn step_or_refuse(&mut self, i: usize) -> Result<Option<Box<RecvComm>>, Error> {
         match self.step(i) {
             Ok(Some(c)) => {
                 self.pending.swap_remove(i);
@@ -816,7 +816,7 @@ impl Listen {
         }
     }
 
-    fn step(&mut self, i: usize) -> Result<Option<Box<Comm>>, StepError> {
+    fn step(&mut self, i: usize) -> Result<Option<Box<RecvComm>>, StepError> {
         let kind_byte = self.handle_kind_byte();
         let a = &mut self.pending[i];
         if let AcceptStage::Hello = a.stage {
@@ -853,7 +853,7 @@ impl Listen {
                 .create_qp(&qp_config(&self.cfg))
                 .map_err(|e| Error::System(format!("creating a QP on {}: {e}", self.dev_name)))?;
             let bufs = RecvBuffers::alloc(&self.dev, &self.cfg)?;
-            let engine = Comm::prepare_recv(&mut *qp, &bufs, &h.p, &self.cfg)?;
+            let engine = RecvComm::prepare(&mut *qp, &bufs, &h.p, &self.cfg)?;
             let oob = a
                 .wire
                 .stream
@@ -872,7 +872,7 @@ impl Listen {
                 role: 2,
                 nonce: h.nonce,
                 qp_info: qp.local_info(),
-                p: Comm::announce_recv(&bufs, &engine, &self.cfg),
+                p: RecvComm::announce(&bufs, &engine, &self.cfg),
             };
             a.wire.out.extend_from_slice(&reply.encode());
             a.stage = AcceptStage::Reply { qp, bufs, engine };
@@ -912,7 +912,7 @@ impl Listen {
                 self.cfg.ib_tc,
                 self.cfg.ib_sl
             );
-            return Ok(Some(Comm::new_recv(
+            return Ok(Some(RecvComm::new(
                 self.dev.clone(),
                 qp,
                 bufs,
@@ -1055,7 +1055,7 @@ impl Connecting {
         dev: &Arc<dyn Device>,
         dev_name: &str,
         cfg: &Config,
-    ) -> Result<Option<Box<Comm>>, Error> {
+    ) -> Result<Option<Box<SendComm>>, Error> {
         let before = std::mem::discriminant(&self.stage);
         let r = self.step_inner(dev, dev_name, cfg);
         let now = crate::comm::now_ns();
@@ -1106,7 +1106,7 @@ impl Connecting {
         dev: &Arc<dyn Device>,
         dev_name: &str,
         cfg: &Config,
-    ) -> Result<Option<Box<Comm>>, Error> {
+    ) -> Result<Option<Box<SendComm>>, Error> {
         if let ConnectStage::Connecting(sock) = &self.stage {
             if let Some(e) = sock
                 .take_error()
@@ -1216,7 +1216,7 @@ impl Connecting {
                 cfg.ib_tc,
                 cfg.ib_sl
             );
-            return Ok(Some(Comm::new_send(
+            return Ok(Some(SendComm::new(
                 dev.clone(),
                 qp,
                 bufs,

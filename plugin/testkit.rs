@@ -6,7 +6,7 @@
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
-use crate::comm::{Comm, Error, MrHandle, ReqHandle};
+use crate::comm::{Comm, Error, MrHandle, RecvComm, ReqHandle, Role, SendComm};
 use crate::config::{Config, TransportChoice};
 use crate::conn::{Connecting, Listen, HANDLE_SIZE};
 use crate::ffi::mem::Region;
@@ -41,9 +41,9 @@ fn first_tcp(cfg: &Config) -> Result<Arc<dyn Device>, Error> {
 /// A connected send/receive comm pair in one process.
 pub struct Link {
     /// Sending side.
-    pub send: Box<Comm>,
+    pub send: Box<SendComm>,
     /// Receiving side.
-    pub recv: Box<Comm>,
+    pub recv: Box<RecvComm>,
     /// The device both use.
     pub dev: Arc<dyn Device>,
 }
@@ -138,8 +138,8 @@ impl Buf {
 /// Polls `test` on `req` until done or an error, at most `max_polls` times, calling `pump`
 /// between polls (e.g. to let the other comm of the pair make progress: a userspace transport
 /// moves data only inside plugin calls, as NCCL's proxy threads make them).
-pub fn wait_with(
-    comm: &Comm,
+pub fn wait_with<R: Role>(
+    comm: &Comm<R>,
     req: &ReqHandle,
     max_polls: u64,
     mut pump: impl FnMut(),
@@ -157,7 +157,7 @@ pub fn wait_with(
 }
 
 /// Polls `test` on `req` until done or an error, at most `max_polls` times.
-pub fn wait(comm: &Comm, req: &ReqHandle, max_polls: u64) -> Result<Vec<u64>, Error> {
+pub fn wait<R: Role>(comm: &Comm<R>, req: &ReqHandle, max_polls: u64) -> Result<Vec<u64>, Error> {
     let id = req.id();
     for _ in 0..max_polls {
         if let Some(s) = comm.test(id)? {
@@ -171,7 +171,7 @@ pub fn wait(comm: &Comm, req: &ReqHandle, max_polls: u64) -> Result<Vec<u64>, Er
 
 /// `isend` retried (with receiver progress in between via `pump`) until it starts.
 pub fn isend_retry<'a>(
-    send: &'a Comm,
+    send: &'a SendComm,
     buf: &Buf,
     off: usize,
     size: usize,

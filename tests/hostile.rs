@@ -10,7 +10,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use nccl_net_verbsnet::comm::{Comm, Error};
+use nccl_net_verbsnet::comm::{Comm, Error, RecvComm, Role, SendComm};
 use nccl_net_verbsnet::config::{Config, TransportChoice};
 use nccl_net_verbsnet::conn::{
     Connecting, Handle, Listen, HANDLE_SIZE, HELLO_VERSION, MAX_PENDING_HANDSHAKES,
@@ -380,7 +380,7 @@ fn a_listener_under_attack_serves_the_real_peer_and_returns_its_descriptors() {
     }
     let mut ch = h;
     let started = Instant::now();
-    let (mut send, mut recv): (Option<Box<Comm>>, Option<Box<Comm>>) = (None, None);
+    let (mut send, mut recv): (Option<Box<SendComm>>, Option<Box<RecvComm>>) = (None, None);
     let mut connect_took = None;
     while send.is_none() || recv.is_none() {
         assert!(
@@ -551,7 +551,7 @@ fn refused_clients_see_their_connection_closed() {
 type Outcome = Option<Result<Vec<u64>, Error>>;
 
 /// Tests `req` on `c` once: `Some` once it is no longer in progress.
-fn poll_req(c: &Comm, req: Result<nccl_net_verbsnet::engine::ReqId, Error>) -> Outcome {
+fn poll_req<R: Role>(c: &Comm<R>, req: Result<nccl_net_verbsnet::engine::ReqId, Error>) -> Outcome {
     match req {
         Err(e) => Some(Err(e)),
         Ok(id) => match c.test(id) {

@@ -21,7 +21,7 @@
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use nccl_net_verbsnet::comm::{Comm, Error};
+use nccl_net_verbsnet::comm::{Error, SendComm};
 use nccl_net_verbsnet::config::{Config, TransportChoice};
 use nccl_net_verbsnet::engine::sim::pattern;
 use nccl_net_verbsnet::engine::ReqId;
@@ -109,7 +109,7 @@ impl Guard {
 }
 
 /// Polls `test` on every unfinished send once; records completions.
-fn pump_sends(send: &Comm, ids: &[ReqId], done: &mut [bool], sizes: &[usize]) {
+fn pump_sends(send: &SendComm, ids: &[ReqId], done: &mut [bool], sizes: &[usize]) {
     for (k, id) in ids.iter().enumerate() {
         if done[k] {
             continue;

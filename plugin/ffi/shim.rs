@@ -26,8 +26,9 @@ use super::abi::{
     ncclResult_t, NCCL_NET_OPTIONAL_RECV_COMPLETION, NCCL_PTR_HOST,
 };
 use super::mem::Region;
-use crate::api::{self, Context, Error, InitArgs, ListenComm, MrHandle, NetComm, ReqHandle};
-use crate::comm::Comm;
+use crate::api::{
+    self, CommPtr, Context, Error, InitArgs, ListenComm, MrHandle, NetComm, ReqHandle,
+};
 use crate::conn::HANDLE_SIZE;
 use crate::engine::wire::MAX_RECVS;
 
@@ -592,10 +593,10 @@ pub(crate) unsafe extern "C" fn irecv_p(
     })
 }
 
-/// `iflush` (every version, `int*` sizes): host memory needs no flush; a NULL request means
-/// "complete" (ext-net README).
+/// `iflush` (every version, `int*` sizes) on a receive comm: host memory needs no flush; a
+/// NULL request means "complete" (ext-net README).
 pub(crate) unsafe extern "C" fn iflush(
-    _recv_comm: *mut c_void,
+    recv_comm: *mut c_void,
     _n: c_int,
     _data: *mut *mut c_void,
     _sizes: *mut c_int,
@@ -603,10 +604,14 @@ pub(crate) unsafe extern "C" fn iflush(
     request: *mut *mut c_void,
 ) -> ncclResult_t {
     guard("iflush", || {
-        if !request.is_null() {
-            // SAFETY: checked non-NULL.
-            unsafe { *request = ptr::null_mut() };
+        // SAFETY: recv_comm came from our accept.
+        let c = unsafe { net_comm(recv_comm, "recvComm") }?.as_recv()?;
+        if request.is_null() {
+            return Err(null_arg("request"));
         }
+        let r = c.iflush()?;
+        // SAFETY: checked non-NULL; always overwritten.
+        unsafe { *request = req_ptr(r) };
         Ok(())
     })
 }
@@ -621,13 +626,22 @@ pub(crate) unsafe extern "C" fn test(
         // SAFETY: request came from our isend/irecv and NCCL tests it until done.
         let h =
             unsafe { (request as *const ReqHandle).as_ref() }.ok_or_else(|| null_arg("request"))?;
-        // SAFETY: the handle lives inside its comm, which NCCL keeps open while testing.
-        let c: &Comm = unsafe { h.comm().as_ref() }
-            .ok_or_else(|| Error::Internal("request without comm".into()))?;
         if done.is_null() {
             return Err(null_arg("done"));
         }
-        let r = api::test(h, c)?;
+        let orphan = || Error::Internal("request without comm".into());
+        // The handle lives inside its comm, which NCCL keeps open while testing; the handle
+        // says which kind of comm that is.
+        let r = match h.comm() {
+            CommPtr::Send(p) => {
+                // SAFETY: p is NULL or the live send comm that owns h (above).
+                api::test(h, unsafe { p.as_ref() }.ok_or_else(orphan)?)
+            }
+            CommPtr::Recv(p) => {
+                // SAFETY: p is NULL or the live receive comm that owns h (above).
+                api::test(h, unsafe { p.as_ref() }.ok_or_else(orphan)?)
+            }
+        }?;
         // SAFETY: checked non-NULL.
         unsafe { *done = c_int::from(r.is_some()) };
         if let (Some(v), false) = (r, sizes.is_null()) {
