@@ -26,7 +26,10 @@ use std::collections::VecDeque;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use nccl_net_verbsnet::comm::{Comm, Error, RecvComm, Role, SendComm};
+use nccl_net_verbsnet::comm::{Comm, RecvComm, Role, SendComm};
+
+/// Any layer's error (comm calls and testkit helpers).
+type Error = Box<dyn std::error::Error + Send + Sync>;
 use nccl_net_verbsnet::config::Config;
 use nccl_net_verbsnet::engine::ReqId;
 use nccl_net_verbsnet::testkit::{connect, open_device, Buf, Link};
@@ -153,7 +156,7 @@ fn stream(l: &Link, size: usize, window: usize, warm: usize, iters: usize) -> Re
         }
         polls += 1;
         if polls > MAX_POLLS {
-            return Err(Error::Internal(format!(
+            return Err(Error::from(format!(
                 "stream of {size} B stuck: {ds}/{total} sent, {dr}/{total} received"
             )));
         }
@@ -170,7 +173,7 @@ fn wait<A: Role, B: Role>(c: &Comm<A>, id: ReqId, peer: &Comm<B>) -> Result<(), 
         }
         peer.progress()?;
     }
-    Err(Error::Internal("request stuck".into()))
+    Err("request stuck".into())
 }
 
 fn retry(mut f: impl FnMut() -> Result<Option<ReqId>, Error>) -> Result<ReqId, Error> {
@@ -179,7 +182,7 @@ fn retry(mut f: impl FnMut() -> Result<Option<ReqId>, Error>) -> Result<ReqId, E
             return Ok(id);
         }
     }
-    Err(Error::Internal("post stuck".into()))
+    Err("post stuck".into())
 }
 
 /// Ping-pong between A (sends on `ab`, receives on `ba`) and B; one-way latencies in us.

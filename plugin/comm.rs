@@ -35,40 +35,247 @@ pub fn now_ns() -> u64 {
     BASE.get_or_init(Instant::now).elapsed().as_nanos() as u64
 }
 
-/// Errors of comm operations, each mapping to one `ncclResult_t`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Error {
+/// What kind of failure an error is: the class [`crate::ffi`] maps to one `ncclResult_t`
+/// (ext-net README `plugins/net/README.md`, error codes), in one place (`ffi::shim::code`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Class {
     /// Bad argument from the caller (→ `ncclInvalidArgument`).
-    InvalidArgument(String),
-    /// Misuse such as a send larger than the receive (→ `ncclInvalidUsage`).
-    Usage(String),
+    InvalidArgument,
+    /// Misuse such as a send larger than the receive, or a bad setting (→ `ncclInvalidUsage`).
+    Usage,
     /// The peer or path failed (→ `ncclRemoteError`).
-    Remote(String),
+    Remote,
     /// A local system or transport failure (→ `ncclSystemError`).
-    System(String),
-    /// A bug or NCCL misusing the plugin (→ `ncclInternalError`).
-    Internal(String),
+    System,
+    /// A bug, or NCCL misusing the plugin (→ `ncclInternalError`).
+    Internal,
 }
 
-impl fmt::Display for Error {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Error::InvalidArgument(m)
-            | Error::Usage(m)
-            | Error::Remote(m)
-            | Error::System(m)
-            | Error::Internal(m) => f.write_str(m),
+/// The cause of a [`Failure`], shared so errors stay `Clone` (a comm's sticky error is
+/// returned again by every later call).
+pub type Source = Arc<dyn std::error::Error + Send + Sync + 'static>;
+
+/// A plain message as a [`Source`] (a cause that is only text, e.g. a peer's refusal).
+pub fn message(text: impl Into<String>) -> Source {
+    Source::from(Box::<dyn std::error::Error + Send + Sync>::from(
+        text.into(),
+    ))
+}
+
+/// An error of one layer: the operation `O` that failed (the layer's own enum: [`Op`] here,
+/// `conn::Stage`, `api::Op`), its [`Class`], what this layer knows (`msg`), the lower error
+/// that caused it (`source`, kept typed, not flattened into the text), and the fix when
+/// there is one.
+///
+/// `Display` is this layer's text: `msg`, or, when `msg` is empty (a wrapper that adds
+/// nothing, e.g. an engine error on `isend`), the source's text. [`report`](Failure::report)
+/// is the whole line a user sees: the text, each source after `": "`, then the fix.
+#[derive(Clone)]
+pub struct Failure<O> {
+    op: O,
+    class: Class,
+    msg: String,
+    source: Option<Source>,
+    fix: Option<String>,
+}
+
+impl<O: Copy + fmt::Debug> Failure<O> {
+    /// A failure of `op` described by `msg`.
+    pub fn new(op: O, class: Class, msg: impl Into<String>) -> Failure<O> {
+        Failure {
+            op,
+            class,
+            msg: msg.into(),
+            source: None,
+            fix: None,
+        }
+    }
+
+    /// A failure of `op` that adds nothing to its cause's text (`Display` is the cause's).
+    pub fn wrap(
+        op: O,
+        class: Class,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Failure<O> {
+        Failure {
+            op,
+            class,
+            msg: String::new(),
+            source: None,
+            fix: None,
+        }
+        .because(source)
+    }
+
+    /// The same failure, caused by `source`.
+    pub fn because(self, source: impl std::error::Error + Send + Sync + 'static) -> Failure<O> {
+        self.because_source(Arc::new(source))
+    }
+
+    /// The same failure, caused by `source` (already shared, or a plain message made into an
+    /// error with `Source::from(Box::<dyn Error + Send + Sync>::from(text))`).
+    pub fn because_source(mut self, source: Source) -> Failure<O> {
+        self.source = Some(source);
+        self
+    }
+
+    /// The same failure with a fix appended to its report (text starting with its own
+    /// separator, e.g. `"; pinning … failed: raise …"`).
+    pub fn fix(mut self, fix: impl Into<String>) -> Failure<O> {
+        let fix = fix.into();
+        self.fix = (!fix.is_empty()).then_some(fix);
+        self
+    }
+
+    /// The operation that failed.
+    pub fn op(&self) -> O {
+        self.op
+    }
+
+    /// The class (→ `ncclResult_t`).
+    pub fn class(&self) -> Class {
+        self.class
+    }
+
+    /// The same failure seen from a layer above: `op` there, the same class, this one as the
+    /// (transparent) cause.
+    pub fn lift<P: Copy + fmt::Debug>(self, op: P) -> Failure<P>
+    where
+        O: Send + Sync + 'static,
+        Failure<O>: std::error::Error,
+    {
+        let class = self.class;
+        Failure::wrap(op, class, self)
+    }
+
+    /// The whole line: this text, each source after `": "`, then the fix (the wording the
+    /// WARN lines and tests read).
+    pub fn report(&self) -> String
+    where
+        O: 'static,
+    {
+        use std::fmt::Write as _;
+        let mut out = self.to_string();
+        let mut next = std::error::Error::source(self);
+        while let Some(s) = next {
+            let _ = write!(out, ": {s}");
+            next = s.source();
+        }
+        let mut fixes = Vec::new();
+        self.collect_fixes(&mut fixes);
+        for f in fixes {
+            out.push_str(f);
+        }
+        out
+    }
+
+    fn collect_fixes<'a>(&'a self, out: &mut Vec<&'a str>)
+    where
+        O: 'static,
+    {
+        // Fixes of wrapped failures of any layer come first (the innermost names the cause).
+        if let Some(src) = &self.source {
+            let e: &(dyn std::error::Error + 'static) = &**src;
+            for_each_failure_fix(e, out);
+        }
+        if let Some(f) = &self.fix {
+            out.push(f);
         }
     }
 }
 
-impl From<ReqError> for Error {
-    fn from(e: ReqError) -> Error {
-        match e {
-            ReqError::Usage(_) => Error::Usage(e.to_string()),
-            ReqError::Remote(_) | ReqError::Protocol(_) => Error::Remote(e.to_string()),
-            ReqError::Local(_) => Error::System(e.to_string()),
+/// Collects the fixes of the [`Failure`]s of every layer in `e` (innermost first).
+fn for_each_failure_fix<'a>(e: &'a (dyn std::error::Error + 'static), out: &mut Vec<&'a str>) {
+    macro_rules! try_layer {
+        ($t:ty) => {
+            if let Some(f) = e.downcast_ref::<Failure<$t>>() {
+                f.collect_fixes(out);
+                return;
+            }
+        };
+    }
+    try_layer!(Op);
+    try_layer!(crate::conn::Stage);
+    try_layer!(crate::net::Op);
+    try_layer!(crate::api::Op);
+}
+
+impl<O: fmt::Debug> fmt::Debug for Failure<O> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Failure")
+            .field("op", &self.op)
+            .field("class", &self.class)
+            .field("msg", &self.msg)
+            .field("source", &self.source.as_ref().map(|s| s.to_string()))
+            .field("fix", &self.fix)
+            .finish()
+    }
+}
+
+impl<O> fmt::Display for Failure<O> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.msg, &self.source) {
+            (m, Some(s)) if m.is_empty() => fmt::Display::fmt(s, f),
+            (m, _) => f.write_str(m),
         }
+    }
+}
+
+impl<O: fmt::Debug> std::error::Error for Failure<O> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        let s: &(dyn std::error::Error + 'static) = &**self.source.as_ref()?;
+        if self.msg.is_empty() {
+            // Transparent: the cause's text is this one's, so its source comes next.
+            s.source()
+        } else {
+            Some(s)
+        }
+    }
+}
+
+/// Two failures are equal when they say the same (tests compare results).
+impl<O: PartialEq> PartialEq for Failure<O> {
+    fn eq(&self, other: &Self) -> bool {
+        self.op == other.op
+            && self.class == other.class
+            && self.msg == other.msg
+            && self.fix == other.fix
+            && self.source.as_ref().map(|s| s.to_string())
+                == other.source.as_ref().map(|s| s.to_string())
+    }
+}
+
+/// The comm operation that failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// `regMr`: registering NCCL's buffer.
+    RegMr,
+    /// Allocating or registering the comm's own protocol buffers.
+    Buffers,
+    /// `isend`.
+    Isend,
+    /// `irecv`.
+    Irecv,
+    /// `test`.
+    Test,
+    /// Progress inside any entry: polling, posting WRs, staging, eager copies.
+    Progress,
+    /// Checking what a comm will pin against verbsnet's cap and `RLIMIT_MEMLOCK`.
+    Limits,
+}
+
+/// An error of a comm operation.
+pub type Error = Failure<Op>;
+
+impl Error {
+    /// An engine error of `op` (its text is the engine's).
+    pub fn req(op: Op, e: ReqError) -> Error {
+        let class = match e {
+            ReqError::Usage(_) => Class::Usage,
+            ReqError::Remote(_) | ReqError::Protocol(_) => Class::Remote,
+            ReqError::Local(_) => Class::System,
+        };
+        Failure::wrap(op, class, e)
     }
 }
 
@@ -95,12 +302,14 @@ impl MrHandle {
     /// Registers `region` on `dev`.
     pub fn register(dev: &dyn Device, region: Region) -> Result<MrHandle, Error> {
         let mr = dev.reg_mr(region.clone()).map_err(|e| {
-            Error::System(format!(
-                "registering {} bytes at {:#x} failed: {e}{}",
+            let msg = format!(
+                "registering {} bytes at {:#x} failed",
                 region.len(),
-                region.addr(),
-                enomem_hint(&e, region.len())
-            ))
+                region.addr()
+            );
+            Error::new(Op::RegMr, Class::System, msg)
+                .fix(enomem_hint(&e, region.len()))
+                .because(e)
         })?;
         Ok(MrHandle {
             keys: mr.keys(),
@@ -111,18 +320,22 @@ impl MrHandle {
 
     /// The registered range containing `[addr, addr+len)` as a sub-region, or an error naming
     /// the ranges.
-    fn sub(&self, addr: u64, len: u64) -> Result<Region, Error> {
+    fn sub(&self, op: Op, addr: u64, len: u64) -> Result<Region, Error> {
         if !self.region.contains(addr, len) {
-            return Err(Error::InvalidArgument(format!(
-                "buffer {addr:#x}+{len} is not inside its memory registration {:#x}+{} (regMr the \
-                 whole buffer first)",
-                self.region.addr(),
-                self.region.len()
-            )));
+            return Err(Error::new(
+                op,
+                Class::InvalidArgument,
+                format!(
+                    "buffer {addr:#x}+{len} is not inside its memory registration {:#x}+{} \
+                     (regMr the whole buffer first)",
+                    self.region.addr(),
+                    self.region.len()
+                ),
+            ));
         }
         self.region
             .slice((addr - self.region.addr()) as usize, len as usize)
-            .map_err(|e| Error::InvalidArgument(e.to_string()))
+            .map_err(|e| Error::wrap(op, Class::InvalidArgument, e))
     }
 }
 
@@ -136,16 +349,22 @@ pub(crate) struct Owned {
 impl Owned {
     pub(crate) fn alloc(dev: &dyn Device, len: usize) -> Result<Owned, Error> {
         let region = Region::try_alloc(len).map_err(|e| {
-            Error::System(format!(
-                "a {len}-byte protocol buffer: {e} (lower VERBSNET_RQ_DEPTH or \
-                 VERBSNET_EAGER_BUF_SIZE)"
-            ))
+            Error::new(
+                Op::Buffers,
+                Class::System,
+                format!("a {len}-byte protocol buffer"),
+            )
+            .because_source(message(e))
+            .fix(" (lower VERBSNET_RQ_DEPTH or VERBSNET_EAGER_BUF_SIZE)")
         })?;
         let mr = dev.reg_mr(region.clone()).map_err(|e| {
-            Error::System(format!(
-                "registering a {len}-byte protocol buffer failed: {e}{}",
-                enomem_hint(&e, len)
-            ))
+            Error::new(
+                Op::Buffers,
+                Class::System,
+                format!("registering a {len}-byte protocol buffer failed"),
+            )
+            .fix(enomem_hint(&e, len))
+            .because(e)
         })?;
         Ok(Owned {
             keys: mr.keys(),
@@ -175,7 +394,7 @@ impl Owned {
                 region: whole
                     .region
                     .slice(offsets[i], sizes[i])
-                    .map_err(|e| Error::Internal(e.to_string()))?,
+                    .map_err(|e| Error::wrap(Op::Buffers, Class::Internal, e))?,
                 keys: whole.keys,
                 _mr: whole._mr.clone(),
             })
@@ -183,7 +402,7 @@ impl Owned {
         let parts: Vec<Owned> = (0..N).map(part).collect::<Result<_, _>>()?;
         parts
             .try_into()
-            .map_err(|_| Error::Internal("buffer parts".into()))
+            .map_err(|_| Error::new(Op::Buffers, Class::Internal, "buffer parts"))
     }
 
     pub(crate) fn at(&self) -> (u64, u32) {
@@ -227,11 +446,15 @@ fn stage(owned: &[&Owned], addr: u64, bytes: &[u8]) -> Result<(), Error> {
         .iter()
         .find(|o| o.region.contains(addr, bytes.len() as u64))
         .ok_or_else(|| {
-            Error::Internal(format!("stage address {addr:#x} outside protocol buffers"))
+            Error::new(
+                Op::Progress,
+                Class::Internal,
+                format!("stage address {addr:#x} outside protocol buffers"),
+            )
         })?;
     o.region
         .write((addr - o.region.addr()) as usize, bytes)
-        .map_err(|e| Error::Internal(e.to_string()))
+        .map_err(|e| Error::wrap(Op::Progress, Class::Internal, e))
 }
 
 /// What the peer announced about its side in the handshake (see `conn::Hello`).
@@ -496,7 +719,11 @@ impl sealed::Side for SendSide {
         stage(&[&self.bufs.hdr, &self.bufs.rec], addr, bytes)
     }
     fn local_action(&mut self, a: Action) -> Result<(), Error> {
-        Err(Error::Internal(format!("{a:?} on a send comm")))
+        Err(Error::new(
+            Op::Progress,
+            Class::Internal,
+            format!("{a:?} on a send comm"),
+        ))
     }
     fn stall_counters(&self, out: &mut Vec<String>) {
         out.push(format!(
@@ -563,16 +790,22 @@ impl sealed::Side for RecvSide {
                 match (d, from) {
                     (Some(d), Some(from)) => d
                         .copy_from(0, from, (src - from.addr()) as usize, len as usize)
-                        .map_err(|e| Error::Internal(format!("eager copy: {e}"))),
-                    _ => Err(Error::Internal(format!(
-                        "eager copy of {len} bytes at {src:#x} into request {req:?}: unknown \
-                         buffer"
-                    ))),
+                        .map_err(|e| {
+                            Error::new(Op::Progress, Class::Internal, "eager copy").because(e)
+                        }),
+                    _ => Err(Error::new(
+                        Op::Progress,
+                        Class::Internal,
+                        format!(
+                            "eager copy of {len} bytes at {src:#x} into request {req:?}: \
+                             unknown buffer"
+                        ),
+                    )),
                 }
             }
             Action::WantBounce(k) => {
                 let got = self.bufs.pool.take(k as usize).unwrap_or_else(|e| {
-                    warn!("the receive queue cannot grow: {e}");
+                    warn!("the receive queue cannot grow: {}", e.report());
                     Vec::new()
                 });
                 self.engine.add_bounce(k, &got);
@@ -582,9 +815,11 @@ impl sealed::Side for RecvSide {
                 self.bufs.pool.give(&b);
                 Ok(())
             }
-            other => Err(Error::Internal(format!(
-                "{other:?} is not a receive-side action"
-            ))),
+            other => Err(Error::new(
+                Op::Progress,
+                Class::Internal,
+                format!("{other:?} is not a receive-side action"),
+            )),
         }
     }
     fn test(&mut self, id: ReqId) -> Result<Option<Vec<u64>>, ReqError> {
@@ -764,10 +999,11 @@ impl<R: Role> Comm<R> {
 
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, Core<R>>, Error> {
         self.core.lock().map_err(|_| {
-            Error::Internal(format!(
-                "{}: state poisoned by an earlier panic",
-                self.label
-            ))
+            Error::new(
+                Op::Progress,
+                Class::Internal,
+                format!("{}: state poisoned by an earlier panic", self.label),
+            )
         })
     }
 
@@ -785,7 +1021,7 @@ impl<R: Role> Comm<R> {
             let progressed = g.progress(now_ns());
             let r = g.side.test(id);
             progressed?;
-            Ok(r?)
+            r.map_err(|e| Error::req(Op::Test, e))
         })
     }
 
@@ -867,13 +1103,13 @@ impl SendComm {
         mh: &MrHandle,
     ) -> Result<Option<&ReqHandle>, Error> {
         let _span = self.span.enter();
-        mh.sub(data, size)?;
+        mh.sub(Op::Isend, data, size)?;
         let mut g = self.lock()?;
         g.sticky_call(|g| {
             let now = now_ns();
             g.progress(now)?;
             let r = g.side.engine.isend(now, data, mh.keys.lkey, size, tag);
-            let id = g.after_engine_call(r)?;
+            let id = g.after_engine_call(r, Op::Isend)?;
             g.execute()?;
             Ok(id)
         })
@@ -910,12 +1146,19 @@ impl RecvComm {
         for a in engine.drain_actions() {
             match a {
                 Action::PostRecv(wrs) => qp.post_recv(&wrs).map_err(|e| {
-                    Error::System(format!("posting the initial receive queue failed: {e}"))
+                    Error::new(
+                        Op::Buffers,
+                        Class::System,
+                        "posting the initial receive queue failed",
+                    )
+                    .because(e)
                 })?,
                 other => {
-                    return Err(Error::Internal(format!(
-                        "unexpected initial action {other:?}"
-                    )))
+                    return Err(Error::new(
+                        Op::Buffers,
+                        Class::Internal,
+                        format!("unexpected initial action {other:?}"),
+                    ))
                 }
             }
         }
@@ -950,15 +1193,16 @@ impl RecvComm {
     pub fn irecv(&self, bufs: &[(u64, u64, i32, &MrHandle)]) -> Result<Option<&ReqHandle>, Error> {
         let _span = self.span.enter();
         if bufs.is_empty() || bufs.len() > MAX_RECVS {
-            return Err(Error::InvalidArgument(format!(
-                "irecv of {} buffers; maxRecvs is {MAX_RECVS}",
-                bufs.len()
-            )));
+            return Err(Error::new(
+                Op::Irecv,
+                Class::InvalidArgument,
+                format!("irecv of {} buffers; maxRecvs is {MAX_RECVS}", bufs.len()),
+            ));
         }
         let mut regions: [Option<Region>; MAX_RECVS] = Default::default();
         let mut rb = Vec::with_capacity(bufs.len());
         for (i, &(addr, cap, tag, mh)) in bufs.iter().enumerate() {
-            regions[i] = Some(mh.sub(addr, cap)?);
+            regions[i] = Some(mh.sub(Op::Irecv, addr, cap)?);
             rb.push(RecvBuf {
                 addr,
                 cap,
@@ -974,7 +1218,7 @@ impl RecvComm {
             if let Ok(Some(id)) = &r {
                 g.side.dst[id.slot as usize] = regions;
             }
-            let id = g.after_engine_call(r)?;
+            let id = g.after_engine_call(r, Op::Irecv)?;
             g.execute()?;
             Ok(id)
         })
@@ -1042,13 +1286,14 @@ impl<R: Role> Core<R> {
     fn after_engine_call(
         &mut self,
         r: Result<Option<ReqId>, ReqError>,
+        op: Op,
     ) -> Result<Option<ReqId>, Error> {
         match r {
             Ok(v) => Ok(v),
             Err(e) => {
                 // Carry out actions produced before the error (e.g. a notification to the peer).
                 let _ = self.execute();
-                Err(e.into())
+                Err(Error::req(op, e))
             }
         }
     }
@@ -1066,8 +1311,10 @@ impl<R: Role> Core<R> {
             return Err(e.clone());
         }
         let r = f(self);
-        if let Err(e @ (Error::Usage(_) | Error::Remote(_))) = &r {
-            self.sticky = Some(e.clone());
+        if let Err(e) = &r {
+            if matches!(e.class(), Class::Usage | Class::Remote) {
+                self.sticky = Some(e.clone());
+            }
         }
         r
     }
@@ -1172,16 +1419,17 @@ impl<R: Role> Core<R> {
                 }
                 Action::PostRecv(wrs) => {
                     self.flush_sends(&mut sends)?;
-                    self.qp
-                        .post_recv(&wrs)
-                        .map_err(|e| Error::System(format!("post_recv: {e}")))
+                    self.qp.post_recv(&wrs).map_err(|e| {
+                        Error::new(Op::Progress, Class::System, "post_recv").because(e)
+                    })
                 }
                 other => self.side.local_action(other),
             };
             if let Err(e) = res {
                 self.post_errors += 1;
-                warn!("{e}");
-                self.side.fail(ReqError::Local(e.to_string()));
+                let line = e.report();
+                warn!("{line}");
+                self.side.fail(ReqError::Local(line));
                 return Err(e);
             }
         }
@@ -1195,9 +1443,9 @@ impl<R: Role> Core<R> {
         let r = self.qp.post_send(sends);
         sends.clear();
         r.map_err(|e| {
-            let m = format!("post_send: {e}");
-            self.side.fail(ReqError::Local(m.clone()));
-            Error::System(m)
+            let e = Error::new(Op::Progress, Class::System, "post_send").because(e);
+            self.side.fail(ReqError::Local(e.report()));
+            e
         })
     }
 
@@ -1246,5 +1494,66 @@ impl<R: Role> Core<R> {
                 info!("stats {}", line.join(" "));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::TransportError;
+
+    fn enomem() -> TransportError {
+        TransportError::Io {
+            op: "ibv_reg_mr".into(),
+            source: std::io::Error::from_raw_os_error(libc::ENOMEM),
+        }
+    }
+
+    #[test]
+    fn a_failure_keeps_its_cause_as_source_and_reports_the_chain_then_the_fix() {
+        let e = Error::new(
+            Op::RegMr,
+            Class::System,
+            "registering 64 bytes at 0x1000 failed",
+        )
+        .fix("; raise RLIMIT_MEMLOCK")
+        .because(enomem());
+        assert_eq!(e.to_string(), "registering 64 bytes at 0x1000 failed");
+        let src = std::error::Error::source(&e).expect("the transport error");
+        assert!(src.downcast_ref::<TransportError>().is_some());
+        let os = std::io::Error::from_raw_os_error(libc::ENOMEM);
+        assert_eq!(
+            e.report(),
+            format!(
+                "registering 64 bytes at 0x1000 failed: ibv_reg_mr: {os}; raise RLIMIT_MEMLOCK"
+            )
+        );
+        assert_eq!((e.op(), e.class()), (Op::RegMr, Class::System));
+    }
+
+    #[test]
+    fn a_wrapper_is_transparent_and_a_lifted_failure_keeps_class_fix_and_text() {
+        let e = Error::req(Op::Isend, ReqError::Usage("send of 9 bytes into 4".into()));
+        assert_eq!(e.class(), Class::Usage);
+        assert_eq!(e.to_string(), "invalid usage: send of 9 bytes into 4");
+        assert!(
+            std::error::Error::source(&e).is_none(),
+            "its text is the cause's"
+        );
+        let low = Error::new(Op::Buffers, Class::System, "a 64-byte protocol buffer")
+            .because_source(message("out of memory"))
+            .fix(" (lower VERBSNET_RQ_DEPTH)");
+        let up = low.clone().lift(crate::conn::Stage::Buffers);
+        assert_eq!(up.class(), Class::System);
+        assert_eq!(up.op(), crate::conn::Stage::Buffers);
+        assert_eq!(up.to_string(), low.to_string());
+        assert_eq!(up.report(), low.report());
+        assert_eq!(
+            up.report(),
+            "a 64-byte protocol buffer: out of memory (lower VERBSNET_RQ_DEPTH)"
+        );
+        let top = up.lift(crate::api::Op::Accept);
+        assert_eq!(top.report(), low.report());
+        assert_eq!(top.class(), Class::System);
     }
 }
