@@ -138,14 +138,17 @@ impl<O: Copy + fmt::Debug> Failure<O> {
     }
 
     /// The same failure seen from a layer above: `op` there, the same class, this one as the
-    /// (transparent) cause.
-    pub fn lift<P: Copy + fmt::Debug>(self, op: P) -> Failure<P>
+    /// (transparent) cause; the fix moves up with it, so it still ends the report.
+    pub fn lift<P: Copy + fmt::Debug>(mut self, op: P) -> Failure<P>
     where
         O: Send + Sync + 'static,
         Failure<O>: std::error::Error,
     {
         let class = self.class;
-        Failure::wrap(op, class, self)
+        let fix = self.fix.take();
+        let mut up = Failure::wrap(op, class, self);
+        up.fix = fix;
+        up
     }
 
     /// The whole line: this text, each source after `": "`, then the fix (the wording the
@@ -161,43 +164,11 @@ impl<O: Copy + fmt::Debug> Failure<O> {
             let _ = write!(out, ": {s}");
             next = s.source();
         }
-        let mut fixes = Vec::new();
-        self.collect_fixes(&mut fixes);
-        for f in fixes {
+        if let Some(f) = &self.fix {
             out.push_str(f);
         }
         out
     }
-
-    fn collect_fixes<'a>(&'a self, out: &mut Vec<&'a str>)
-    where
-        O: 'static,
-    {
-        // Fixes of wrapped failures of any layer come first (the innermost names the cause).
-        if let Some(src) = &self.source {
-            let e: &(dyn std::error::Error + 'static) = &**src;
-            for_each_failure_fix(e, out);
-        }
-        if let Some(f) = &self.fix {
-            out.push(f);
-        }
-    }
-}
-
-/// Collects the fixes of the [`Failure`]s of every layer in `e` (innermost first).
-fn for_each_failure_fix<'a>(e: &'a (dyn std::error::Error + 'static), out: &mut Vec<&'a str>) {
-    macro_rules! try_layer {
-        ($t:ty) => {
-            if let Some(f) = e.downcast_ref::<Failure<$t>>() {
-                f.collect_fixes(out);
-                return;
-            }
-        };
-    }
-    try_layer!(Op);
-    try_layer!(crate::conn::Stage);
-    try_layer!(crate::net::Op);
-    try_layer!(crate::api::Op);
 }
 
 impl<O: fmt::Debug> fmt::Debug for Failure<O> {
@@ -910,7 +881,7 @@ impl ReqHandle {
 /// One end of a connection, typed by its [`Role`]: [`SendComm`] or [`RecvComm`].
 ///
 /// Call order: `connect` makes a [`SendComm`] and `accept` a [`RecvComm`] (see
-/// [`crate::conn`]); then any number of `isend` (send) or `irecv` (receive), each returning a
+/// `conn.rs`); then any number of `isend` (send) or `irecv` (receive), each returning a
 /// request or "retry later", and `test` on each request until done (both ends); `progress`
 /// may be called at any time; `close` last, after which no request of the comm may be used.
 /// Each entry first makes progress (CQ poll, peer writes, the engine's actions, watchdog)
@@ -1502,6 +1473,13 @@ mod tests {
     use super::*;
     use crate::transport::TransportError;
 
+    /// Stand-ins for the ops of the layers above (conn, api).
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    enum Above {
+        Conn,
+        Api,
+    }
+
     fn enomem() -> TransportError {
         TransportError::Io {
             op: "ibv_reg_mr".into(),
@@ -1543,16 +1521,16 @@ mod tests {
         let low = Error::new(Op::Buffers, Class::System, "a 64-byte protocol buffer")
             .because_source(message("out of memory"))
             .fix(" (lower VERBSNET_RQ_DEPTH)");
-        let up = low.clone().lift(crate::conn::Stage::Buffers);
+        let up = low.clone().lift(Above::Conn);
         assert_eq!(up.class(), Class::System);
-        assert_eq!(up.op(), crate::conn::Stage::Buffers);
+        assert_eq!(up.op(), Above::Conn);
         assert_eq!(up.to_string(), low.to_string());
         assert_eq!(up.report(), low.report());
         assert_eq!(
             up.report(),
             "a 64-byte protocol buffer: out of memory (lower VERBSNET_RQ_DEPTH)"
         );
-        let top = up.lift(crate::api::Op::Accept);
+        let top = up.lift(Above::Api);
         assert_eq!(top.report(), low.report());
         assert_eq!(top.class(), Class::System);
     }
