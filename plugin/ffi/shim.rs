@@ -10,7 +10,8 @@
 //!   out-parameters only on success — except `*request`/`*comm`, which are always overwritten
 //!   on success (NULL = "not now, call again", ext-net README; `*request` may hold
 //!   `NCCL_NET_OPTIONAL_RECV_COMPLETION` on input in v9+);
-//! - maps the one error type to `ncclResult_t` in one place, `code`.
+//! - maps the error's class ([`Class`]) to `ncclResult_t` in one place, `code`, and
+//!   logs its whole report (text, causes, fix) as the WARN.
 
 use std::ffi::{c_int, c_void};
 use std::fmt::Display;
