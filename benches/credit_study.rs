@@ -27,7 +27,7 @@
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
-use nccl_net_verbsnet::comm::Comm;
+use nccl_net_verbsnet::comm::{Comm, Role};
 use nccl_net_verbsnet::config::{Config, TransportChoice};
 use nccl_net_verbsnet::engine::ReqId;
 use nccl_net_verbsnet::engine::MAX_RECV_REQUESTS;
@@ -132,7 +132,7 @@ struct Row {
     msgs_per_s: f64,
 }
 
-fn counter(c: &Comm, name: &str) -> u64 {
+fn counter<R: Role>(c: &Comm<R>, name: &str) -> u64 {
     c.counters()
         .iter()
         .find(|(k, _)| *k == name)

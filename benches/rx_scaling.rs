@@ -18,12 +18,12 @@
 //!   they reached and the pool's registered bytes.
 use std::sync::Arc;
 
-use nccl_net_verbsnet::comm::Comm;
+use nccl_net_verbsnet::comm::{Comm, Role};
 use nccl_net_verbsnet::config::{Config, TransportChoice};
 use nccl_net_verbsnet::testkit::{connect, open_device, Buf, Link};
 use nccl_net_verbsnet::transport::{Device, Kind};
 
-fn counter(c: &Comm, name: &str) -> u64 {
+fn counter<R: Role>(c: &Comm<R>, name: &str) -> u64 {
     c.counters()
         .iter()
         .find(|(k, _)| *k == name)

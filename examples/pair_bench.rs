@@ -26,7 +26,10 @@ use std::collections::VecDeque;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use nccl_net_verbsnet::comm::{Comm, Error};
+use nccl_net_verbsnet::comm::{Comm, RecvComm, Role, SendComm};
+
+/// Any layer's error (comm calls and testkit helpers).
+type Error = Box<dyn std::error::Error + Send + Sync>;
 use nccl_net_verbsnet::config::Config;
 use nccl_net_verbsnet::engine::ReqId;
 use nccl_net_verbsnet::testkit::{connect, open_device, Buf, Link};
@@ -94,11 +97,11 @@ fn parse_args() -> Result<Opts, String> {
 /// A hang guard for the polling loops (not a measurement).
 const MAX_POLLS: u64 = 2_000_000_000;
 
-fn isend(c: &Comm, b: &Buf, off: usize, size: usize) -> Result<Option<ReqId>, Error> {
+fn isend(c: &SendComm, b: &Buf, off: usize, size: usize) -> Result<Option<ReqId>, Error> {
     Ok(c.isend(b.addr(off), size as u64, 0, &b.mr)?.map(|h| h.id()))
 }
 
-fn irecv(c: &Comm, b: &Buf, off: usize, cap: usize) -> Result<Option<ReqId>, Error> {
+fn irecv(c: &RecvComm, b: &Buf, off: usize, cap: usize) -> Result<Option<ReqId>, Error> {
     Ok(c.irecv(&[(b.addr(off), cap as u64, 0, &b.mr)])?
         .map(|h| h.id()))
 }
@@ -153,7 +156,7 @@ fn stream(l: &Link, size: usize, window: usize, warm: usize, iters: usize) -> Re
         }
         polls += 1;
         if polls > MAX_POLLS {
-            return Err(Error::Internal(format!(
+            return Err(Error::from(format!(
                 "stream of {size} B stuck: {ds}/{total} sent, {dr}/{total} received"
             )));
         }
@@ -163,14 +166,14 @@ fn stream(l: &Link, size: usize, window: usize, warm: usize, iters: usize) -> Re
 
 /// Polls `id` on `c` to completion, letting `peer` progress in between (a userspace transport
 /// moves data only inside plugin calls).
-fn wait(c: &Comm, id: ReqId, peer: &Comm) -> Result<(), Error> {
+fn wait<A: Role, B: Role>(c: &Comm<A>, id: ReqId, peer: &Comm<B>) -> Result<(), Error> {
     for _ in 0..MAX_POLLS {
         if c.test(id)?.is_some() {
             return Ok(());
         }
         peer.progress()?;
     }
-    Err(Error::Internal("request stuck".into()))
+    Err("request stuck".into())
 }
 
 fn retry(mut f: impl FnMut() -> Result<Option<ReqId>, Error>) -> Result<ReqId, Error> {
@@ -179,7 +182,7 @@ fn retry(mut f: impl FnMut() -> Result<Option<ReqId>, Error>) -> Result<ReqId, E
             return Ok(id);
         }
     }
-    Err(Error::Internal("post stuck".into()))
+    Err("post stuck".into())
 }
 
 /// Ping-pong between A (sends on `ab`, receives on `ba`) and B; one-way latencies in us.

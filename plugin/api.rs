@@ -10,7 +10,8 @@
 //!   context to go releases it, so `init` → … → `finalize` → `dlclose` cycles leak nothing;
 //! - typed comms: [`ListenComm`], [`SendComm`], [`RecvComm`] (NCCL holds a [`NetComm`], which
 //!   is one of the last two, because `regMr` accepts either);
-//! - one error type, [`Error`], which [`crate::ffi`] maps to `ncclResult_t` in one place.
+//! - one error type, [`Error`] (a [`Failure`] of an API [`Op`], wrapping the lower layers'
+//!   errors as its source), whose [`Class`] [`crate::ffi`] maps to `ncclResult_t` in one place.
 //!
 //! Rules taken from NCCL (ext-net README `plugins/net/README.md`, `src/include/plugin/net/net_v*.h`,
 //! `src/transport/net.cc`) are cited where they apply.
@@ -20,12 +21,42 @@ use std::sync::{Arc, Mutex};
 
 use tracing::info;
 
-use crate::comm::Comm;
-pub use crate::comm::{Error, MrHandle, ReqHandle};
+use crate::comm::{self, Comm, Role};
+pub use crate::comm::{Class, CommPtr, Failure, MrHandle, ReqHandle};
 use crate::conn::{Connecting, Listen, HANDLE_SIZE};
 use crate::engine::wire::MAX_RECVS;
 use crate::ffi::abi::ncclDebugLogger_t;
 use crate::net::{self, Net};
+
+/// The plugin API call that failed (one per table slot family).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// `init` (v7–v12), and a call made before `init` succeeded.
+    Init,
+    /// `devices`/`getProperties`.
+    Properties,
+    /// `listen`.
+    Listen,
+    /// `connect`.
+    Connect,
+    /// `accept`.
+    Accept,
+    /// `regMr`/`deregMr`.
+    RegMr,
+    /// `isend`.
+    Isend,
+    /// `irecv`.
+    Irecv,
+    /// `iflush`.
+    Iflush,
+    /// `test`.
+    Test,
+    /// `finalize`, `close*`.
+    Close,
+}
+
+/// An error of a plugin API call.
+pub type Error = Failure<Op>;
 
 /// The largest message verbsnet moves in one `isend`/`irecv` (1 GiB), advertised as
 /// `maxP2pBytes` (v9+). It is what truly works on both transports: the tcp transport caps one
@@ -124,10 +155,14 @@ fn traffic_class(tc: i32, what: &str) -> Result<Option<u8>, Error> {
         return Ok(None);
     }
     u8::try_from(tc).map(Some).map_err(|_| {
-        Error::Usage(format!(
+        Error::new(
+            Op::Init,
+            Class::Usage,
+            format!(
             "{what} trafficClass {tc} is outside 0..=255 (an IPv6 traffic class / DSCP<<2 byte; \
              -1 = unset)"
-        ))
+        ),
+        )
     })
 }
 
@@ -142,7 +177,7 @@ fn acquire(logger: ncclDebugLogger_t) -> Result<Arc<Net>, Error> {
         s.users += 1;
         return Ok(s.net.clone());
     }
-    let net = Arc::new(net::open_net(logger)?);
+    let net = Arc::new(net::open_net(logger).map_err(|e| e.lift(Op::Init))?);
     *g = Some(Shared {
         net: net.clone(),
         users: 1,
@@ -188,9 +223,7 @@ pub fn init(args: InitArgs) -> Result<Arc<Context>, Error> {
 
 /// The process-wide context of v7–v10, made by their `init`.
 pub fn legacy_context() -> Result<Arc<Context>, Error> {
-    lock(&LEGACY)
-        .clone()
-        .ok_or_else(|| Error::Internal("the plugin is used before init succeeded".into()))
+    lock(&LEGACY).clone().ok_or_else(before_init)
 }
 
 /// `finalize(ctx)` (v11+): ends the communicator's context. The shared state goes with the
@@ -205,7 +238,15 @@ pub fn net() -> Result<Arc<Net>, Error> {
     lock(&SHARED)
         .as_ref()
         .map(|s| s.net.clone())
-        .ok_or_else(|| Error::Internal("the plugin is used before init succeeded".into()))
+        .ok_or_else(before_init)
+}
+
+fn before_init() -> Error {
+    Error::new(
+        Op::Init,
+        Class::Internal,
+        "the plugin is used before init succeeded",
+    )
 }
 
 /// Live contexts (tests).
@@ -270,7 +311,7 @@ fn intern(s: &CStr) -> &'static CStr {
 /// `getProperties(dev)`.
 pub fn properties(dev: i32) -> Result<Properties, Error> {
     let net = net()?;
-    let d = net::dev_entry(&net, dev)?;
+    let d = net::dev_entry(&net, dev).map_err(|e| e.lift(Op::Properties))?;
     Ok(Properties {
         name: intern(&d.name_c).as_ptr(),
         pci_path: d
@@ -301,15 +342,16 @@ pub struct ListenComm {
     ctx: Arc<Context>,
 }
 
-/// A send comm.
+/// A send comm (from [`connect`]): `isend`, and `test` of its requests.
 pub struct SendComm {
-    comm: Box<Comm>,
+    comm: Box<comm::SendComm>,
     _ctx: Arc<Context>,
 }
 
-/// A receive comm.
+/// A receive comm (from [`ListenComm::accept`]): `irecv`, `iflush`, and `test` of its
+/// requests.
 pub struct RecvComm {
-    comm: Box<Comm>,
+    comm: Box<comm::RecvComm>,
     _ctx: Arc<Context>,
 }
 
@@ -322,32 +364,40 @@ pub enum NetComm {
 }
 
 impl NetComm {
-    fn comm(&self) -> &Comm {
+    fn device(&self) -> &Arc<dyn crate::transport::Device> {
         match self {
-            NetComm::Send(s) => &s.comm,
-            NetComm::Recv(r) => &r.comm,
+            NetComm::Send(s) => s.comm.device(),
+            NetComm::Recv(r) => r.comm.device(),
         }
     }
 
     /// The send comm, or an error if NCCL passed a receive comm.
-    pub fn as_send(&self) -> Result<&SendComm, Error> {
+    pub fn as_send(&self, op: Op) -> Result<&SendComm, Error> {
         match self {
             NetComm::Send(s) => Ok(s),
-            NetComm::Recv(_) => Err(Error::Internal("a receive comm passed as sendComm".into())),
+            NetComm::Recv(_) => Err(Error::new(
+                op,
+                Class::Internal,
+                "a receive comm passed as sendComm",
+            )),
         }
     }
 
     /// The receive comm, or an error if NCCL passed a send comm.
-    pub fn as_recv(&self) -> Result<&RecvComm, Error> {
+    pub fn as_recv(&self, op: Op) -> Result<&RecvComm, Error> {
         match self {
             NetComm::Recv(r) => Ok(r),
-            NetComm::Send(_) => Err(Error::Internal("a send comm passed as recvComm".into())),
+            NetComm::Send(_) => Err(Error::new(
+                op,
+                Class::Internal,
+                "a send comm passed as recvComm",
+            )),
         }
     }
 
     /// `regMr` of host memory `[region)` on this comm's device.
     pub fn reg_mr(&self, region: crate::mem::Region) -> Result<MrHandle, Error> {
-        MrHandle::register(&**self.comm().device(), region)
+        MrHandle::register(&**self.device(), region).map_err(|e| e.lift(Op::RegMr))
     }
 
     /// `closeSend`/`closeRecv`: logs the counters and releases the QP and buffers.
@@ -376,7 +426,7 @@ pub fn listen(
     handle: &mut [u8; HANDLE_SIZE],
 ) -> Result<ListenComm, Error> {
     let net = ctx.net.clone();
-    let d = net::dev_entry(&net, dev)?;
+    let d = net::dev_entry(&net, dev).map_err(|e| e.lift(Op::Listen))?;
     let cfg = conn_config(&ctx, None);
     let listen = Listen::new(
         d.dev.clone(),
@@ -385,7 +435,8 @@ pub fn listen(
         net.listen_ip,
         &cfg,
         handle,
-    )?;
+    )
+    .map_err(|e| e.lift(Op::Listen))?;
     Ok(ListenComm { listen, ctx })
 }
 
@@ -398,9 +449,9 @@ pub fn connect(
     traffic_class: i32,
 ) -> Result<Option<SendComm>, Error> {
     let tc = self::traffic_class(traffic_class, "the connection's")?;
-    let d = net::dev_entry(&ctx.net, dev)?;
+    let d = net::dev_entry(&ctx.net, dev).map_err(|e| e.lift(Op::Connect))?;
     let cfg = conn_config(&ctx, tc);
-    let mut c = Connecting::resume_or_start(handle)?;
+    let mut c = Connecting::resume_or_start(handle).map_err(|e| e.lift(Op::Connect))?;
     match c.step(&d.dev, &d.props.name, &cfg) {
         Ok(Some(mut comm)) => {
             Connecting::clear(handle);
@@ -413,7 +464,7 @@ pub fn connect(
         }
         Err(e) => {
             Connecting::clear(handle);
-            Err(e)
+            Err(e.lift(Op::Connect))
         }
     }
 }
@@ -421,7 +472,8 @@ pub fn connect(
 impl ListenComm {
     /// One non-blocking step of `accept`: `Ok(None)` = call again.
     pub fn accept(&mut self) -> Result<Option<RecvComm>, Error> {
-        Ok(self.listen.accept()?.map(|mut comm| {
+        let accepted = self.listen.accept().map_err(|e| e.lift(Op::Accept))?;
+        Ok(accepted.map(|mut comm| {
             comm.set_comm_id(self.ctx.comm_id);
             RecvComm {
                 comm,
@@ -445,12 +497,18 @@ impl SendComm {
         mh: &MrHandle,
     ) -> Result<Request<'_>, Error> {
         if size > MAX_P2P_BYTES {
-            return Err(Error::InvalidArgument(format!(
-                "isend of {size} bytes: more than maxP2pBytes ({MAX_P2P_BYTES}) this plugin \
+            return Err(Error::new(
+                Op::Isend,
+                Class::InvalidArgument,
+                format!(
+                    "isend of {size} bytes: more than maxP2pBytes ({MAX_P2P_BYTES}) this plugin \
                  advertises"
-            )));
+                ),
+            ));
         }
-        self.comm.isend(data, size, tag, mh)
+        self.comm
+            .isend(data, size, tag, mh)
+            .map_err(|e| e.lift(Op::Isend))
     }
 }
 
@@ -472,13 +530,20 @@ impl RecvComm {
         for b in bufs.iter_mut() {
             b.1 = b.1.min(MAX_P2P_BYTES);
         }
-        self.comm.irecv(bufs)
+        self.comm.irecv(bufs).map_err(|e| e.lift(Op::Irecv))
+    }
+
+    /// `iflush` of received buffers: nothing to do for host memory; `Ok(None)` means
+    /// "complete" (ext-net README).
+    pub fn iflush(&self) -> Result<Request<'_>, Error> {
+        self.comm.iflush().map_err(|e| e.lift(Op::Iflush))
     }
 }
 
-/// `test(request)`: `Ok(Some(sizes))` when done (one size for a send, n for a grouped receive).
-pub fn test(req: &ReqHandle, comm: &Comm) -> Result<Option<Vec<u64>>, Error> {
-    comm.test(req.id())
+/// `test(request)` on the comm the request belongs to ([`ReqHandle::comm`]): `Ok(Some(sizes))`
+/// when done (one size for a send, n for a grouped receive).
+pub fn test<R: Role>(req: &ReqHandle, comm: &Comm<R>) -> Result<Option<Vec<u64>>, Error> {
+    comm.test(req.id()).map_err(|e| e.lift(Op::Test))
 }
 
 #[cfg(test)]
@@ -511,8 +576,8 @@ mod tests {
         assert_eq!(traffic_class(-1, "x"), Ok(None));
         assert_eq!(traffic_class(255, "x"), Ok(Some(255)));
         assert!(
-            matches!(traffic_class(256, "the communicator's"), Err(Error::Usage(m)) if m.contains("256"))
+            matches!(traffic_class(256, "the communicator's"), Err(e) if e.class() == Class::Usage && e.to_string().contains("256"))
         );
-        assert!(matches!(traffic_class(-2, "x"), Err(Error::Usage(_))));
+        assert!(matches!(traffic_class(-2, "x"), Err(e) if e.class() == Class::Usage));
     }
 }

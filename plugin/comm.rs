@@ -22,8 +22,8 @@ use crate::config::Config;
 use crate::engine::wire::{CTS_ENTRY_LEN, EAGER_HDR_LEN, MAX_RECVS, REC_SLOTS};
 use crate::engine::MemRead;
 use crate::engine::{
-    Action, Engine, RecvBuf, RecvEngine, RecvParams, ReqError, ReqId, SendEngine, SendParams,
-    Stats, CTRL_STAGE_SLOTS, CTS_RING_ENTRIES, MAX_RECV_REQUESTS, MAX_SEND_REQUESTS,
+    Action, RecvBuf, RecvEngine, RecvParams, ReqError, ReqId, SendEngine, SendParams, Stall, Stats,
+    CTRL_STAGE_SLOTS, CTS_RING_ENTRIES, MAX_RECV_REQUESTS, MAX_SEND_REQUESTS,
 };
 use crate::mem::Region;
 use crate::pool::BouncePool;
@@ -35,61 +35,219 @@ pub fn now_ns() -> u64 {
     BASE.get_or_init(Instant::now).elapsed().as_nanos() as u64
 }
 
-/// Errors of comm operations, each mapping to one `ncclResult_t`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Error {
+/// What kind of failure an error is: the class [`crate::ffi`] maps to one `ncclResult_t`
+/// (ext-net README `plugins/net/README.md`, error codes), in one place (`ffi::shim::code`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Class {
     /// Bad argument from the caller (→ `ncclInvalidArgument`).
-    InvalidArgument(String),
-    /// Misuse such as a send larger than the receive (→ `ncclInvalidUsage`).
-    Usage(String),
+    InvalidArgument,
+    /// Misuse such as a send larger than the receive, or a bad setting (→ `ncclInvalidUsage`).
+    Usage,
     /// The peer or path failed (→ `ncclRemoteError`).
-    Remote(String),
+    Remote,
     /// A local system or transport failure (→ `ncclSystemError`).
-    System(String),
-    /// A bug or NCCL misusing the plugin (→ `ncclInternalError`).
-    Internal(String),
+    System,
+    /// A bug, or NCCL misusing the plugin (→ `ncclInternalError`).
+    Internal,
 }
 
-impl fmt::Display for Error {
+/// The cause of a [`Failure`], shared so errors stay `Clone` (a comm's sticky error is
+/// returned again by every later call).
+pub type Source = Arc<dyn std::error::Error + Send + Sync + 'static>;
+
+/// A plain message as a [`Source`] (a cause that is only text, e.g. a peer's refusal).
+pub fn message(text: impl Into<String>) -> Source {
+    Source::from(Box::<dyn std::error::Error + Send + Sync>::from(
+        text.into(),
+    ))
+}
+
+/// An error of one layer: the operation `O` that failed (the layer's own enum: [`Op`] here,
+/// `conn::Stage`, `api::Op`), its [`Class`], what this layer knows (`msg`), the lower error
+/// that caused it (`source`, kept typed, not flattened into the text), and the fix when
+/// there is one.
+///
+/// `Display` is this layer's text: `msg`, or, when `msg` is empty (a wrapper that adds
+/// nothing, e.g. an engine error on `isend`), the source's text. [`report`](Failure::report)
+/// is the whole line a user sees: the text, each source after `": "`, then the fix.
+#[derive(Clone)]
+pub struct Failure<O> {
+    op: O,
+    class: Class,
+    msg: String,
+    source: Option<Source>,
+    fix: Option<String>,
+}
+
+impl<O: Copy + fmt::Debug> Failure<O> {
+    /// A failure of `op` described by `msg`.
+    pub fn new(op: O, class: Class, msg: impl Into<String>) -> Failure<O> {
+        Failure {
+            op,
+            class,
+            msg: msg.into(),
+            source: None,
+            fix: None,
+        }
+    }
+
+    /// A failure of `op` that adds nothing to its cause's text (`Display` is the cause's).
+    pub fn wrap(
+        op: O,
+        class: Class,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Failure<O> {
+        Failure {
+            op,
+            class,
+            msg: String::new(),
+            source: None,
+            fix: None,
+        }
+        .because(source)
+    }
+
+    /// The same failure, caused by `source`.
+    pub fn because(self, source: impl std::error::Error + Send + Sync + 'static) -> Failure<O> {
+        self.because_source(Arc::new(source))
+    }
+
+    /// The same failure, caused by `source` (already shared, or a plain message made into an
+    /// error with `Source::from(Box::<dyn Error + Send + Sync>::from(text))`).
+    pub fn because_source(mut self, source: Source) -> Failure<O> {
+        self.source = Some(source);
+        self
+    }
+
+    /// The same failure with a fix appended to its report (text starting with its own
+    /// separator, e.g. `"; pinning … failed: raise …"`).
+    pub fn fix(mut self, fix: impl Into<String>) -> Failure<O> {
+        let fix = fix.into();
+        self.fix = (!fix.is_empty()).then_some(fix);
+        self
+    }
+
+    /// The operation that failed.
+    pub fn op(&self) -> O {
+        self.op
+    }
+
+    /// The class (→ `ncclResult_t`).
+    pub fn class(&self) -> Class {
+        self.class
+    }
+
+    /// The same failure seen from a layer above: `op` there, the same class, this one as the
+    /// (transparent) cause; the fix moves up with it, so it still ends the report.
+    pub fn lift<P: Copy + fmt::Debug>(mut self, op: P) -> Failure<P>
+    where
+        O: Send + Sync + 'static,
+        Failure<O>: std::error::Error,
+    {
+        let class = self.class;
+        let fix = self.fix.take();
+        let mut up = Failure::wrap(op, class, self);
+        up.fix = fix;
+        up
+    }
+
+    /// The whole line: this text, each source after `": "`, then the fix (the wording the
+    /// WARN lines and tests read).
+    pub fn report(&self) -> String
+    where
+        O: 'static,
+    {
+        use std::fmt::Write as _;
+        let mut out = self.to_string();
+        let mut next = std::error::Error::source(self);
+        while let Some(s) = next {
+            let _ = write!(out, ": {s}");
+            next = s.source();
+        }
+        if let Some(f) = &self.fix {
+            out.push_str(f);
+        }
+        out
+    }
+}
+
+impl<O: fmt::Debug> fmt::Debug for Failure<O> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Error::InvalidArgument(m)
-            | Error::Usage(m)
-            | Error::Remote(m)
-            | Error::System(m)
-            | Error::Internal(m) => f.write_str(m),
+        f.debug_struct("Failure")
+            .field("op", &self.op)
+            .field("class", &self.class)
+            .field("msg", &self.msg)
+            .field("source", &self.source.as_ref().map(|s| s.to_string()))
+            .field("fix", &self.fix)
+            .finish()
+    }
+}
+
+impl<O> fmt::Display for Failure<O> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.msg, &self.source) {
+            (m, Some(s)) if m.is_empty() => fmt::Display::fmt(s, f),
+            (m, _) => f.write_str(m),
         }
     }
 }
 
-impl From<ReqError> for Error {
-    fn from(e: ReqError) -> Error {
-        match e {
-            ReqError::Usage(_) => Error::Usage(e.to_string()),
-            ReqError::Remote(_) | ReqError::Protocol(_) => Error::Remote(e.to_string()),
-            ReqError::Local(_) => Error::System(e.to_string()),
+impl<O: fmt::Debug> std::error::Error for Failure<O> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        let s: &(dyn std::error::Error + 'static) = &**self.source.as_ref()?;
+        if self.msg.is_empty() {
+            // Transparent: the cause's text is this one's, so its source comes next.
+            s.source()
+        } else {
+            Some(s)
         }
     }
 }
 
-/// On the first error completion: when the set-up socket shows the peer closed (a read, on
-/// this error path only), the comm fails with that cause before the completion is fed, so the
-/// error every request reports is "the peer closed", not the flush it caused. True when the
-/// peer closed.
-fn peer_close_first(
-    qp: &dyn QueuePair,
-    watch: &mut Watch,
-    label: &str,
-    fail: impl FnOnce(ReqError),
-) -> bool {
-    if !qp.peer_closed() {
-        return false;
+/// Two failures are equal when they say the same (tests compare results).
+impl<O: PartialEq> PartialEq for Failure<O> {
+    fn eq(&self, other: &Self) -> bool {
+        self.op == other.op
+            && self.class == other.class
+            && self.msg == other.msg
+            && self.fix == other.fix
+            && self.source.as_ref().map(|s| s.to_string())
+                == other.source.as_ref().map(|s| s.to_string())
     }
-    watch.warned_peer = true;
-    let why = peer_gone(qp);
-    warn!("{label}: {why}; outstanding requests fail");
-    fail(ReqError::Remote(why.into()));
-    true
+}
+
+/// The comm operation that failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// `regMr`: registering NCCL's buffer.
+    RegMr,
+    /// Allocating or registering the comm's own protocol buffers.
+    Buffers,
+    /// `isend`.
+    Isend,
+    /// `irecv`.
+    Irecv,
+    /// `test`.
+    Test,
+    /// Progress inside any entry: polling, posting WRs, staging, eager copies.
+    Progress,
+    /// Checking what a comm will pin against verbsnet's cap and `RLIMIT_MEMLOCK`.
+    Limits,
+}
+
+/// An error of a comm operation.
+pub type Error = Failure<Op>;
+
+impl Error {
+    /// An engine error of `op` (its text is the engine's).
+    pub fn req(op: Op, e: ReqError) -> Error {
+        let class = match e {
+            ReqError::Usage(_) => Class::Usage,
+            ReqError::Remote(_) | ReqError::Protocol(_) => Class::Remote,
+            ReqError::Local(_) => Class::System,
+        };
+        Failure::wrap(op, class, e)
+    }
 }
 
 /// The error of a comm whose peer closed.
@@ -115,12 +273,14 @@ impl MrHandle {
     /// Registers `region` on `dev`.
     pub fn register(dev: &dyn Device, region: Region) -> Result<MrHandle, Error> {
         let mr = dev.reg_mr(region.clone()).map_err(|e| {
-            Error::System(format!(
-                "registering {} bytes at {:#x} failed: {e}{}",
+            let msg = format!(
+                "registering {} bytes at {:#x} failed",
                 region.len(),
-                region.addr(),
-                enomem_hint(&e, region.len())
-            ))
+                region.addr()
+            );
+            Error::new(Op::RegMr, Class::System, msg)
+                .fix(enomem_hint(&e, region.len()))
+                .because(e)
         })?;
         Ok(MrHandle {
             keys: mr.keys(),
@@ -131,18 +291,22 @@ impl MrHandle {
 
     /// The registered range containing `[addr, addr+len)` as a sub-region, or an error naming
     /// the ranges.
-    fn sub(&self, addr: u64, len: u64) -> Result<Region, Error> {
+    fn sub(&self, op: Op, addr: u64, len: u64) -> Result<Region, Error> {
         if !self.region.contains(addr, len) {
-            return Err(Error::InvalidArgument(format!(
-                "buffer {addr:#x}+{len} is not inside its memory registration {:#x}+{} (regMr the \
-                 whole buffer first)",
-                self.region.addr(),
-                self.region.len()
-            )));
+            return Err(Error::new(
+                op,
+                Class::InvalidArgument,
+                format!(
+                    "buffer {addr:#x}+{len} is not inside its memory registration {:#x}+{} \
+                     (regMr the whole buffer first)",
+                    self.region.addr(),
+                    self.region.len()
+                ),
+            ));
         }
         self.region
             .slice((addr - self.region.addr()) as usize, len as usize)
-            .map_err(|e| Error::InvalidArgument(e.to_string()))
+            .map_err(|e| Error::wrap(op, Class::InvalidArgument, e))
     }
 }
 
@@ -156,16 +320,22 @@ pub(crate) struct Owned {
 impl Owned {
     pub(crate) fn alloc(dev: &dyn Device, len: usize) -> Result<Owned, Error> {
         let region = Region::try_alloc(len).map_err(|e| {
-            Error::System(format!(
-                "a {len}-byte protocol buffer: {e} (lower VERBSNET_RQ_DEPTH or \
-                 VERBSNET_EAGER_BUF_SIZE)"
-            ))
+            Error::new(
+                Op::Buffers,
+                Class::System,
+                format!("a {len}-byte protocol buffer"),
+            )
+            .because_source(message(e))
+            .fix(" (lower VERBSNET_RQ_DEPTH or VERBSNET_EAGER_BUF_SIZE)")
         })?;
         let mr = dev.reg_mr(region.clone()).map_err(|e| {
-            Error::System(format!(
-                "registering a {len}-byte protocol buffer failed: {e}{}",
-                enomem_hint(&e, len)
-            ))
+            Error::new(
+                Op::Buffers,
+                Class::System,
+                format!("registering a {len}-byte protocol buffer failed"),
+            )
+            .fix(enomem_hint(&e, len))
+            .because(e)
         })?;
         Ok(Owned {
             keys: mr.keys(),
@@ -195,7 +365,7 @@ impl Owned {
                 region: whole
                     .region
                     .slice(offsets[i], sizes[i])
-                    .map_err(|e| Error::Internal(e.to_string()))?,
+                    .map_err(|e| Error::wrap(Op::Buffers, Class::Internal, e))?,
                 keys: whole.keys,
                 _mr: whole._mr.clone(),
             })
@@ -203,7 +373,7 @@ impl Owned {
         let parts: Vec<Owned> = (0..N).map(part).collect::<Result<_, _>>()?;
         parts
             .try_into()
-            .map_err(|_| Error::Internal("buffer parts".into()))
+            .map_err(|_| Error::new(Op::Buffers, Class::Internal, "buffer parts"))
     }
 
     pub(crate) fn at(&self) -> (u64, u32) {
@@ -247,11 +417,15 @@ fn stage(owned: &[&Owned], addr: u64, bytes: &[u8]) -> Result<(), Error> {
         .iter()
         .find(|o| o.region.contains(addr, bytes.len() as u64))
         .ok_or_else(|| {
-            Error::Internal(format!("stage address {addr:#x} outside protocol buffers"))
+            Error::new(
+                Op::Progress,
+                Class::Internal,
+                format!("stage address {addr:#x} outside protocol buffers"),
+            )
         })?;
     o.region
         .write((addr - o.region.addr()) as usize, bytes)
-        .map_err(|e| Error::Internal(e.to_string()))
+        .map_err(|e| Error::wrap(Op::Progress, Class::Internal, e))
 }
 
 /// What the peer announced about its side in the handshake (see `conn::Hello`).
@@ -376,7 +550,7 @@ impl MemRead for RecvMem<'_> {
 }
 
 /// Bounce buffers to give back to the pool once the QP that may still have them posted is
-/// gone (the field is dropped after [`Inner::qp`]).
+/// gone (the field is dropped after `Core::qp`).
 struct GiveBack(Option<(Arc<BouncePool>, Vec<PoolBuf>)>);
 
 /// A pool bounce buffer: (addr, lkey).
@@ -419,23 +593,228 @@ impl Watch {
     }
 }
 
-enum Side {
-    Send {
-        engine: SendEngine,
-        bufs: SendBuffers,
-    },
-    Recv {
-        engine: RecvEngine,
-        bufs: RecvBuffers,
-        dst: Vec<[Option<Region>; MAX_RECVS]>,
-    },
+mod sealed {
+    use super::{Action, Error, ReqError, ReqId, Stall, Stats, Wc};
+    use crate::pool::BouncePool;
+    use std::sync::Arc;
+
+    /// Pool bounce buffers (addr, lkey) a dropped comm gives back to their pool.
+    pub type Held = (Arc<BouncePool>, Vec<(u64, u32)>);
+
+    /// What [`super::Core`] needs from the end it drives; implemented by
+    /// [`super::SendSide`] and [`super::RecvSide`] only.
+    pub trait Side: Sized + Send + 'static {
+        /// `"send"` or `"recv"` (the stats file's `side`).
+        const NAME: &'static str;
+        /// Request slots (the engine's pool size).
+        const MAX_REQUESTS: usize;
+        /// The typed owner a request points back to, from the address of its comm (a
+        /// `Comm<Self>`, erased here because the trait cannot name `Comm<Self>` in a bound).
+        fn owner(p: *mut ()) -> super::Owner;
+        fn stats(&self) -> &Stats;
+        fn in_flight(&self) -> usize;
+        fn failure(&self) -> Option<&ReqError>;
+        fn drain_actions(&mut self) -> Vec<Action>;
+        fn fail(&mut self, e: ReqError);
+        fn stalls(&mut self, now: u64, timeout_ns: u64) -> Vec<Stall>;
+        /// Feeds one completion to the engine.
+        fn handle_wc(&mut self, now: u64, wc: &Wc);
+        /// After a CQ poll: the sender reads the CTS ring and credit word, the receiver
+        /// returns the credits it owes.
+        fn after_poll(&mut self, now: u64);
+        /// Writes `bytes` into this side's staging buffers at `addr`.
+        fn stage(&self, addr: u64, bytes: &[u8]) -> Result<(), Error>;
+        /// Carries out `Copy`, `WantBounce` or `ReturnBounce` (receive side only).
+        fn local_action(&mut self, a: Action) -> Result<(), Error>;
+        /// Extra `name=value` words for a stall report.
+        fn stall_counters(&self, _out: &mut Vec<String>) {}
+        /// `test`: the sizes when done.
+        fn test(&mut self, id: ReqId) -> Result<Option<Vec<u64>>, ReqError>;
+        /// On drop: the pool buffers the engine still holds, to give back after the QP.
+        fn release(&mut self) -> Option<Held>;
+    }
 }
 
-struct Inner {
+/// Which end of a connection a [`Comm`] is: [`SendSide`] (made by `connect`, has `isend`) or
+/// [`RecvSide`] (made by `accept`, has `irecv` and `iflush`). Sealed: only those two.
+pub trait Role: sealed::Side {}
+impl Role for SendSide {}
+impl Role for RecvSide {}
+
+/// The sender's half of a comm: its engine and protocol buffers.
+pub struct SendSide {
+    engine: SendEngine,
+    bufs: SendBuffers,
+}
+
+/// The receiver's half of a comm: its engine, protocol buffers and the destination regions of
+/// the posted receives (per request slot, per buffer: the eager copy target).
+pub struct RecvSide {
+    engine: RecvEngine,
+    bufs: RecvBuffers,
+    dst: Vec<[Option<Region>; MAX_RECVS]>,
+}
+
+impl sealed::Side for SendSide {
+    const NAME: &'static str = "send";
+    const MAX_REQUESTS: usize = MAX_SEND_REQUESTS;
+    fn owner(p: *mut ()) -> Owner {
+        Owner(OwnerPtr::Send(AtomicPtr::new(p.cast())))
+    }
+    fn stats(&self) -> &Stats {
+        self.engine.stats()
+    }
+    fn in_flight(&self) -> usize {
+        self.engine.in_flight()
+    }
+    fn failure(&self) -> Option<&ReqError> {
+        self.engine.failure()
+    }
+    fn drain_actions(&mut self) -> Vec<Action> {
+        self.engine.drain_actions()
+    }
+    fn fail(&mut self, e: ReqError) {
+        self.engine.fail(e)
+    }
+    fn stalls(&mut self, now: u64, timeout_ns: u64) -> Vec<Stall> {
+        self.engine.stalls(now, timeout_ns)
+    }
+    fn handle_wc(&mut self, now: u64, wc: &Wc) {
+        self.engine.handle_wc(now, wc)
+    }
+    fn after_poll(&mut self, now: u64) {
+        let written = [&self.bufs.cts_ring, &self.bufs.credit_word];
+        self.engine.poll_peer_writes(now, &Regions(&written));
+    }
+    fn stage(&self, addr: u64, bytes: &[u8]) -> Result<(), Error> {
+        stage(&[&self.bufs.hdr, &self.bufs.rec], addr, bytes)
+    }
+    fn local_action(&mut self, a: Action) -> Result<(), Error> {
+        Err(Error::new(
+            Op::Progress,
+            Class::Internal,
+            format!("{a:?} on a send comm"),
+        ))
+    }
+    fn stall_counters(&self, out: &mut Vec<String>) {
+        out.push(format!(
+            "credits_available={}",
+            self.engine.credits_available()
+        ));
+    }
+    fn test(&mut self, id: ReqId) -> Result<Option<Vec<u64>>, ReqError> {
+        self.engine.test(id).map(|o| o.map(|s| vec![s]))
+    }
+    fn release(&mut self) -> Option<sealed::Held> {
+        None
+    }
+}
+
+impl sealed::Side for RecvSide {
+    const NAME: &'static str = "recv";
+    const MAX_REQUESTS: usize = MAX_RECV_REQUESTS;
+    fn owner(p: *mut ()) -> Owner {
+        Owner(OwnerPtr::Recv(AtomicPtr::new(p.cast())))
+    }
+    fn stats(&self) -> &Stats {
+        self.engine.stats()
+    }
+    fn in_flight(&self) -> usize {
+        self.engine.in_flight()
+    }
+    fn failure(&self) -> Option<&ReqError> {
+        self.engine.failure()
+    }
+    fn drain_actions(&mut self) -> Vec<Action> {
+        self.engine.drain_actions()
+    }
+    fn fail(&mut self, e: ReqError) {
+        self.engine.fail(e)
+    }
+    fn stalls(&mut self, now: u64, timeout_ns: u64) -> Vec<Stall> {
+        self.engine.stalls(now, timeout_ns)
+    }
+    fn handle_wc(&mut self, now: u64, wc: &Wc) {
+        self.engine.handle_wc(now, wc, &RecvMem(&self.bufs))
+    }
+    fn after_poll(&mut self, _now: u64) {
+        self.engine.flush_credits();
+    }
+    fn stage(&self, addr: u64, bytes: &[u8]) -> Result<(), Error> {
+        stage(&[&self.bufs.ctrl], addr, bytes)
+    }
+    fn local_action(&mut self, a: Action) -> Result<(), Error> {
+        match a {
+            Action::Copy { src, req, buf, len } => {
+                let bufs = &self.bufs;
+                let d = self
+                    .dst
+                    .get(req.slot as usize)
+                    .and_then(|d| d[buf].as_ref());
+                let slab;
+                let from = if bufs.bounce.region.contains(src, len) {
+                    Some(&bufs.bounce.region)
+                } else {
+                    slab = bufs.pool.slab(src, len);
+                    slab.as_ref().map(|s| &s.region)
+                };
+                match (d, from) {
+                    (Some(d), Some(from)) => d
+                        .copy_from(0, from, (src - from.addr()) as usize, len as usize)
+                        .map_err(|e| {
+                            Error::new(Op::Progress, Class::Internal, "eager copy").because(e)
+                        }),
+                    _ => Err(Error::new(
+                        Op::Progress,
+                        Class::Internal,
+                        format!(
+                            "eager copy of {len} bytes at {src:#x} into request {req:?}: \
+                             unknown buffer"
+                        ),
+                    )),
+                }
+            }
+            Action::WantBounce(k) => {
+                let got = self.bufs.pool.take(k as usize).unwrap_or_else(|e| {
+                    warn!("the receive queue cannot grow: {}", e.report());
+                    Vec::new()
+                });
+                self.engine.add_bounce(k, &got);
+                Ok(())
+            }
+            Action::ReturnBounce(b) => {
+                self.bufs.pool.give(&b);
+                Ok(())
+            }
+            other => Err(Error::new(
+                Op::Progress,
+                Class::Internal,
+                format!("{other:?} is not a receive-side action"),
+            )),
+        }
+    }
+    fn test(&mut self, id: ReqId) -> Result<Option<Vec<u64>>, ReqError> {
+        let r = self.engine.test(id);
+        if !matches!(r, Ok(None)) {
+            if let Some(d) = self.dst.get_mut(id.slot as usize) {
+                *d = Default::default();
+            }
+        }
+        r
+    }
+    fn release(&mut self) -> Option<sealed::Held> {
+        let held = self.engine.release_all();
+        (!held.is_empty()).then(|| (self.bufs.pool.clone(), held))
+    }
+}
+
+/// The machinery both ends share: the QP and its progress (CQ polling, action execution),
+/// the watchdog, the peer-death checks and the sticky error.
+struct Core<R: Role> {
     // Drop order: the QP goes before the buffers it may still reference.
     qp: Box<dyn QueuePair>,
-    side: Side,
-    /// Filled by `Drop for Inner` with the pool buffers the engine held; dropped after `qp`.
+    side: R,
+    /// Filled by `Drop for Core` with the pool buffers the engine held; dropped after `qp`.
     give_back: GiveBack,
     wcs: Vec<Wc>,
     watch: Watch,
@@ -449,28 +828,45 @@ struct Inner {
     dev_base: DeviceRnrCounters,
 }
 
-impl Drop for Inner {
+impl<R: Role> Drop for Core<R> {
     fn drop(&mut self) {
-        if let Side::Recv { engine, bufs, .. } = &mut self.side {
-            let held = engine.release_all();
-            if !held.is_empty() {
-                self.give_back = GiveBack(Some((bufs.pool.clone(), held)));
-            }
+        if let Some(held) = self.side.release() {
+            self.give_back = GiveBack(Some(held));
         }
     }
 }
 
+/// The comm a request belongs to, typed (set once the comm is boxed). Opaque.
+pub struct Owner(OwnerPtr);
+
+enum OwnerPtr {
+    Send(AtomicPtr<SendComm>),
+    Recv(AtomicPtr<RecvComm>),
+}
+
+/// The comm of a [`ReqHandle`]: which end, and where it lives.
+#[derive(Clone, Copy, Debug)]
+pub enum CommPtr {
+    /// A request of a send comm.
+    Send(*const SendComm),
+    /// A request of a receive comm.
+    Recv(*const RecvComm),
+}
+
 /// A request pointer handed to NCCL: it leads back to its comm.
 pub struct ReqHandle {
-    comm: AtomicPtr<Comm>,
+    comm: Owner,
     slot: u32,
     gen: AtomicU32,
 }
 
 impl ReqHandle {
     /// The comm this request belongs to.
-    pub fn comm(&self) -> *const Comm {
-        self.comm.load(Ordering::Acquire)
+    pub fn comm(&self) -> CommPtr {
+        match &self.comm.0 {
+            OwnerPtr::Send(p) => CommPtr::Send(p.load(Ordering::Acquire)),
+            OwnerPtr::Recv(p) => CommPtr::Recv(p.load(Ordering::Acquire)),
+        }
     }
 
     /// The request id.
@@ -482,72 +878,177 @@ impl ReqHandle {
     }
 }
 
-/// A send or receive comm.
-pub struct Comm {
-    inner: Mutex<Inner>,
+/// One end of a connection, typed by its [`Role`]: [`SendComm`] or [`RecvComm`].
+///
+/// Call order: `connect` makes a [`SendComm`] and `accept` a [`RecvComm`] (see
+/// `conn.rs`); then any number of `isend` (send) or `irecv` (receive), each returning a
+/// request or "retry later", and `test` on each request until done (both ends); `progress`
+/// may be called at any time; `close` last, after which no request of the comm may be used.
+/// Each entry first makes progress (CQ poll, peer writes, the engine's actions, watchdog)
+/// inside the comm's `comm` tracing span, whose `label` every log line of the comm starts with.
+pub struct Comm<R: Role> {
+    core: Mutex<Core<R>>,
     dev: Arc<dyn Device>,
     reqs: Box<[ReqHandle]>,
     label: String,
-    is_send: bool,
+    span: tracing::Span,
     cfg: Config,
     /// The NCCL communicator (ncclNet v11+ `commId`) this comm belongs to, for the stats.
     comm_id: Option<u64>,
 }
 
-impl Comm {
+/// The sending end (from `connect`): `isend`, `test`.
+pub type SendComm = Comm<SendSide>;
+/// The receiving end (from `accept`): `irecv`, `iflush`, `test`.
+pub type RecvComm = Comm<RecvSide>;
+
+/// The comm's span: every event inside starts with `label` (see [`crate::log`]). At `ERROR`
+/// level so it is enabled whenever any line is.
+fn comm_span(label: &str) -> tracing::Span {
+    tracing::error_span!("comm", label = label)
+}
+
+impl<R: Role> Comm<R> {
     /// Tags the comm with its communicator (ncclNet v11+ `commId`): its label and its
     /// `VERBSNET_STATS_FILE` line (`"comm_id"`) carry it, so counters group by communicator.
     pub(crate) fn set_comm_id(&mut self, comm_id: Option<u64>) {
         if let Some(id) = comm_id {
             self.label = format!("{} [commId {id:#x}]", self.label);
+            self.span = comm_span(&self.label);
         }
         self.comm_id = comm_id;
     }
 
-    fn boxed(
-        dev: Arc<dyn Device>,
-        inner: Inner,
-        label: String,
-        is_send: bool,
-        cfg: &Config,
-    ) -> Box<Comm> {
-        let n = if is_send {
-            MAX_SEND_REQUESTS
-        } else {
-            MAX_RECV_REQUESTS
-        };
-        let reqs = (0..n as u32)
+    fn boxed(dev: Arc<dyn Device>, core: Core<R>, label: String, cfg: &Config) -> Box<Comm<R>> {
+        let reqs = (0..R::MAX_REQUESTS as u32)
             .map(|slot| ReqHandle {
-                comm: AtomicPtr::new(std::ptr::null_mut()),
+                comm: R::owner(std::ptr::null_mut()),
                 slot,
                 gen: AtomicU32::new(0),
             })
             .collect();
         let mut c = Box::new(Comm {
-            inner: Mutex::new(inner),
+            core: Mutex::new(core),
             dev,
             reqs,
+            span: comm_span(&label),
             label,
-            is_send,
             cfg: cfg.clone(),
             comm_id: None,
         });
-        let p: *mut Comm = &mut *c;
-        for r in c.reqs.iter() {
-            r.comm.store(p, Ordering::Release);
+        let p: *mut Comm<R> = &mut *c;
+        for r in c.reqs.iter_mut() {
+            r.comm = R::owner(p.cast());
         }
         c
     }
 
+    fn core(dev: &Arc<dyn Device>, qp: Box<dyn QueuePair>, side: R, cfg: &Config) -> Core<R> {
+        Core {
+            qp,
+            side,
+            give_back: GiveBack(None),
+            wcs: Vec::new(),
+            watch: Watch::new(cfg),
+            post_errors: 0,
+            sticky: None,
+            dev_base: dev.rnr_counters(),
+            dev: dev.clone(),
+        }
+    }
+
+    /// The device this comm runs on (for `regMr`).
+    pub fn device(&self) -> &Arc<dyn Device> {
+        &self.dev
+    }
+
+    /// The comm's label (`send comm <local> -> <peer> (<dev>)`, `recv comm … <- …`, with
+    /// `[commId …]` when NCCL gave one).
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Core<R>>, Error> {
+        self.core.lock().map_err(|_| {
+            Error::new(
+                Op::Progress,
+                Class::Internal,
+                format!("{}: state poisoned by an earlier panic", self.label),
+            )
+        })
+    }
+
+    fn handle(&self, id: ReqId) -> &ReqHandle {
+        let h = &self.reqs[id.slot as usize];
+        h.gen.store(id.gen, Ordering::Release);
+        h
+    }
+
+    /// `test`: `Ok(Some(sizes))` when done (one size for a send, n for a grouped receive).
+    pub fn test(&self, id: ReqId) -> Result<Option<Vec<u64>>, Error> {
+        let _span = self.span.enter();
+        let mut g = self.lock()?;
+        g.sticky_call(|g| {
+            let progressed = g.progress(now_ns());
+            let r = g.side.test(id);
+            progressed?;
+            r.map_err(|e| Error::req(Op::Test, e))
+        })
+    }
+
+    /// Makes progress without starting anything (polls the CQ, reads the CTS ring, posts what
+    /// the engine queued). The plugin calls this inside every entry; tests use it to pump one
+    /// side of a pair.
+    pub fn progress(&self) -> Result<(), Error> {
+        let _span = self.span.enter();
+        let mut g = self.lock()?;
+        g.sticky_call(|g| g.progress(now_ns()))
+    }
+
+    /// The error every call of this comm returns from now on, once a call returned a usage or
+    /// remote error.
+    pub fn sticky_error(&self) -> Option<Error> {
+        self.lock().ok().and_then(|g| g.sticky.clone())
+    }
+
+    /// Requests in use (the pool returns to 0 when every request was tested to completion).
+    pub fn in_flight(&self) -> usize {
+        self.lock().map_or(0, |g| g.side.in_flight())
+    }
+
+    /// The comm's counters as `(name, value)` pairs: engine, QP, and device counters (`dev_*`,
+    /// where the device has them: device-wide, as moved since this comm was created).
+    pub fn counters(&self) -> Vec<(&'static str, u64)> {
+        self.lock().map_or_else(|_| Vec::new(), |g| g.counters())
+    }
+
+    /// Logs the counters and appends them to `VERBSNET_STATS_FILE` if set; called on close.
+    pub fn close(self) {
+        if let Ok(g) = self.core.lock() {
+            let line = g.stats_line();
+            info!(target: "verbsnet::init", "closing {}: {line}", self.label);
+            if let Some(path) = &self.cfg.stats_file {
+                let json = g.stats_json(&self.label, self.comm_id);
+                let _ = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .and_then(|mut f| writeln!(f, "{json}"));
+            }
+        }
+    }
+}
+
+impl SendComm {
     /// A send comm over an established QP.
-    pub(crate) fn new_send(
+    pub(crate) fn new(
         dev: Arc<dyn Device>,
         qp: Box<dyn QueuePair>,
         bufs: SendBuffers,
         peer: &PeerParams,
         cfg: &Config,
         label: String,
-    ) -> Box<Comm> {
+    ) -> Box<SendComm> {
         let engine = SendEngine::new(SendParams {
             eager_limit: u64::from(cfg.eager_limit).min(peer.eager_buf_size),
             credits: cfg.credits,
@@ -560,23 +1061,37 @@ impl Comm {
             first_seq: peer.first_seq,
             first_gen: cfg.test_first_gen,
         });
-        let inner = Inner {
-            qp,
-            side: Side::Send { engine, bufs },
-            give_back: GiveBack(None),
-            wcs: Vec::new(),
-            watch: Watch::new(cfg),
-            post_errors: 0,
-            sticky: None,
-            dev_base: dev.rnr_counters(),
-            dev: dev.clone(),
-        };
-        Comm::boxed(dev, inner, label, true, cfg)
+        let core = Comm::core(&dev, qp, SendSide { engine, bufs }, cfg);
+        Comm::boxed(dev, core, label, cfg)
     }
 
+    /// `isend` of `size` bytes at `data` (inside `mh`) with `tag`: `Ok(None)` = retry later.
+    pub fn isend(
+        &self,
+        data: u64,
+        size: u64,
+        tag: i32,
+        mh: &MrHandle,
+    ) -> Result<Option<&ReqHandle>, Error> {
+        let _span = self.span.enter();
+        mh.sub(Op::Isend, data, size)?;
+        let mut g = self.lock()?;
+        g.sticky_call(|g| {
+            let now = now_ns();
+            g.progress(now)?;
+            let r = g.side.engine.isend(now, data, mh.keys.lkey, size, tag);
+            let id = g.after_engine_call(r, Op::Isend)?;
+            g.execute()?;
+            Ok(id)
+        })
+        .map(|id| id.map(|id| self.handle(id)))
+    }
+}
+
+impl RecvComm {
     /// Creates the receive engine and posts its initial receive WRs on `qp` (before the QP can
     /// receive anything). Returns the engine and the initial credits to announce.
-    pub(crate) fn prepare_recv(
+    pub(crate) fn prepare(
         qp: &mut dyn QueuePair,
         bufs: &RecvBuffers,
         peer: &PeerParams,
@@ -602,12 +1117,19 @@ impl Comm {
         for a in engine.drain_actions() {
             match a {
                 Action::PostRecv(wrs) => qp.post_recv(&wrs).map_err(|e| {
-                    Error::System(format!("posting the initial receive queue failed: {e}"))
+                    Error::new(
+                        Op::Buffers,
+                        Class::System,
+                        "posting the initial receive queue failed",
+                    )
+                    .because(e)
                 })?,
                 other => {
-                    return Err(Error::Internal(format!(
-                        "unexpected initial action {other:?}"
-                    )))
+                    return Err(Error::new(
+                        Op::Buffers,
+                        Class::Internal,
+                        format!("unexpected initial action {other:?}"),
+                    ))
                 }
             }
         }
@@ -615,11 +1137,7 @@ impl Comm {
     }
 
     /// What the sender needs to know about a receiver's buffers.
-    pub(crate) fn announce_recv(
-        bufs: &RecvBuffers,
-        engine: &RecvEngine,
-        cfg: &Config,
-    ) -> PeerParams {
+    pub(crate) fn announce(bufs: &RecvBuffers, engine: &RecvEngine, cfg: &Config) -> PeerParams {
         PeerParams {
             rec_ring: bufs.rec_ring.remote(),
             initial_credits: engine.granted(),
@@ -629,91 +1147,33 @@ impl Comm {
     }
 
     /// A receive comm over an established QP.
-    pub(crate) fn new_recv(
+    pub(crate) fn new(
         dev: Arc<dyn Device>,
         qp: Box<dyn QueuePair>,
         bufs: RecvBuffers,
         engine: RecvEngine,
         cfg: &Config,
         label: String,
-    ) -> Box<Comm> {
+    ) -> Box<RecvComm> {
         let dst = (0..MAX_RECV_REQUESTS).map(|_| Default::default()).collect();
-        let inner = Inner {
-            qp,
-            side: Side::Recv { engine, bufs, dst },
-            give_back: GiveBack(None),
-            wcs: Vec::new(),
-            watch: Watch::new(cfg),
-            post_errors: 0,
-            sticky: None,
-            dev_base: dev.rnr_counters(),
-            dev: dev.clone(),
-        };
-        Comm::boxed(dev, inner, label, false, cfg)
-    }
-
-    /// The device this comm runs on (for `regMr`).
-    pub fn device(&self) -> &Arc<dyn Device> {
-        &self.dev
-    }
-
-    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Inner>, Error> {
-        self.inner.lock().map_err(|_| {
-            Error::Internal(format!(
-                "{}: state poisoned by an earlier panic",
-                self.label
-            ))
-        })
-    }
-
-    fn handle(&self, id: ReqId) -> &ReqHandle {
-        let h = &self.reqs[id.slot as usize];
-        h.gen.store(id.gen, Ordering::Release);
-        h
-    }
-
-    /// `isend`: `Ok(None)` = retry later.
-    pub fn isend(
-        &self,
-        data: u64,
-        size: u64,
-        tag: i32,
-        mh: &MrHandle,
-    ) -> Result<Option<&ReqHandle>, Error> {
-        if !self.is_send {
-            return Err(Error::Internal("isend on a receive comm".into()));
-        }
-        mh.sub(data, size)?;
-        let mut g = self.lock()?;
-        g.sticky_call(|g| {
-            let now = now_ns();
-            g.progress(now, &self.label)?;
-            let Side::Send { engine, .. } = &mut g.side else {
-                unreachable!()
-            };
-            let r = engine.isend(now, data, mh.keys.lkey, size, tag);
-            let id = g.after_engine_call(r, &self.label)?;
-            g.execute(&self.label)?;
-            Ok(id)
-        })
-        .map(|id| id.map(|id| self.handle(id)))
+        let core = Comm::core(&dev, qp, RecvSide { engine, bufs, dst }, cfg);
+        Comm::boxed(dev, core, label, cfg)
     }
 
     /// `irecv` of `(addr, capacity, tag, mhandle)` buffers: `Ok(None)` = retry later.
     pub fn irecv(&self, bufs: &[(u64, u64, i32, &MrHandle)]) -> Result<Option<&ReqHandle>, Error> {
-        if self.is_send {
-            return Err(Error::Internal("irecv on a send comm".into()));
-        }
+        let _span = self.span.enter();
         if bufs.is_empty() || bufs.len() > MAX_RECVS {
-            return Err(Error::InvalidArgument(format!(
-                "irecv of {} buffers; maxRecvs is {MAX_RECVS}",
-                bufs.len()
-            )));
+            return Err(Error::new(
+                Op::Irecv,
+                Class::InvalidArgument,
+                format!("irecv of {} buffers; maxRecvs is {MAX_RECVS}", bufs.len()),
+            ));
         }
         let mut regions: [Option<Region>; MAX_RECVS] = Default::default();
         let mut rb = Vec::with_capacity(bufs.len());
         for (i, &(addr, cap, tag, mh)) in bufs.iter().enumerate() {
-            regions[i] = Some(mh.sub(addr, cap)?);
+            regions[i] = Some(mh.sub(Op::Irecv, addr, cap)?);
             rb.push(RecvBuf {
                 addr,
                 cap,
@@ -724,115 +1184,34 @@ impl Comm {
         let mut g = self.lock()?;
         g.sticky_call(|g| {
             let now = now_ns();
-            g.progress(now, &self.label)?;
-            let Side::Recv { engine, dst, .. } = &mut g.side else {
-                unreachable!()
-            };
-            let r = engine.irecv(now, &rb);
+            g.progress(now)?;
+            let r = g.side.engine.irecv(now, &rb);
             if let Ok(Some(id)) = &r {
-                dst[id.slot as usize] = regions;
+                g.side.dst[id.slot as usize] = regions;
             }
-            let id = g.after_engine_call(r, &self.label)?;
-            g.execute(&self.label)?;
+            let id = g.after_engine_call(r, Op::Irecv)?;
+            g.execute()?;
             Ok(id)
         })
         .map(|id| id.map(|id| self.handle(id)))
     }
 
-    /// `test`: `Ok(Some(sizes))` when done (one size for a send, n for a grouped receive).
-    pub fn test(&self, id: ReqId) -> Result<Option<Vec<u64>>, Error> {
-        let mut g = self.lock()?;
-        g.sticky_call(|g| {
-            let now = now_ns();
-            let progressed = g.progress(now, &self.label);
-            let r = match &mut g.side {
-                Side::Send { engine, .. } => engine.test(id).map(|o| o.map(|s| vec![s])),
-                Side::Recv { engine, dst, .. } => {
-                    let r = engine.test(id);
-                    if !matches!(r, Ok(None)) {
-                        if let Some(d) = dst.get_mut(id.slot as usize) {
-                            *d = Default::default();
-                        }
-                    }
-                    r
-                }
-            };
-            progressed?;
-            Ok(r?)
-        })
-    }
-
-    /// Makes progress without starting anything (polls the CQ, reads the CTS ring, posts what
-    /// the engine queued). The plugin calls this inside every entry; tests use it to pump one
-    /// side of a pair.
-    pub fn progress(&self) -> Result<(), Error> {
-        let mut g = self.lock()?;
-        g.sticky_call(|g| g.progress(now_ns(), &self.label))
-    }
-
-    /// The error every call of this comm returns from now on, once a call returned a usage or
-    /// remote error.
-    pub fn sticky_error(&self) -> Option<Error> {
-        self.lock().ok().and_then(|g| g.sticky.clone())
-    }
-
-    /// Requests in use (the pool returns to 0 when every request was tested to completion).
-    pub fn in_flight(&self) -> usize {
-        self.lock().map_or(0, |g| g.side.engine().in_flight())
-    }
-
-    /// The comm's counters as `(name, value)` pairs: engine, QP, and device counters (`dev_*`,
-    /// where the device has them: device-wide, as moved since this comm was created).
-    pub fn counters(&self) -> Vec<(&'static str, u64)> {
-        self.lock()
-            .map_or_else(|_| Vec::new(), |g| g.counters(&*self.dev))
-    }
-
-    /// Logs the counters and appends them to `VERBSNET_STATS_FILE` if set; called on close.
-    pub fn close(self: Box<Self>) {
-        if let Ok(g) = self.inner.lock() {
-            let line = g.stats_line(&*self.dev);
-            info!(target: "verbsnet::init", "closing {}: {line}", self.label);
-            if let Some(path) = &self.cfg.stats_file {
-                let json = g.stats_json(self.is_send, &self.label, self.comm_id, &*self.dev);
-                let _ = std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(path)
-                    .and_then(|mut f| writeln!(f, "{json}"));
-            }
-        }
+    /// `iflush` of received buffers: host memory needs no flush (the data is visible to the
+    /// CPU once the receive completed), so this is always done at once (`Ok(None)`: NCCL's
+    /// "no request, complete", ext-net README).
+    pub fn iflush(&self) -> Result<Option<&ReqHandle>, Error> {
+        Ok(None)
     }
 }
 
-impl Side {
-    fn engine(&self) -> &dyn Engine {
-        match self {
-            Side::Send { engine, .. } => engine,
-            Side::Recv { engine, .. } => engine,
-        }
-    }
-
-    fn engine_mut(&mut self) -> &mut dyn Engine {
-        match self {
-            Side::Send { engine, .. } => engine,
-            Side::Recv { engine, .. } => engine,
-        }
-    }
-}
-
-impl Inner {
-    fn engine_stats(&self) -> &Stats {
-        self.side.engine().stats()
-    }
-
-    fn counters(&self, dev: &dyn Device) -> Vec<(&'static str, u64)> {
-        let mut v: Vec<(&'static str, u64)> = self.engine_stats().fields().to_vec();
+impl<R: Role> Core<R> {
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        let mut v: Vec<(&'static str, u64)> = self.side.stats().fields().to_vec();
         let q = self.qp.counters();
         v.push(("rnr_naks_received", q.rnr_naks_received));
         v.push(("rnr_naks_sent", q.rnr_naks_sent));
         // Device-wide counters (every QP of the port), as moved since this comm was created.
-        let d = dev.rnr_counters();
+        let d = self.dev.rnr_counters();
         let b = &self.dev_base;
         for (k, val, base) in [
             ("dev_rcvd_rnr_err", d.rcvd_rnr_err, b.rcvd_rnr_err),
@@ -850,31 +1229,25 @@ impl Inner {
         v
     }
 
-    fn stats_line(&self, dev: &dyn Device) -> String {
-        self.counters(dev)
+    fn stats_line(&self) -> String {
+        self.counters()
             .iter()
             .map(|(k, v)| format!("{k}={v}"))
             .collect::<Vec<_>>()
             .join(" ")
     }
 
-    fn stats_json(
-        &self,
-        is_send: bool,
-        label: &str,
-        comm_id: Option<u64>,
-        dev: &dyn Device,
-    ) -> String {
+    fn stats_json(&self, label: &str, comm_id: Option<u64>) -> String {
         let mut s = format!(
             "{{\"side\":\"{}\",\"comm\":\"{}\"",
-            if is_send { "send" } else { "recv" },
+            R::NAME,
             label.replace(['"', '\\'], "'")
         );
         if let Some(id) = comm_id {
             // a string: the harness sums numeric fields as counters
             s.push_str(&format!(",\"comm_id\":\"{id:#x}\""));
         }
-        for (k, v) in self.counters(dev) {
+        for (k, v) in self.counters() {
             s.push_str(&format!(",\"{k}\":{v}"));
         }
         s.push('}');
@@ -884,14 +1257,14 @@ impl Inner {
     fn after_engine_call(
         &mut self,
         r: Result<Option<ReqId>, ReqError>,
-        label: &str,
+        op: Op,
     ) -> Result<Option<ReqId>, Error> {
         match r {
             Ok(v) => Ok(v),
             Err(e) => {
                 // Carry out actions produced before the error (e.g. a notification to the peer).
-                let _ = self.execute(label);
-                Err(e.into())
+                let _ = self.execute();
+                Err(Error::req(op, e))
             }
         }
     }
@@ -903,7 +1276,7 @@ impl Inner {
     /// kept: the call had no effect.
     fn sticky_call<T>(
         &mut self,
-        f: impl FnOnce(&mut Inner) -> Result<T, Error>,
+        f: impl FnOnce(&mut Self) -> Result<T, Error>,
     ) -> Result<T, Error> {
         if let Some(e) = &self.sticky {
             return Err(e.clone());
@@ -911,48 +1284,54 @@ impl Inner {
         self.qp.begin_batch();
         let r = f(self);
         self.qp.end_batch();
-        if let Err(e @ (Error::Usage(_) | Error::Remote(_))) = &r {
-            self.sticky = Some(e.clone());
+        if let Err(e) = &r {
+            if matches!(e.class(), Class::Usage | Class::Remote) {
+                self.sticky = Some(e.clone());
+            }
         }
         r
+    }
+
+    /// On the first error completion: when the set-up socket shows the peer closed (a read, on
+    /// this error path only), the comm fails with that cause before the completion is fed, so
+    /// the error every request reports is "the peer closed", not the flush it caused. True
+    /// when the peer closed.
+    fn peer_close_first(&mut self) -> bool {
+        if !self.qp.peer_closed() {
+            return false;
+        }
+        self.report_peer_gone();
+        true
+    }
+
+    /// Fails the comm because its peer went, with one WARN.
+    fn report_peer_gone(&mut self) {
+        self.watch.warned_peer = true;
+        let why = peer_gone(&*self.qp);
+        warn!("{why}; outstanding requests fail");
+        self.side.fail(ReqError::Remote(why.into()));
     }
 
     /// Polls the CQ once and feeds the completions, the CTS ring and the credit word to the
     /// engine; returns how many completions it polled. Makes no system call of its own (the
     /// verbs poll is a read of mapped memory; the tcp transport reads its data stream).
-    fn poll_and_feed(&mut self, now: u64, label: &str) -> Result<usize, Error> {
+    fn poll_and_feed(&mut self, now: u64) -> Result<usize, Error> {
         let mut wcs = std::mem::take(&mut self.wcs);
         wcs.clear();
         let polled = self.qp.poll_cq(&mut wcs, 64);
         let n = wcs.len();
         let mut peer_gone = self.watch.warned_peer;
-        match &mut self.side {
-            Side::Send { engine, bufs } => {
-                for wc in &wcs {
-                    if wc.status != WcStatus::Success && !peer_gone {
-                        peer_gone =
-                            peer_close_first(&*self.qp, &mut self.watch, label, |e| engine.fail(e));
-                    }
-                    engine.handle_wc(now, wc);
-                }
-                let written = [&bufs.cts_ring, &bufs.credit_word];
-                engine.poll_peer_writes(now, &Regions(&written));
+        for wc in &wcs {
+            if wc.status != WcStatus::Success && !peer_gone {
+                peer_gone = self.peer_close_first();
             }
-            Side::Recv { engine, bufs, .. } => {
-                for wc in &wcs {
-                    if wc.status != WcStatus::Success && !peer_gone {
-                        peer_gone =
-                            peer_close_first(&*self.qp, &mut self.watch, label, |e| engine.fail(e));
-                    }
-                    engine.handle_wc(now, wc, &RecvMem(bufs));
-                }
-                engine.flush_credits();
-            }
+            self.side.handle_wc(now, wc);
         }
+        self.side.after_poll(now);
         self.wcs = wcs;
         if let Err(e) = polled {
             let err = ReqError::Remote(format!("polling the completion queue failed: {e}"));
-            self.fail(err);
+            self.side.fail(err);
             return Ok(0);
         }
         Ok(n)
@@ -963,7 +1342,7 @@ impl Inner {
     /// no completion (a peer that completes work is alive; with nothing outstanding a dead peer
     /// costs nothing until the next request).
     fn peer_check_due(&mut self, now: u64, polled: usize) -> bool {
-        if polled > 0 || self.side.engine().in_flight() == 0 {
+        if polled > 0 || self.side.in_flight() == 0 {
             return false;
         }
         if now.saturating_sub(self.watch.last_peer_check) < self.watch.peer_check_ns {
@@ -975,112 +1354,55 @@ impl Inner {
 
     /// Polls the CQ, reads the CTS ring and credit word, feeds the engine, executes actions,
     /// and runs the watchdog.
-    fn progress(&mut self, now: u64, label: &str) -> Result<(), Error> {
-        let polled = self.poll_and_feed(now, label)?;
+    fn progress(&mut self, now: u64) -> Result<(), Error> {
+        let polled = self.poll_and_feed(now)?;
         if !self.watch.warned_peer && self.peer_check_due(now, polled) && self.qp.peer_closed() {
             // Completions the CQ holds already are delivered before the close is reported.
             for _ in 0..MAX_DRAIN_POLLS {
-                if self.poll_and_feed(now, label)? == 0 {
+                if self.poll_and_feed(now)? == 0 {
                     break;
                 }
             }
-            self.watch.warned_peer = true;
-            let why = peer_gone(&*self.qp);
-            warn!("{label}: {why}; outstanding requests fail");
-            // The WARN lines carry the label already.
-            self.fail(ReqError::Remote(why.into()));
+            self.report_peer_gone();
         }
-        self.execute(label)?;
-        self.watchdog(now, label);
+        self.execute()?;
+        self.watchdog(now);
         Ok(())
-    }
-
-    fn fail(&mut self, e: ReqError) {
-        self.side.engine_mut().fail(e)
-    }
-
-    fn failure(&self) -> Option<ReqError> {
-        self.side.engine().failure().cloned()
     }
 
     /// Carries out the engine's actions in order (answering a request for bounce buffers can
     /// produce more: posts of the new buffers).
-    fn execute(&mut self, label: &str) -> Result<(), Error> {
-        let mut actions = self.side.engine_mut().drain_actions();
+    fn execute(&mut self) -> Result<(), Error> {
+        let mut actions = self.side.drain_actions();
         while !actions.is_empty() {
-            self.execute_some(actions, label)?;
-            actions = self.side.engine_mut().drain_actions();
+            self.execute_some(actions)?;
+            actions = self.side.drain_actions();
         }
         Ok(())
     }
 
-    fn execute_some(&mut self, actions: Vec<Action>, label: &str) -> Result<(), Error> {
+    fn execute_some(&mut self, actions: Vec<Action>) -> Result<(), Error> {
         let mut sends = Vec::new();
         for a in actions {
             let res = match a {
-                Action::Stage { addr, bytes } => match &self.side {
-                    Side::Send { bufs, .. } => stage(&[&bufs.hdr, &bufs.rec], addr, &bytes),
-                    Side::Recv { bufs, .. } => stage(&[&bufs.ctrl], addr, &bytes),
-                },
+                Action::Stage { addr, bytes } => self.side.stage(addr, &bytes),
                 Action::PostSend(wr) => {
                     sends.push(wr);
                     Ok(())
                 }
                 Action::PostRecv(wrs) => {
                     self.flush_sends(&mut sends)?;
-                    self.qp
-                        .post_recv(&wrs)
-                        .map_err(|e| Error::System(format!("post_recv: {e}")))
+                    self.qp.post_recv(&wrs).map_err(|e| {
+                        Error::new(Op::Progress, Class::System, "post_recv").because(e)
+                    })
                 }
-                Action::Copy { src, req, buf, len } => match &self.side {
-                    Side::Recv { bufs, dst, .. } => {
-                        let d = dst.get(req.slot as usize).and_then(|d| d[buf].as_ref());
-                        let slab;
-                        let from = if bufs.bounce.region.contains(src, len) {
-                            Some(&bufs.bounce.region)
-                        } else {
-                            slab = bufs.pool.slab(src, len);
-                            slab.as_ref().map(|s| &s.region)
-                        };
-                        match (d, from) {
-                            (Some(d), Some(from)) => d
-                                .copy_from(0, from, (src - from.addr()) as usize, len as usize)
-                                .map_err(|e| Error::Internal(format!("eager copy: {e}"))),
-                            _ => Err(Error::Internal(format!(
-                                "eager copy of {len} bytes at {src:#x} into request {req:?}: \
-                                 unknown buffer"
-                            ))),
-                        }
-                    }
-                    Side::Send { .. } => Err(Error::Internal("copy on a send comm".into())),
-                },
-                Action::WantBounce(k) => match &mut self.side {
-                    Side::Recv { engine, bufs, .. } => {
-                        let got = bufs.pool.take(k as usize).unwrap_or_else(|e| {
-                            warn!("{label}: the receive queue cannot grow: {e}");
-                            Vec::new()
-                        });
-                        engine.add_bounce(k, &got);
-                        Ok(())
-                    }
-                    Side::Send { .. } => {
-                        Err(Error::Internal("bounce buffers for a send comm".into()))
-                    }
-                },
-                Action::ReturnBounce(b) => match &self.side {
-                    Side::Recv { bufs, .. } => {
-                        bufs.pool.give(&b);
-                        Ok(())
-                    }
-                    Side::Send { .. } => {
-                        Err(Error::Internal("bounce buffers from a send comm".into()))
-                    }
-                },
+                other => self.side.local_action(other),
             };
             if let Err(e) = res {
                 self.post_errors += 1;
-                warn!("{label}: {e}");
-                self.fail(ReqError::Local(e.to_string()));
+                let line = e.report();
+                warn!("{line}");
+                self.side.fail(ReqError::Local(line));
                 return Err(e);
             }
         }
@@ -1094,17 +1416,17 @@ impl Inner {
         let r = self.qp.post_send(sends);
         sends.clear();
         r.map_err(|e| {
-            let m = format!("post_send: {e}");
-            self.fail(ReqError::Local(m.clone()));
-            Error::System(m)
+            let e = Error::new(Op::Progress, Class::System, "post_send").because(e);
+            self.side.fail(ReqError::Local(e.report()));
+            e
         })
     }
 
-    fn watchdog(&mut self, now: u64, label: &str) {
-        if let Some(e) = self.failure() {
+    fn watchdog(&mut self, now: u64) {
+        if let Some(e) = self.side.failure() {
             if !self.watch.warned_failure {
                 self.watch.warned_failure = true;
-                warn!("{label}: {e}");
+                warn!("{e}");
             }
         }
         if now.saturating_sub(self.watch.last_check) < 1_000_000_000 {
@@ -1112,20 +1434,18 @@ impl Inner {
         }
         self.watch.last_check = now;
         if let Some(t) = self.watch.hang_ns {
-            let stalls = self.side.engine_mut().stalls(now, t);
+            let stalls = self.side.stalls(now, t);
             for s in stalls {
                 // Engine, QP and device counters (RNR NAKs tell a credits-off RNR stall apart
                 // from a dead peer), and on the send side the credits in hand.
                 let mut counters: Vec<String> = self
-                    .counters(&*self.dev)
+                    .counters()
                     .iter()
                     .map(|(k, v)| format!("{k}={v}"))
                     .collect();
-                if let Side::Send { engine, .. } = &self.side {
-                    counters.push(format!("credits_available={}", engine.credits_available()));
-                }
+                self.side.stall_counters(&mut counters);
                 warn!(
-                    "{label}: {} has made no progress for {:.1} s; waiting for {}. Counters: {}. \
+                    "{} has made no progress for {:.1} s; waiting for {}. Counters: {}. \
                      (VERBSNET_HANG_TIMEOUT sets this report's delay; 0 turns it off)",
                     s.what,
                     s.idle_ns as f64 / 1e9,
@@ -1138,13 +1458,82 @@ impl Inner {
             if now.saturating_sub(self.watch.last_stats) >= iv {
                 self.watch.last_stats = now;
                 let line: Vec<String> = self
-                    .engine_stats()
+                    .side
+                    .stats()
                     .fields()
                     .iter()
                     .map(|(k, v)| format!("{k}={v}"))
                     .collect();
-                info!("{label}: stats {}", line.join(" "));
+                info!("stats {}", line.join(" "));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::TransportError;
+
+    /// Stand-ins for the ops of the layers above (conn, api).
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    enum Above {
+        Conn,
+        Api,
+    }
+
+    fn enomem() -> TransportError {
+        TransportError::Io {
+            op: "ibv_reg_mr".into(),
+            source: std::io::Error::from_raw_os_error(libc::ENOMEM),
+        }
+    }
+
+    #[test]
+    fn a_failure_keeps_its_cause_as_source_and_reports_the_chain_then_the_fix() {
+        let e = Error::new(
+            Op::RegMr,
+            Class::System,
+            "registering 64 bytes at 0x1000 failed",
+        )
+        .fix("; raise RLIMIT_MEMLOCK")
+        .because(enomem());
+        assert_eq!(e.to_string(), "registering 64 bytes at 0x1000 failed");
+        let src = std::error::Error::source(&e).expect("the transport error");
+        assert!(src.downcast_ref::<TransportError>().is_some());
+        let os = std::io::Error::from_raw_os_error(libc::ENOMEM);
+        assert_eq!(
+            e.report(),
+            format!(
+                "registering 64 bytes at 0x1000 failed: ibv_reg_mr: {os}; raise RLIMIT_MEMLOCK"
+            )
+        );
+        assert_eq!((e.op(), e.class()), (Op::RegMr, Class::System));
+    }
+
+    #[test]
+    fn a_wrapper_is_transparent_and_a_lifted_failure_keeps_class_fix_and_text() {
+        let e = Error::req(Op::Isend, ReqError::Usage("send of 9 bytes into 4".into()));
+        assert_eq!(e.class(), Class::Usage);
+        assert_eq!(e.to_string(), "invalid usage: send of 9 bytes into 4");
+        assert!(
+            std::error::Error::source(&e).is_none(),
+            "its text is the cause's"
+        );
+        let low = Error::new(Op::Buffers, Class::System, "a 64-byte protocol buffer")
+            .because_source(message("out of memory"))
+            .fix(" (lower VERBSNET_RQ_DEPTH)");
+        let up = low.clone().lift(Above::Conn);
+        assert_eq!(up.class(), Class::System);
+        assert_eq!(up.op(), Above::Conn);
+        assert_eq!(up.to_string(), low.to_string());
+        assert_eq!(up.report(), low.report());
+        assert_eq!(
+            up.report(),
+            "a 64-byte protocol buffer: out of memory (lower VERBSNET_RQ_DEPTH)"
+        );
+        let top = up.lift(Above::Api);
+        assert_eq!(top.report(), low.report());
+        assert_eq!(top.class(), Class::System);
     }
 }

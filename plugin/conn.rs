@@ -37,7 +37,31 @@ use std::time::Duration;
 
 use tracing::{info, warn};
 
-use crate::comm::{Comm, Error, PeerParams, RecvBuffers, SendBuffers};
+use crate::comm::{
+    message, Class, Failure, PeerParams, RecvBuffers, RecvComm, SendBuffers, SendComm,
+};
+
+/// The set-up step that failed (listen, accept, connect and their handshake stages).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// Reading the 128-byte handle NCCL passed to `connect`.
+    Handle,
+    /// Opening the listening socket.
+    Listen,
+    /// Accepting connections (the listener's own failures and its deadline).
+    Accept,
+    /// The TCP connect to the listener, and the connect's deadline.
+    Connect,
+    /// Exchanging hellos (QP info, buffers) with the peer.
+    Hello,
+    /// Creating or connecting the QP.
+    QpSetup,
+    /// Allocating and registering the comm's protocol buffers.
+    Buffers,
+}
+
+/// An error of connection set-up.
+pub type Error = Failure<Stage>;
 use crate::config::Config;
 use crate::engine::RecvEngine;
 use crate::transport::{Device, Kind, QpConfig, QueuePair};
@@ -91,19 +115,22 @@ impl Handle {
     /// Parses a handle; errors name what is wrong with it.
     pub fn read(b: &[u8; HANDLE_SIZE]) -> Result<Handle, Error> {
         if &b[0..8] != HANDLE_MAGIC {
-            return Err(Error::InvalidArgument(
+            return Err(Error::new(
+                Stage::Handle,
+                Class::InvalidArgument,
                 "the connect handle was not made by verbsnet's listen (wrong magic): both ranks must \
-                 use the same NCCL net plugin"
-                    .into(),
+                 use the same NCCL net plugin",
             ));
         }
         let kind = match b[17] {
             1 => Kind::Ib,
             2 => Kind::Tcp,
             k => {
-                return Err(Error::InvalidArgument(format!(
-                    "connect handle names unknown transport {k}"
-                )))
+                return Err(Error::new(
+                    Stage::Handle,
+                    Class::InvalidArgument,
+                    format!("connect handle names unknown transport {k}"),
+                ))
             }
         };
         let port = u16::from_le_bytes([b[18], b[19]]);
@@ -113,9 +140,11 @@ impl Handle {
                 <[u8; 16]>::try_from(&b[20..36]).expect("16 bytes"),
             )),
             f => {
-                return Err(Error::InvalidArgument(format!(
-                    "connect handle has address family {f}"
-                )))
+                return Err(Error::new(
+                    Stage::Handle,
+                    Class::InvalidArgument,
+                    format!("connect handle has address family {f}"),
+                ))
             }
         };
         Ok(Handle {
@@ -306,6 +335,22 @@ impl std::fmt::Display for HelloError {
             HelloError::Io(e) => write!(f, "{e}"),
             HelloError::Bad(m) => f.write_str(m),
         }
+    }
+}
+
+impl std::error::Error for HelloError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            // The text is the io error's already.
+            HelloError::Io(e) => e.source(),
+            HelloError::Bad(_) => None,
+        }
+    }
+}
+
+impl std::fmt::Debug for HelloError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
     }
 }
 
@@ -561,17 +606,20 @@ impl Listen {
         out: &mut [u8; HANDLE_SIZE],
     ) -> Result<Listen, Error> {
         let listener = TcpListener::bind(SocketAddr::new(ip, 0)).map_err(|e| {
-            Error::System(format!(
-                "cannot listen on {ip}: {e} (set VERBSNET_SOCKET_ADDR or VERBSNET_SOCKET_IFNAME to a \
-                 local address)"
-            ))
+            Error::new(
+                Stage::Listen,
+                Class::System,
+                format!("cannot listen on {ip}"),
+            )
+            .because(e)
+            .fix(" (set VERBSNET_SOCKET_ADDR or VERBSNET_SOCKET_IFNAME to a local address)")
         })?;
         listener
             .set_nonblocking(true)
-            .map_err(|e| Error::System(format!("listener: {e}")))?;
+            .map_err(|e| Error::new(Stage::Listen, Class::System, "listener").because(e))?;
         let addr = listener
             .local_addr()
-            .map_err(|e| Error::System(format!("listener: {e}")))?;
+            .map_err(|e| Error::new(Stage::Listen, Class::System, "listener").because(e))?;
         let handle = Handle {
             nonce: random_u64(),
             kind,
@@ -626,7 +674,7 @@ impl Listen {
     /// Errors are the listener's own failures (the listening socket, local resources) and a
     /// wait for a connection longer than `VERBSNET_CONNECT_TIMEOUT`, which names what the
     /// pending handshakes reached.
-    pub fn accept(&mut self) -> Result<Option<Box<Comm>>, Error> {
+    pub fn accept(&mut self) -> Result<Option<Box<RecvComm>>, Error> {
         let now = crate::comm::now_ns();
         let since = *self.waiting_since.get_or_insert(now);
         let at = self.handle.addr;
@@ -682,7 +730,10 @@ impl Listen {
                     );
                     break;
                 }
-                Err(e) => return Err(Error::System(format!("accept on {at}: {e}"))),
+                Err(e) => {
+                    let msg = format!("accept on {at}");
+                    return Err(Error::new(Stage::Accept, Class::System, msg).because(e));
+                }
             }
         }
         let hello_deadline = self.hello_deadline_ns();
@@ -720,7 +771,7 @@ impl Listen {
     }
 
     /// Bookkeeping after a handshake completed.
-    fn accepted(&mut self, c: Box<Comm>) -> Box<Comm> {
+    fn accepted(&mut self, c: Box<RecvComm>) -> Box<RecvComm> {
         self.waiting_since = None;
         self.warned_wait = false;
         c
@@ -749,14 +800,18 @@ impl Listen {
         if let Some(t) = self.cfg.connect_timeout {
             if waited > t.as_nanos() as u64 {
                 self.waiting_since = None;
-                return Err(Error::Remote(format!(
+                return Err(Error::new(
+                    Stage::Accept,
+                    Class::Remote,
+                    format!(
                     "accept on {}: no connection completed within VERBSNET_CONNECT_TIMEOUT={} s; \
                      {}. Is the connecting rank alive (see its log)? Raise \
                      VERBSNET_CONNECT_TIMEOUT if ranks start far apart",
                     self.handle.addr,
                     t.as_secs_f64(),
                     what()
-                )));
+                ),
+                ));
             }
         }
         if let Some(h) = self.cfg.hang_timeout {
@@ -797,7 +852,7 @@ impl Listen {
 
     /// Steps pending handshake `i`; a refused one is removed (and logged), a completed one is
     /// removed and returned.
-    fn step_or_refuse(&mut self, i: usize) -> Result<Option<Box<Comm>>, Error> {
+    fn step_or_refuse(&mut self, i: usize) -> Result<Option<Box<RecvComm>>, Error> {
         match self.step(i) {
             Ok(Some(c)) => {
                 self.pending.swap_remove(i);
@@ -816,7 +871,7 @@ impl Listen {
         }
     }
 
-    fn step(&mut self, i: usize) -> Result<Option<Box<Comm>>, StepError> {
+    fn step(&mut self, i: usize) -> Result<Option<Box<RecvComm>>, StepError> {
         let kind_byte = self.handle_kind_byte();
         let a = &mut self.pending[i];
         if let AcceptStage::Hello = a.stage {
@@ -848,17 +903,18 @@ impl Listen {
                     ),
                 ));
             }
-            let mut qp = self
-                .dev
-                .create_qp(&qp_config(&self.cfg))
-                .map_err(|e| Error::System(format!("creating a QP on {}: {e}", self.dev_name)))?;
-            let bufs = RecvBuffers::alloc(&self.dev, &self.cfg)?;
-            let engine = Comm::prepare_recv(&mut *qp, &bufs, &h.p, &self.cfg)?;
-            let oob = a
-                .wire
-                .stream
-                .try_clone()
-                .map_err(|e| Error::System(format!("dup socket: {e}")))?;
+            let mut qp = self.dev.create_qp(&qp_config(&self.cfg)).map_err(|e| {
+                let msg = format!("creating a QP on {}", self.dev_name);
+                Error::new(Stage::QpSetup, Class::System, msg).because(e)
+            })?;
+            let bufs =
+                RecvBuffers::alloc(&self.dev, &self.cfg).map_err(|e| e.lift(Stage::Buffers))?;
+            let engine = RecvComm::prepare(&mut *qp, &bufs, &h.p, &self.cfg)
+                .map_err(|e| e.lift(Stage::Buffers))?;
+            let oob =
+                a.wire.stream.try_clone().map_err(|e| {
+                    Error::new(Stage::QpSetup, Class::System, "dup socket").because(e)
+                })?;
             // The peer's QP info is the peer's data: a version or content it cannot use refuses
             // that peer, it does not fail the listener.
             qp.establish(&h.qp_info, oob).map_err(|e| {
@@ -872,7 +928,7 @@ impl Listen {
                 role: 2,
                 nonce: h.nonce,
                 qp_info: qp.local_info(),
-                p: Comm::announce_recv(&bufs, &engine, &self.cfg),
+                p: RecvComm::announce(&bufs, &engine, &self.cfg),
             };
             a.wire.out.extend_from_slice(&reply.encode());
             a.stage = AcceptStage::Reply { qp, bufs, engine };
@@ -912,7 +968,7 @@ impl Listen {
                 self.cfg.ib_tc,
                 self.cfg.ib_sl
             );
-            return Ok(Some(Comm::new_recv(
+            return Ok(Some(RecvComm::new(
                 self.dev.clone(),
                 qp,
                 bufs,
@@ -993,9 +1049,9 @@ impl Connecting {
             socket2::Type::STREAM,
             None,
         )
-        .map_err(|e| Error::System(format!("socket: {e}")))?;
+        .map_err(|e| Error::new(Stage::Connect, Class::System, "socket").because(e))?;
         sock.set_nonblocking(true)
-            .map_err(|e| Error::System(format!("socket: {e}")))?;
+            .map_err(|e| Error::new(Stage::Connect, Class::System, "socket").because(e))?;
         match sock.connect(&h.addr.into()) {
             Ok(()) => {}
             Err(e)
@@ -1055,7 +1111,7 @@ impl Connecting {
         dev: &Arc<dyn Device>,
         dev_name: &str,
         cfg: &Config,
-    ) -> Result<Option<Box<Comm>>, Error> {
+    ) -> Result<Option<Box<SendComm>>, Error> {
         let before = std::mem::discriminant(&self.stage);
         let r = self.step_inner(dev, dev_name, cfg);
         let now = crate::comm::now_ns();
@@ -1069,7 +1125,10 @@ impl Connecting {
         let elapsed = now.saturating_sub(self.started);
         if let Some(t) = cfg.connect_timeout {
             if elapsed > t.as_nanos() as u64 {
-                return Err(Error::Remote(format!(
+                return Err(Error::new(
+                    Stage::Connect,
+                    Class::Remote,
+                    format!(
                     "connect to {} timed out after {:.1} s (VERBSNET_CONNECT_TIMEOUT={} s); stage \
                      reached: {}. Check that the peer is alive and calls accept (its log), and \
                      that {} is reachable from here; raise VERBSNET_CONNECT_TIMEOUT if ranks \
@@ -1079,7 +1138,8 @@ impl Connecting {
                     t.as_secs_f64(),
                     self.stage_name(),
                     self.handle.addr
-                )));
+                ),
+                ));
             }
         }
         if let Some(h) = cfg.hang_timeout {
@@ -1106,11 +1166,11 @@ impl Connecting {
         dev: &Arc<dyn Device>,
         dev_name: &str,
         cfg: &Config,
-    ) -> Result<Option<Box<Comm>>, Error> {
+    ) -> Result<Option<Box<SendComm>>, Error> {
         if let ConnectStage::Connecting(sock) = &self.stage {
             if let Some(e) = sock
                 .take_error()
-                .map_err(|e| Error::System(e.to_string()))?
+                .map_err(|e| Error::wrap(Stage::Connect, Class::System, e))?
             {
                 return Err(connect_error(self.handle.addr, e));
             }
@@ -1124,10 +1184,11 @@ impl Connecting {
             };
             let stream: TcpStream = sock.into();
             let _ = stream.set_nodelay(true);
-            let qp = dev
-                .create_qp(&qp_config(cfg))
-                .map_err(|e| Error::System(format!("creating a QP on {dev_name}: {e}")))?;
-            let bufs = SendBuffers::alloc(&**dev)?;
+            let qp = dev.create_qp(&qp_config(cfg)).map_err(|e| {
+                let msg = format!("creating a QP on {dev_name}");
+                Error::new(Stage::QpSetup, Class::System, msg).because(e)
+            })?;
+            let bufs = SendBuffers::alloc(&**dev).map_err(|e| e.lift(Stage::Buffers))?;
             // 0 in production; tests start near the wrap points (`Config::test_first_seq`).
             let first_seq = cfg.test_first_seq;
             let hello = Hello {
@@ -1151,14 +1212,17 @@ impl Connecting {
             };
         }
         let addr = self.handle.addr;
-        let remote = move |m: String| Error::Remote(format!("handshake with {addr} failed: {m}"));
+        let remote = move |cause: crate::comm::Source| {
+            let msg = format!("handshake with {addr} failed");
+            Error::new(Stage::Hello, Class::Remote, msg).because_source(cause)
+        };
         if let ConnectStage::Hello { wire, reader, .. } = &mut self.stage {
-            wire.flush().map_err(|e| remote(e.to_string()))?;
-            let Some(h) = reader.poll(wire).map_err(|e| remote(e.to_string()))? else {
+            wire.flush().map_err(|e| remote(Arc::new(e)))?;
+            let Some(h) = reader.poll(wire).map_err(|e| remote(Arc::new(e)))? else {
                 return Ok(None);
             };
             if h.nonce != self.handle.nonce || h.role != 2 {
-                return Err(remote("the reply carries another nonce".into()));
+                return Err(remote(message("the reply carries another nonce")));
             }
             let ConnectStage::Hello {
                 wire,
@@ -1173,9 +1237,10 @@ impl Connecting {
             let oob = wire
                 .stream
                 .try_clone()
-                .map_err(|e| Error::System(format!("dup socket: {e}")))?;
+                .map_err(|e| Error::new(Stage::QpSetup, Class::System, "dup socket").because(e))?;
             qp.establish(&h.qp_info, oob).map_err(|e| {
-                Error::System(format!("connecting the QP to {}: {e}", self.handle.addr))
+                let msg = format!("connecting the QP to {}", self.handle.addr);
+                Error::new(Stage::QpSetup, Class::System, msg).because(e)
             })?;
             let mut wire = wire;
             wire.out.extend_from_slice(READY);
@@ -1188,7 +1253,7 @@ impl Connecting {
             };
         }
         if let ConnectStage::Ready { wire, .. } = &mut self.stage {
-            if !wire.flush().map_err(|e| remote(e.to_string()))? {
+            if !wire.flush().map_err(|e| remote(Arc::new(e)))? {
                 return Ok(None);
             }
             let ConnectStage::Ready {
@@ -1216,7 +1281,7 @@ impl Connecting {
                 cfg.ib_tc,
                 cfg.ib_sl
             );
-            return Ok(Some(Comm::new_send(
+            return Ok(Some(SendComm::new(
                 dev.clone(),
                 qp,
                 bufs,
@@ -1230,10 +1295,13 @@ impl Connecting {
 }
 
 fn connect_error(addr: SocketAddr, e: io::Error) -> Error {
-    Error::Remote(format!(
-        "cannot reach the listener at {addr} (stage: TCP connect): {e} (is the peer alive? is the address reachable? \
-         set VERBSNET_SOCKET_ADDR / VERBSNET_SOCKET_IFNAME on the listening rank)"
-    ))
+    let msg = format!("cannot reach the listener at {addr} (stage: TCP connect)");
+    Error::new(Stage::Connect, Class::Remote, msg)
+        .because(e)
+        .fix(
+            " (is the peer alive? is the address reachable? set VERBSNET_SOCKET_ADDR / \
+             VERBSNET_SOCKET_IFNAME on the listening rank)",
+        )
 }
 
 #[cfg(test)]
@@ -1259,7 +1327,7 @@ mod tests {
         assert_eq!(Handle::read(&b).unwrap(), h6);
         b[0] = b'X';
         assert!(
-            matches!(Handle::read(&b), Err(Error::InvalidArgument(m)) if m.contains("same NCCL net plugin"))
+            matches!(Handle::read(&b), Err(e) if e.class() == Class::InvalidArgument && e.to_string().contains("same NCCL net plugin"))
         );
     }
 

@@ -12,7 +12,7 @@
 //! tcp too), and on verbs against `RLIMIT_MEMLOCK` when the process lacks `CAP_IPC_LOCK`
 //! (without it the kernel refuses to pin past the limit).
 
-use crate::comm::{Error, RecvBuffers, SendBuffers};
+use crate::comm::{Class, Error, Op, RecvBuffers, SendBuffers};
 use crate::config::Config;
 use crate::engine::wire::EAGER_HDR_LEN;
 use crate::transport::Kind;
@@ -63,7 +63,7 @@ fn mib(n: u64) -> String {
 pub fn check_cap(cfg: &Config) -> Result<Footprint, Error> {
     let f = footprint(cfg);
     if f.recv > MAX_COMM_BYTES {
-        return Err(Error::Usage(format!(
+        return Err(Error::new(Op::Limits, Class::Usage, format!(
             "VERBSNET_RQ_DEPTH={} x (VERBSNET_EAGER_BUF_SIZE={} + {EAGER_HDR_LEN}) = {} bytes ({}) \
              of bounce buffers per receive comm, {} bytes in all, is over verbsnet's cap of {} bytes ({}) \
              per comm: lower VERBSNET_RQ_DEPTH or VERBSNET_EAGER_BUF_SIZE (NCCL opens one receive \
@@ -129,7 +129,7 @@ fn check_memlock(cfg: &Config, f: Footprint, limit: Option<u64>) -> Result<(), E
     };
     let need = f.recv.max(f.send);
     if need > limit {
-        return Err(Error::System(format!(
+        return Err(Error::new(Op::Limits, Class::System, format!(
             "one receive comm pins {need} bytes ({}: VERBSNET_RQ_DEPTH={} x (VERBSNET_EAGER_BUF_SIZE={} \
              + {EAGER_HDR_LEN}) of bounce buffers plus rings) but RLIMIT_MEMLOCK is {limit} bytes (`ulimit -l` \
              {}) and the process lacks CAP_IPC_LOCK: {MEMLOCK_FIX}",
@@ -210,7 +210,8 @@ mod tests {
         assert!(check_memlock(&cfg, f, None).is_ok());
         assert!(check_memlock(&cfg, f, Some(f.recv)).is_ok());
         let e = check_memlock(&cfg, f, Some(64 << 10)).unwrap_err();
-        let Error::System(m) = e else { panic!("{e:?}") };
+        assert_eq!(e.class(), Class::System, "{e:?}");
+        let m = e.to_string();
         for part in [
             "RLIMIT_MEMLOCK is 65536 bytes",
             "ulimit -l` 64",

@@ -15,7 +15,10 @@
 //! - **without one** (outside NCCL, e.g. the test harness): as `verbsnet <LEVEL> <message>
 //!   <field=value...>` on stderr.
 //!
-//! Fields of the spans the event is inside follow the event's own fields, outermost first.
+//! Fields of the spans the event is inside follow the event's own fields, outermost first,
+//! except a span's `label` field: it names what the event is about (a comm's span carries
+//! `label = "send comm <local> -> <peer> (<dev>)"`, see `comm.rs`) and is written
+//! first, as `<label>: <message> ...`, so the label leads the line NCCL prints.
 //! The level ([`DebugLevel`], from `VERBSNET_DEBUG`) is applied per callsite
 //! (`register_callsite` answers always/never and `max_level_hint` is exact), so a disabled
 //! `trace!` costs one comparison against a global maximum.
@@ -172,6 +175,28 @@ enum Sink {
     /// Tests: keep each line.
     #[cfg(test)]
     Capture(std::sync::Arc<Mutex<Vec<tests::Line>>>),
+    /// [`text_layer`]: hand each line to a callback.
+    Callback(Box<LineFn>),
+}
+
+/// What [`text_layer`] calls with each line.
+type LineFn = dyn Fn(Level, &str) + Send + Sync;
+
+/// A layer that formats each event exactly as the bridge does (the text after
+/// [`NCCL_PREFIX`]: span labels, message, fields) and hands it with its level to `f`, for
+/// events at most as verbose as `level`. For tests and tools that check what NCCL users see:
+/// `tracing_subscriber::registry().with(text_layer(DebugLevel::Warn, ...))`.
+pub fn text_layer<S>(
+    level: DebugLevel,
+    f: impl Fn(Level, &str) + Send + Sync + 'static,
+) -> impl Layer<S>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    NcclLayer {
+        max: level_filter(level),
+        sink: Sink::Callback(Box::new(f)),
+    }
 }
 
 impl Sink {
@@ -192,6 +217,7 @@ impl Sink {
                     let _ = writeln!(std::io::stderr().lock(), "{}", stderr_text(level, body));
                 }
             }
+            Sink::Callback(f) => f(level, body),
             #[cfg(test)]
             Sink::Capture(lines) => {
                 let (nccl_level, flags) = nccl_level_flags(level, meta.target());
@@ -208,8 +234,14 @@ impl Sink {
     }
 }
 
-/// A span's formatted fields, kept in its extensions.
-struct SpanFields(String);
+/// A span's formatted fields and its `label` (if any), kept in its extensions.
+struct SpanFields {
+    rest: String,
+    label: Option<String>,
+}
+
+/// The span field written before the message (see the module docs).
+const LABEL_FIELD: &str = "label";
 
 impl<S> Layer<S> for NcclLayer
 where
@@ -232,10 +264,16 @@ where
     }
 
     fn on_new_span(&self, attrs: &span::Attributes<'_>, id: &span::Id, ctx: Context<'_, S>) {
-        let mut fields = Fields::default();
+        let mut fields = Fields {
+            take_label: true,
+            ..Fields::default()
+        };
         attrs.record(&mut fields);
         if let Some(span) = ctx.span(id) {
-            span.extensions_mut().insert(SpanFields(fields.rest));
+            span.extensions_mut().insert(SpanFields {
+                rest: fields.rest,
+                label: fields.label,
+            });
         }
     }
 
@@ -244,29 +282,52 @@ where
             return;
         };
         let mut extensions = span.extensions_mut();
-        if let Some(SpanFields(text)) = extensions.get_mut::<SpanFields>() {
+        if let Some(sf) = extensions.get_mut::<SpanFields>() {
             let mut fields = Fields {
                 message: String::new(),
-                rest: std::mem::take(text),
+                rest: std::mem::take(&mut sf.rest),
+                label: sf.label.take(),
+                take_label: true,
             };
             values.record(&mut fields);
-            *text = fields.rest;
+            sf.rest = fields.rest;
+            sf.label = fields.label;
         }
     }
 
     fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
+        self.sink.emit(event.metadata(), &event_text(event, &ctx));
+    }
+}
+
+/// The text of `event` as the bridge sends it (without [`NCCL_PREFIX`]): the `label`s of the
+/// spans it is inside (outermost first, each followed by `: `), its message, its fields, then
+/// the other fields of those spans.
+fn event_text<S>(event: &Event<'_>, ctx: &Context<'_, S>) -> String
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    {
         let mut fields = Fields::default();
         event.record(&mut fields);
-        let mut body = fields.message;
-        push_field_text(&mut body, &fields.rest);
+        let mut labels = String::new();
+        let mut span_text = String::new();
         if let Some(scope) = ctx.event_scope(event) {
             for span in scope.from_root() {
-                if let Some(SpanFields(text)) = span.extensions().get::<SpanFields>() {
-                    push_field_text(&mut body, text);
+                if let Some(sf) = span.extensions().get::<SpanFields>() {
+                    if let Some(l) = &sf.label {
+                        labels.push_str(l);
+                        labels.push_str(": ");
+                    }
+                    push_field_text(&mut span_text, &sf.rest);
                 }
             }
         }
-        self.sink.emit(event.metadata(), &body);
+        let mut body = labels;
+        body.push_str(&fields.message);
+        push_field_text(&mut body, &fields.rest);
+        push_field_text(&mut body, &span_text);
+        body
     }
 }
 
@@ -281,17 +342,24 @@ fn push_field_text(body: &mut String, text: &str) {
     body.push_str(text);
 }
 
-/// Collects an event's `message` and its other fields as `name=value name=value`.
+/// Collects an event's `message` and its other fields as `name=value name=value`; for a
+/// span (`take_label`), its `label` field apart.
 #[derive(Default)]
 struct Fields {
     message: String,
     rest: String,
+    label: Option<String>,
+    take_label: bool,
 }
 
 impl Fields {
     fn push(&mut self, field: &Field, value: fmt::Arguments<'_>) {
         if field.name() == "message" {
             let _ = self.message.write_fmt(value);
+            return;
+        }
+        if self.take_label && field.name() == LABEL_FIELD {
+            self.label = Some(value.to_string());
             return;
         }
         if !self.rest.is_empty() {
@@ -304,7 +372,8 @@ impl Fields {
 impl Visit for Fields {
     fn record_str(&mut self, field: &Field, value: &str) {
         // Quote only what would not read back as one token.
-        if field.name() != "message" && (value.is_empty() || value.contains(char::is_whitespace)) {
+        let plain = field.name() == "message" || (self.take_label && field.name() == LABEL_FIELD);
+        if !plain && (value.is_empty() || value.contains(char::is_whitespace)) {
             self.push(field, format_args!("{value:?}"));
         } else {
             self.push(field, format_args!("{value}"));
@@ -435,6 +504,33 @@ mod tests {
             text(&lines[0]),
             "NET/verbsnet : posted bytes=4096 comm=7 qp_num=99"
         );
+    }
+
+    #[test]
+    fn a_span_label_leads_the_line_at_every_level_that_is_on() {
+        let lines = capture(DebugLevel::Warn, || {
+            let comm =
+                tracing::error_span!("comm", label = "send comm 1.2.3.4:5 -> 6.7.8.9:10 (lo)");
+            let _c = comm.enter();
+            let inner = info_span!("conn", qp_num = 3);
+            let _i = inner.enter();
+            warn!(slot = 2, "send 4 has made no progress");
+            info!("dropped at WARN");
+        });
+        assert_eq!(lines.len(), 1);
+        assert_eq!(
+            text(&lines[0]),
+            "NET/verbsnet : send comm 1.2.3.4:5 -> 6.7.8.9:10 (lo): send 4 has made no progress \
+             slot=2"
+        );
+        let lines = capture(DebugLevel::Info, || {
+            let outer = info_span!("a", label = "outer");
+            let _o = outer.enter();
+            let inner = info_span!("b", label = "inner", n = 1);
+            let _i = inner.enter();
+            info!("x");
+        });
+        assert_eq!(text(&lines[0]), "NET/verbsnet : outer: inner: x n=1");
     }
 
     #[test]

@@ -7,9 +7,27 @@ use std::sync::Arc;
 
 use tracing::{info, warn};
 
-use crate::comm::Error;
+use crate::comm::{Class, Failure};
 use crate::config::{Config, TransportChoice};
 use crate::transport::{self, Device, DeviceProps, Kind};
+
+/// What `init` was doing when it failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Parsing the `VERBSNET_*` configuration.
+    Config,
+    /// Opening the transport's devices.
+    Devices,
+    /// Checking what one comm pins against the cap and `RLIMIT_MEMLOCK`.
+    Limits,
+    /// Choosing the out-of-band listen address.
+    ListenAddr,
+    /// Looking up a device by index (`dev` of `getProperties`, `listen`, `connect`).
+    Device,
+}
+
+/// An error of opening the plugin (or of a device lookup).
+pub type Error = Failure<Op>;
 
 /// One device with the C strings `getProperties` hands out (valid for the plugin's lifetime).
 pub struct DevEntry {
@@ -44,7 +62,7 @@ pub fn open_net(logger: crate::ffi::abi::ncclDebugLogger_t) -> Result<Net, Error
         Err(e) => {
             // The shim's guard logs the error as one WARN once the logger is set up.
             crate::log::init(logger, crate::config::DebugLevel::Warn);
-            return Err(Error::Usage(e.to_string()));
+            return Err(Error::wrap(Op::Config, Class::Usage, e));
         }
     };
     crate::log::init(logger, cfg.debug);
@@ -65,7 +83,7 @@ pub fn open_net(logger: crate::ffi::abi::ncclDebugLogger_t) -> Result<Net, Error
 
     let (kind, devs) = open(&cfg)?;
     // Resource limits: what one comm will pin, against the cap and RLIMIT_MEMLOCK.
-    crate::limits::check(&cfg, kind)?;
+    crate::limits::check(&cfg, kind).map_err(|e| e.lift(Op::Limits))?;
     let (listen_ip, listen_why) = listen_ip(&cfg)?;
     let mut entries = Vec::new();
     for dev in devs {
@@ -105,19 +123,24 @@ fn open(cfg: &Config) -> Result<(Kind, Vec<Arc<dyn Device>>), Error> {
     let tcp = || (Kind::Tcp, transport::tcp::open_devices(cfg));
     match cfg.transport {
         TransportChoice::Tcp => Ok(tcp()),
-        TransportChoice::Ib => {
-            match transport::ib::open_devices(cfg) {
-                Ok(d) if !d.is_empty() => Ok((Kind::Ib, d)),
-                Ok(_) => Err(Error::System(format!(
+        TransportChoice::Ib => match transport::ib::open_devices(cfg) {
+            Ok(d) if !d.is_empty() => Ok((Kind::Ib, d)),
+            Ok(_) => Err(Error::new(
+                Op::Devices,
+                Class::System,
+                format!(
                 "VERBSNET_TRANSPORT=ib but no active verbs port matches{}: check `ibv_devinfo`, \
                  VERBSNET_IB_HCA, or use VERBSNET_TRANSPORT=tcp",
                 cfg.ib_hca.as_deref().map(|h| format!(" VERBSNET_IB_HCA={h}")).unwrap_or_default()
-            ))),
-                Err(e) => Err(Error::System(format!(
-                    "VERBSNET_TRANSPORT=ib but verbs are unusable: {e}"
-                ))),
-            }
-        }
+            ),
+            )),
+            Err(e) => Err(Error::new(
+                Op::Devices,
+                Class::System,
+                "VERBSNET_TRANSPORT=ib but verbs are unusable",
+            )
+            .because(e)),
+        },
         TransportChoice::Auto => match transport::ib::open_devices(cfg) {
             Ok(d) if !d.is_empty() => {
                 info!(target: "verbsnet::init", "transport auto: found {} active verbs port(s), using ib", d.len());
@@ -148,7 +171,7 @@ fn listen_ip(cfg: &Config) -> Result<(IpAddr, String), Error> {
         cfg.nccl_socket_family.as_deref(),
     );
     let c = crate::ifselect::choose(&crate::ifselect::system_interfaces(), &req)
-        .map_err(Error::Usage)?;
+        .map_err(|m| Error::new(Op::ListenAddr, Class::Usage, m))?;
     Ok((c.addr, c.to_string()))
 }
 
@@ -158,9 +181,13 @@ pub fn dev_entry(net: &Net, dev: i32) -> Result<&DevEntry, Error> {
         .ok()
         .and_then(|d| net.devs.get(d))
         .ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "device {dev} does not exist (this plugin has {})",
-                net.devs.len()
-            ))
+            Error::new(
+                Op::Device,
+                Class::InvalidArgument,
+                format!(
+                    "device {dev} does not exist (this plugin has {})",
+                    net.devs.len()
+                ),
+            )
         })
 }

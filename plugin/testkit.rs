@@ -6,7 +6,8 @@
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
-use crate::comm::{Comm, Error, MrHandle, ReqHandle};
+use crate::api::{Error, Op};
+use crate::comm::{Class, Comm, MrHandle, RecvComm, ReqHandle, Role, SendComm};
 use crate::config::{Config, TransportChoice};
 use crate::conn::{Connecting, Listen, HANDLE_SIZE};
 use crate::mem::Region;
@@ -23,7 +24,7 @@ pub fn open_device(cfg: &Config) -> Result<(Arc<dyn Device>, Kind), Error> {
         TransportChoice::Tcp => Ok((first_tcp(cfg)?, Kind::Tcp)),
         TransportChoice::Ib => ib()
             .map(|d| (d, Kind::Ib))
-            .ok_or_else(|| Error::System("no verbs device".into())),
+            .ok_or_else(|| Error::new(Op::Init, Class::System, "no verbs device")),
         TransportChoice::Auto => match ib() {
             Some(d) => Ok((d, Kind::Ib)),
             None => Ok((first_tcp(cfg)?, Kind::Tcp)),
@@ -35,15 +36,15 @@ fn first_tcp(cfg: &Config) -> Result<Arc<dyn Device>, Error> {
     transport::tcp::open_devices(cfg)
         .into_iter()
         .next()
-        .ok_or_else(|| Error::System("no tcp device".into()))
+        .ok_or_else(|| Error::new(Op::Init, Class::System, "no tcp device"))
 }
 
 /// A connected send/receive comm pair in one process.
 pub struct Link {
     /// Sending side.
-    pub send: Box<Comm>,
+    pub send: Box<SendComm>,
     /// Receiving side.
-    pub recv: Box<Comm>,
+    pub recv: Box<RecvComm>,
     /// The device both use.
     pub dev: Arc<dyn Device>,
 }
@@ -67,12 +68,17 @@ pub fn connect(
         IpAddr::V4(Ipv4Addr::LOCALHOST),
         recv_cfg,
         &mut handle,
-    )?;
+    )
+    .map_err(|e| e.lift(Op::Listen))?;
     let (mut send, mut recv) = (None, None);
     for _ in 0..max_polls {
         if send.is_none() {
-            let mut c = Connecting::resume_or_start(&mut handle)?;
-            match c.step(dev, &name, send_cfg)? {
+            let mut c =
+                Connecting::resume_or_start(&mut handle).map_err(|e| e.lift(Op::Connect))?;
+            match c
+                .step(dev, &name, send_cfg)
+                .map_err(|e| e.lift(Op::Connect))?
+            {
                 Some(comm) => {
                     Connecting::clear(&mut handle);
                     send = Some(comm);
@@ -81,7 +87,7 @@ pub fn connect(
             }
         }
         if recv.is_none() {
-            recv = listen.accept()?;
+            recv = listen.accept().map_err(|e| e.lift(Op::Accept))?;
         }
         if let (Some(_), Some(_)) = (&send, &recv) {
             return Ok(Link {
@@ -92,9 +98,11 @@ pub fn connect(
         }
         std::thread::yield_now();
     }
-    Err(Error::Internal(format!(
-        "connect/accept did not finish in {max_polls} polls"
-    )))
+    Err(Error::new(
+        Op::Connect,
+        Class::Internal,
+        format!("connect/accept did not finish in {max_polls} polls"),
+    ))
 }
 
 /// A plugin-allocated, registered buffer (stands in for NCCL's registered buffers).
@@ -109,7 +117,7 @@ impl Buf {
     /// Allocates and registers `len` zeroed bytes on `dev`.
     pub fn new(dev: &Arc<dyn Device>, len: usize) -> Result<Buf, Error> {
         let region = Region::alloc(len);
-        let mr = MrHandle::register(&**dev, region.clone())?;
+        let mr = MrHandle::register(&**dev, region.clone()).map_err(|e| e.lift(Op::RegMr))?;
         Ok(Buf { region, mr })
     }
 
@@ -138,40 +146,44 @@ impl Buf {
 /// Polls `test` on `req` until done or an error, at most `max_polls` times, calling `pump`
 /// between polls (e.g. to let the other comm of the pair make progress: a userspace transport
 /// moves data only inside plugin calls, as NCCL's proxy threads make them).
-pub fn wait_with(
-    comm: &Comm,
+pub fn wait_with<R: Role>(
+    comm: &Comm<R>,
     req: &ReqHandle,
     max_polls: u64,
     mut pump: impl FnMut(),
 ) -> Result<Vec<u64>, Error> {
     let id = req.id();
     for _ in 0..max_polls {
-        if let Some(s) = comm.test(id)? {
+        if let Some(s) = comm.test(id).map_err(|e| e.lift(Op::Test))? {
             return Ok(s);
         }
         pump();
     }
-    Err(Error::Internal(format!(
-        "request not done after {max_polls} polls"
-    )))
+    Err(not_done(max_polls))
 }
 
 /// Polls `test` on `req` until done or an error, at most `max_polls` times.
-pub fn wait(comm: &Comm, req: &ReqHandle, max_polls: u64) -> Result<Vec<u64>, Error> {
+pub fn wait<R: Role>(comm: &Comm<R>, req: &ReqHandle, max_polls: u64) -> Result<Vec<u64>, Error> {
     let id = req.id();
     for _ in 0..max_polls {
-        if let Some(s) = comm.test(id)? {
+        if let Some(s) = comm.test(id).map_err(|e| e.lift(Op::Test))? {
             return Ok(s);
         }
     }
-    Err(Error::Internal(format!(
-        "request not done after {max_polls} polls"
-    )))
+    Err(not_done(max_polls))
+}
+
+fn not_done(max_polls: u64) -> Error {
+    Error::new(
+        Op::Test,
+        Class::Internal,
+        format!("request not done after {max_polls} polls"),
+    )
 }
 
 /// `isend` retried (with receiver progress in between via `pump`) until it starts.
 pub fn isend_retry<'a>(
-    send: &'a Comm,
+    send: &'a SendComm,
     buf: &Buf,
     off: usize,
     size: usize,
@@ -180,12 +192,17 @@ pub fn isend_retry<'a>(
     mut pump: impl FnMut(),
 ) -> Result<&'a ReqHandle, Error> {
     for _ in 0..max_polls {
-        if let Some(r) = send.isend(buf.addr(off), size as u64, tag, &buf.mr)? {
+        if let Some(r) = send
+            .isend(buf.addr(off), size as u64, tag, &buf.mr)
+            .map_err(|e| e.lift(Op::Isend))?
+        {
             return Ok(r);
         }
         pump();
     }
-    Err(Error::Internal(format!(
-        "isend did not start after {max_polls} polls"
-    )))
+    Err(Error::new(
+        Op::Isend,
+        Class::Internal,
+        format!("isend did not start after {max_polls} polls"),
+    ))
 }

@@ -10,7 +10,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use nccl_net_verbsnet::comm::{Comm, Error};
+use nccl_net_verbsnet::comm::{Class, Comm, Error, RecvComm, Role, SendComm};
 use nccl_net_verbsnet::config::{Config, TransportChoice};
 use nccl_net_verbsnet::conn::{
     Connecting, Handle, Listen, HANDLE_SIZE, HELLO_VERSION, MAX_PENDING_HANDSHAKES,
@@ -100,7 +100,7 @@ fn connect_until_error(
     handle: &mut [u8; HANDLE_SIZE],
     cfg: &Config,
     limit: Duration,
-) -> (Error, Duration) {
+) -> (nccl_net_verbsnet::conn::Error, Duration) {
     let t = Instant::now();
     let name = dev.props().name;
     while t.elapsed() < limit {
@@ -140,9 +140,8 @@ fn connect_to_a_silent_listener_fails_within_the_timeout_naming_address_and_stag
     let mut h = handle_for(addr, kind);
     let (e, took) = connect_until_error(&dev, &mut h, &cfg, Duration::from_secs(20));
     println!("silent listener: {e} after {took:?}");
-    let Error::Remote(m) = &e else {
-        panic!("{e:?}")
-    };
+    assert_eq!(e.class(), Class::Remote, "{e:?}");
+    let m = &e.to_string();
     assert!(
         took >= timeout && took < timeout + Duration::from_secs(1),
         "{took:?}"
@@ -380,7 +379,7 @@ fn a_listener_under_attack_serves_the_real_peer_and_returns_its_descriptors() {
     }
     let mut ch = h;
     let started = Instant::now();
-    let (mut send, mut recv): (Option<Box<Comm>>, Option<Box<Comm>>) = (None, None);
+    let (mut send, mut recv): (Option<Box<SendComm>>, Option<Box<RecvComm>>) = (None, None);
     let mut connect_took = None;
     while send.is_none() || recv.is_none() {
         assert!(
@@ -551,7 +550,7 @@ fn refused_clients_see_their_connection_closed() {
 type Outcome = Option<Result<Vec<u64>, Error>>;
 
 /// Tests `req` on `c` once: `Some` once it is no longer in progress.
-fn poll_req(c: &Comm, req: Result<nccl_net_verbsnet::engine::ReqId, Error>) -> Outcome {
+fn poll_req<R: Role>(c: &Comm<R>, req: Result<nccl_net_verbsnet::engine::ReqId, Error>) -> Outcome {
     match req {
         Err(e) => Some(Err(e)),
         Ok(id) => match c.test(id) {
@@ -606,7 +605,7 @@ fn too_large_send(size: usize, cap: u64) {
     let Some(Err(se)) = so else {
         panic!("sender: {so:?}")
     };
-    assert!(matches!(se, Error::Usage(_) | Error::Remote(_)), "{se:?}");
+    assert!(matches!(se.class(), Class::Usage | Class::Remote), "{se:?}");
     let later = l
         .send
         .isend(sb.addr(0), 8, 9, &sb.mr)
@@ -621,7 +620,7 @@ fn too_large_send(size: usize, cap: u64) {
     let Some(Err(re)) = ro else {
         panic!("receiver: {ro:?}")
     };
-    assert!(matches!(re, Error::Usage(_) | Error::Remote(_)), "{re:?}");
+    assert!(matches!(re.class(), Class::Usage | Class::Remote), "{re:?}");
     assert_eq!(l.recv.sticky_error(), Some(re.clone()));
     assert_eq!(l.recv.test(r).unwrap_err(), re);
     assert_eq!(
@@ -744,7 +743,7 @@ fn completions_in_the_cq_are_delivered_before_the_peer_close_is_reported() {
         }
     }
     let e = e.expect("the close is reported");
-    assert!(matches!(e, Error::Remote(_)), "{e:?}");
+    assert!(e.class() == Class::Remote, "{e:?}");
     assert_eq!(recv.sticky_error(), Some(e));
 }
 
@@ -787,10 +786,11 @@ fn a_too_large_send_that_arrives_before_its_receive_fails_both_comms_for_every_l
             break;
         }
     }
-    let Some(Err(se @ Error::Usage(_))) = so else {
+    let usage = |o: &Outcome| matches!(o, Some(Err(e)) if e.class() == Class::Usage);
+    let Some(Err(se)) = so.clone().filter(|_| usage(&so)) else {
         panic!("sender: {so:?}")
     };
-    let Some(Err(re @ Error::Usage(_))) = ro else {
+    let Some(Err(re)) = ro.clone().filter(|_| usage(&ro)) else {
         panic!("receiver: {ro:?}")
     };
     // The next send is refused at once instead of never completing; so is every later call.

@@ -267,50 +267,6 @@ impl Stats {
     }
 }
 
-/// What the comm driver needs from either engine, whichever side it drives.
-pub trait Engine {
-    /// Counters.
-    fn stats(&self) -> &Stats;
-    /// Requests in use.
-    fn in_flight(&self) -> usize;
-    /// The first fatal error of the comm, if any.
-    fn failure(&self) -> Option<&ReqError>;
-    /// Takes the actions produced so far.
-    fn drain_actions(&mut self) -> Vec<Action>;
-    /// Marks the comm failed; every outstanding request reports `e`.
-    fn fail(&mut self, e: ReqError);
-    /// Requests idle for at least `timeout_ns`, each reported once.
-    fn stalls(&mut self, now: u64, timeout_ns: u64) -> Vec<Stall>;
-}
-
-macro_rules! impl_engine {
-    ($t:ty) => {
-        impl Engine for $t {
-            fn stats(&self) -> &Stats {
-                <$t>::stats(self)
-            }
-            fn in_flight(&self) -> usize {
-                <$t>::in_flight(self)
-            }
-            fn failure(&self) -> Option<&ReqError> {
-                <$t>::failure(self)
-            }
-            fn drain_actions(&mut self) -> Vec<Action> {
-                <$t>::drain_actions(self)
-            }
-            fn fail(&mut self, e: ReqError) {
-                <$t>::fail(self, e)
-            }
-            fn stalls(&mut self, now: u64, timeout_ns: u64) -> Vec<Stall> {
-                <$t>::stalls(self, now, timeout_ns)
-            }
-        }
-    };
-}
-
-impl_engine!(SendEngine);
-impl_engine!(RecvEngine);
-
 /// What a request that made no progress is waiting for (hang watchdog).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Stall {

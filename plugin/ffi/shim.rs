@@ -10,7 +10,8 @@
 //!   out-parameters only on success — except `*request`/`*comm`, which are always overwritten
 //!   on success (NULL = "not now, call again", ext-net README; `*request` may hold
 //!   `NCCL_NET_OPTIONAL_RECV_COMPLETION` on input in v9+);
-//! - maps the one error type to `ncclResult_t` in one place, `code`.
+//! - maps the error's class ([`Class`]) to `ncclResult_t` in one place, `code`, and
+//!   logs its whole report (text, causes, fix) as the WARN.
 
 use std::ffi::{c_int, c_void};
 use std::fmt::Display;
@@ -25,8 +26,9 @@ use super::abi::{
     ncclDebugLogger_t, ncclNetCommConfig_v10_t, ncclNetDeviceHandle_v8_t, ncclProfilerCallback_t,
     ncclResult_t, NCCL_NET_OPTIONAL_RECV_COMPLETION, NCCL_PTR_HOST,
 };
-use crate::api::{self, Context, Error, InitArgs, ListenComm, MrHandle, NetComm, ReqHandle};
-use crate::comm::Comm;
+use crate::api::{
+    self, Class, CommPtr, Context, Error, InitArgs, ListenComm, MrHandle, NetComm, Op, ReqHandle,
+};
 use crate::conn::HANDLE_SIZE;
 use crate::engine::wire::MAX_RECVS;
 use crate::mem::Region;
@@ -55,12 +57,12 @@ pub fn abi_version() -> u32 {
 /// → system error, NCCL misusing the plugin → internal error, user misconfiguration →
 /// invalid usage, the peer failing → remote error).
 pub(crate) fn code(e: &Error) -> ncclResult_t {
-    match e {
-        Error::InvalidArgument(_) => ncclResult_t::ncclInvalidArgument,
-        Error::Usage(_) => ncclResult_t::ncclInvalidUsage,
-        Error::Remote(_) => ncclResult_t::ncclRemoteError,
-        Error::System(_) => ncclResult_t::ncclSystemError,
-        Error::Internal(_) => ncclResult_t::ncclInternalError,
+    match e.class() {
+        Class::InvalidArgument => ncclResult_t::ncclInvalidArgument,
+        Class::Usage => ncclResult_t::ncclInvalidUsage,
+        Class::Remote => ncclResult_t::ncclRemoteError,
+        Class::System => ncclResult_t::ncclSystemError,
+        Class::Internal => ncclResult_t::ncclInternalError,
     }
 }
 
@@ -69,7 +71,8 @@ pub(crate) fn guard(slot: &str, f: impl FnOnce() -> Result<(), Error>) -> ncclRe
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(())) => ncclResult_t::ncclSuccess,
         Ok(Err(e)) => {
-            warn!("{slot}: {e}");
+            // The whole chain: this call's text, each cause, the fix.
+            warn!("{slot}: {}", e.report());
             code(&e)
         }
         Err(p) => {
@@ -86,8 +89,8 @@ pub(crate) fn guard(slot: &str, f: impl FnOnce() -> Result<(), Error>) -> ncclRe
     }
 }
 
-fn null_arg(what: &str) -> Error {
-    Error::InvalidArgument(format!("{what} is NULL"))
+fn null_arg(op: Op, what: &str) -> Error {
+    Error::new(op, Class::InvalidArgument, format!("{what} is NULL"))
 }
 
 /// A size as a version passes it: `int` (v7/v8 data path, v7 `regMr`) or `size_t` (v9+).
@@ -125,7 +128,7 @@ pub(crate) trait FromProps {
 /// `ctx` must be NULL or a pointer `init` returned and `finalize` has not consumed.
 unsafe fn ctx_arc(ctx: *mut c_void) -> Result<Arc<Context>, Error> {
     if ctx.is_null() {
-        return Err(null_arg("ctx"));
+        return Err(null_arg(Op::Init, "ctx"));
     }
     let p = ctx as *const Context;
     // SAFETY: p came from Arc::into_raw in init_ctx and its reference is still held (NCCL
@@ -140,25 +143,25 @@ unsafe fn ctx_arc(ctx: *mut c_void) -> Result<Arc<Context>, Error> {
 ///
 /// # Safety
 /// `p` must be NULL or a pointer this plugin returned from connect/accept and not yet closed.
-unsafe fn net_comm<'a>(p: *mut c_void, what: &str) -> Result<&'a NetComm, Error> {
+unsafe fn net_comm<'a>(p: *mut c_void, op: Op, what: &str) -> Result<&'a NetComm, Error> {
     // SAFETY: per the contract, p came from Box::into_raw(Box<NetComm>) and is still live.
-    unsafe { (p as *const NetComm).as_ref() }.ok_or_else(|| null_arg(what))
+    unsafe { (p as *const NetComm).as_ref() }.ok_or_else(|| null_arg(op, what))
 }
 
 /// Casts an opaque memory handle back.
 ///
 /// # Safety
 /// `p` must be NULL or come from this plugin's regMr and not be deregistered.
-unsafe fn mr_ref<'a>(p: *mut c_void) -> Result<&'a MrHandle, Error> {
+unsafe fn mr_ref<'a>(p: *mut c_void, op: Op) -> Result<&'a MrHandle, Error> {
     // SAFETY: per the contract, p came from Box::into_raw(Box<MrHandle>).
-    unsafe { (p as *const MrHandle).as_ref() }.ok_or_else(|| null_arg("mhandle"))
+    unsafe { (p as *const MrHandle).as_ref() }.ok_or_else(|| null_arg(op, "mhandle"))
 }
 
 /// # Safety
 /// `handle` must be NULL or point to NCCL_NET_HANDLE_MAXSIZE (128) writable bytes.
-unsafe fn handle_mut<'a>(handle: *mut c_void) -> Result<&'a mut [u8; HANDLE_SIZE], Error> {
+unsafe fn handle_mut<'a>(handle: *mut c_void, op: Op) -> Result<&'a mut [u8; HANDLE_SIZE], Error> {
     // SAFETY: NCCL's handle buffer is 128 bytes (NCCL_NET_HANDLE_MAXSIZE); checked for NULL.
-    unsafe { (handle as *mut [u8; HANDLE_SIZE]).as_mut() }.ok_or_else(|| null_arg("handle"))
+    unsafe { (handle as *mut [u8; HANDLE_SIZE]).as_mut() }.ok_or_else(|| null_arg(op, "handle"))
 }
 
 fn log_version(v: u32, ctx: &Context) {
@@ -209,7 +212,7 @@ pub(crate) unsafe extern "C" fn init_ctx<const V: u32>(
 ) -> ncclResult_t {
     guard("init", || {
         if ctx.is_null() {
-            return Err(null_arg("ctx"));
+            return Err(null_arg(Op::Init, "ctx"));
         }
         // SAFETY: NCCL passes NULL or a valid config struct.
         let tc = unsafe { config.as_ref() }.map_or(api::TRAFFIC_CLASS_UNDEF, |c| c.trafficClass);
@@ -229,7 +232,7 @@ pub(crate) unsafe extern "C" fn init_ctx<const V: u32>(
 pub(crate) unsafe extern "C" fn finalize(ctx: *mut c_void) -> ncclResult_t {
     guard("finalize", || {
         if ctx.is_null() {
-            return Err(null_arg("ctx"));
+            return Err(null_arg(Op::Close, "ctx"));
         }
         // SAFETY: ctx came from Arc::into_raw in init_ctx; finalize consumes that reference once.
         let c = unsafe { Arc::from_raw(ctx as *const Context) };
@@ -244,7 +247,7 @@ pub(crate) unsafe extern "C" fn devices(ndev: *mut c_int) -> ncclResult_t {
     guard("devices", || {
         let n = api::devices()?;
         // SAFETY: NCCL passes a valid int pointer; checked for NULL.
-        let out = unsafe { ndev.as_mut() }.ok_or_else(|| null_arg("ndev"))?;
+        let out = unsafe { ndev.as_mut() }.ok_or_else(|| null_arg(Op::Properties, "ndev"))?;
         *out = c_int::try_from(n).unwrap_or(c_int::MAX);
         Ok(())
     })
@@ -258,7 +261,7 @@ pub(crate) unsafe extern "C" fn get_properties<P: FromProps>(
     guard("getProperties", || {
         let p = api::properties(dev)?;
         // SAFETY: NCCL passes a valid properties struct of this version; checked for NULL.
-        let out = unsafe { props.as_mut() }.ok_or_else(|| null_arg("props"))?;
+        let out = unsafe { props.as_mut() }.ok_or_else(|| null_arg(Op::Properties, "props"))?;
         *out = P::from_props(&p);
         Ok(())
     })
@@ -274,9 +277,9 @@ fn listen_body(
 ) -> Result<(), Error> {
     let ctx = ctx?;
     // SAFETY: see handle_mut.
-    let h = unsafe { handle_mut(handle) }?;
+    let h = unsafe { handle_mut(handle, Op::Listen) }?;
     if listen_comm.is_null() {
-        return Err(null_arg("listenComm"));
+        return Err(null_arg(Op::Listen, "listenComm"));
     }
     let l = api::listen(ctx, dev, h)?;
     // SAFETY: checked non-NULL above; NCCL passes a writable pointer.
@@ -317,9 +320,9 @@ fn connect_body(
 ) -> Result<(), Error> {
     let ctx = ctx?;
     // SAFETY: see handle_mut.
-    let h = unsafe { handle_mut(handle) }?;
+    let h = unsafe { handle_mut(handle, Op::Connect) }?;
     if send_comm.is_null() {
-        return Err(null_arg("sendComm"));
+        return Err(null_arg(Op::Connect, "sendComm"));
     }
     let out = api::connect(ctx, dev, h, traffic_class)?.map_or(ptr::null_mut(), |c| {
         Box::into_raw(Box::new(NetComm::Send(c))) as *mut c_void
@@ -388,9 +391,9 @@ pub(crate) unsafe extern "C" fn accept(
     guard("accept", || {
         // SAFETY: listen_comm came from our listen (Box<ListenComm>) and is used by one thread.
         let l = unsafe { (listen_comm as *mut ListenComm).as_mut() }
-            .ok_or_else(|| null_arg("listenComm"))?;
+            .ok_or_else(|| null_arg(Op::Accept, "listenComm"))?;
         if recv_comm.is_null() {
-            return Err(null_arg("recvComm"));
+            return Err(null_arg(Op::Accept, "recvComm"));
         }
         let out = l.accept()?.map_or(ptr::null_mut(), |c| {
             Box::into_raw(Box::new(NetComm::Recv(c))) as *mut c_void
@@ -413,22 +416,32 @@ pub(crate) unsafe extern "C" fn reg_mr<S: WireSize>(
 ) -> ncclResult_t {
     guard("regMr", || {
         // SAFETY: comm came from our connect/accept.
-        let c = unsafe { net_comm(comm, "comm") }?;
+        let c = unsafe { net_comm(comm, Op::RegMr, "comm") }?;
         let size = size
             .bytes()
             .and_then(|s| usize::try_from(s).ok())
-            .ok_or_else(|| Error::InvalidArgument(format!("regMr of {size} bytes")))?;
+            .ok_or_else(|| {
+                Error::new(
+                    Op::RegMr,
+                    Class::InvalidArgument,
+                    format!("regMr of {size} bytes"),
+                )
+            })?;
         if type_ != NCCL_PTR_HOST as c_int {
-            return Err(Error::Internal(format!(
+            return Err(Error::new(
+                Op::RegMr,
+                Class::Internal,
+                format!(
                 "regMr of memory type {type_}: verbsnet supports host memory only (ptrSupport = \
                  NCCL_PTR_HOST), so NCCL should stage GPU buffers through host memory"
-            )));
+            ),
+            ));
         }
         if data.is_null() && size > 0 {
-            return Err(null_arg("data"));
+            return Err(null_arg(Op::RegMr, "data"));
         }
         if mhandle.is_null() {
-            return Err(null_arg("mhandle"));
+            return Err(null_arg(Op::RegMr, "mhandle"));
         }
         // SAFETY: NCCL guarantees [data, data+size) stays valid until deregMr (ext-net README);
         // deregMr drops the MrHandle and with it every Region clone of this range.
@@ -444,7 +457,7 @@ pub(crate) unsafe extern "C" fn reg_mr<S: WireSize>(
 pub(crate) unsafe extern "C" fn dereg_mr(_comm: *mut c_void, mhandle: *mut c_void) -> ncclResult_t {
     guard("deregMr", || {
         if mhandle.is_null() {
-            return Err(null_arg("mhandle"));
+            return Err(null_arg(Op::RegMr, "mhandle"));
         }
         // SAFETY: mhandle came from Box::into_raw in reg_mr and NCCL deregisters it once.
         drop(unsafe { Box::from_raw(mhandle as *mut MrHandle) });
@@ -467,15 +480,19 @@ fn isend_body<S: WireSize>(
     request: *mut *mut c_void,
 ) -> Result<(), Error> {
     // SAFETY: send_comm came from our connect.
-    let c = unsafe { net_comm(send_comm, "sendComm") }?.as_send()?;
+    let c = unsafe { net_comm(send_comm, Op::Isend, "sendComm") }?.as_send(Op::Isend)?;
     // SAFETY: mhandle came from our regMr.
-    let mh = unsafe { mr_ref(mhandle) }?;
+    let mh = unsafe { mr_ref(mhandle, Op::Isend) }?;
     if request.is_null() {
-        return Err(null_arg("request"));
+        return Err(null_arg(Op::Isend, "request"));
     }
-    let size = size
-        .bytes()
-        .ok_or_else(|| Error::InvalidArgument(format!("isend of {size} bytes")))?;
+    let size = size.bytes().ok_or_else(|| {
+        Error::new(
+            Op::Isend,
+            Class::InvalidArgument,
+            format!("isend of {size} bytes"),
+        )
+    })?;
     let r = c.isend(data as u64, size, tag, mh)?;
     // SAFETY: checked non-NULL; always overwritten.
     unsafe { *request = req_ptr(r) };
@@ -522,20 +539,24 @@ fn irecv_body<S: WireSize>(
     request: *mut *mut c_void,
 ) -> Result<(), Error> {
     // SAFETY: recv_comm came from our accept.
-    let c = unsafe { net_comm(recv_comm, "recvComm") }?.as_recv()?;
+    let c = unsafe { net_comm(recv_comm, Op::Irecv, "recvComm") }?.as_recv(Op::Irecv)?;
     if request.is_null()
         || data.is_null()
         || sizes.is_null()
         || tags.is_null()
         || mhandles.is_null()
     {
-        return Err(null_arg("an irecv array or request"));
+        return Err(null_arg(Op::Irecv, "an irecv array or request"));
     }
     let n = usize::try_from(n)
         .ok()
         .filter(|n| (1..=MAX_RECVS).contains(n))
         .ok_or_else(|| {
-            Error::InvalidArgument(format!("irecv of {n} buffers; maxRecvs is {MAX_RECVS}"))
+            Error::new(
+                Op::Irecv,
+                Class::InvalidArgument,
+                format!("irecv of {n} buffers; maxRecvs is {MAX_RECVS}"),
+            )
         })?;
     // v9+: NCCL may preset *request to NCCL_NET_OPTIONAL_RECV_COMPLETION (nccl_net.h); older
     // versions leave it unspecified, so it is read only there.
@@ -547,10 +568,14 @@ fn irecv_body<S: WireSize>(
         // SAFETY: NCCL passes arrays of n entries; checked non-NULL above.
         let (d, s, t, m) = unsafe { (*data.add(i), *sizes.add(i), *tags.add(i), *mhandles.add(i)) };
         // SAFETY: m came from our regMr.
-        let mh = unsafe { mr_ref(m) }?;
-        let s = s
-            .bytes()
-            .ok_or_else(|| Error::InvalidArgument(format!("irecv buffer {i} of {s} bytes")))?;
+        let mh = unsafe { mr_ref(m, Op::Irecv) }?;
+        let s = s.bytes().ok_or_else(|| {
+            Error::new(
+                Op::Irecv,
+                Class::InvalidArgument,
+                format!("irecv buffer {i} of {s} bytes"),
+            )
+        })?;
         bufs.push((d as u64, s, t, mh));
     }
     let r = c.irecv(&mut bufs, optional)?;
@@ -592,10 +617,10 @@ pub(crate) unsafe extern "C" fn irecv_p(
     })
 }
 
-/// `iflush` (every version, `int*` sizes): host memory needs no flush; a NULL request means
-/// "complete" (ext-net README).
+/// `iflush` (every version, `int*` sizes) on a receive comm: host memory needs no flush; a
+/// NULL request means "complete" (ext-net README).
 pub(crate) unsafe extern "C" fn iflush(
-    _recv_comm: *mut c_void,
+    recv_comm: *mut c_void,
     _n: c_int,
     _data: *mut *mut c_void,
     _sizes: *mut c_int,
@@ -603,10 +628,14 @@ pub(crate) unsafe extern "C" fn iflush(
     request: *mut *mut c_void,
 ) -> ncclResult_t {
     guard("iflush", || {
-        if !request.is_null() {
-            // SAFETY: checked non-NULL.
-            unsafe { *request = ptr::null_mut() };
+        // SAFETY: recv_comm came from our accept.
+        let c = unsafe { net_comm(recv_comm, Op::Iflush, "recvComm") }?.as_recv(Op::Iflush)?;
+        if request.is_null() {
+            return Err(null_arg(Op::Iflush, "request"));
         }
+        let r = c.iflush()?;
+        // SAFETY: checked non-NULL; always overwritten.
+        unsafe { *request = req_ptr(r) };
         Ok(())
     })
 }
@@ -619,22 +648,36 @@ pub(crate) unsafe extern "C" fn test(
 ) -> ncclResult_t {
     guard("test", || {
         // SAFETY: request came from our isend/irecv and NCCL tests it until done.
-        let h =
-            unsafe { (request as *const ReqHandle).as_ref() }.ok_or_else(|| null_arg("request"))?;
-        // SAFETY: the handle lives inside its comm, which NCCL keeps open while testing.
-        let c: &Comm = unsafe { h.comm().as_ref() }
-            .ok_or_else(|| Error::Internal("request without comm".into()))?;
+        let h = unsafe { (request as *const ReqHandle).as_ref() }
+            .ok_or_else(|| null_arg(Op::Test, "request"))?;
         if done.is_null() {
-            return Err(null_arg("done"));
+            return Err(null_arg(Op::Test, "done"));
         }
-        let r = api::test(h, c)?;
+        let orphan = || Error::new(Op::Test, Class::Internal, "request without comm");
+        // The handle lives inside its comm, which NCCL keeps open while testing; the handle
+        // says which kind of comm that is.
+        let r = match h.comm() {
+            CommPtr::Send(p) => {
+                // SAFETY: p is NULL or the live send comm that owns h (above).
+                api::test(h, unsafe { p.as_ref() }.ok_or_else(orphan)?)
+            }
+            CommPtr::Recv(p) => {
+                // SAFETY: p is NULL or the live receive comm that owns h (above).
+                api::test(h, unsafe { p.as_ref() }.ok_or_else(orphan)?)
+            }
+        }?;
         // SAFETY: checked non-NULL.
         unsafe { *done = c_int::from(r.is_some()) };
         if let (Some(v), false) = (r, sizes.is_null()) {
             for (i, s) in v.iter().enumerate() {
                 // Sizes never exceed maxP2pBytes (1 GiB), so they fit an int.
-                let s = c_int::try_from(*s)
-                    .map_err(|_| Error::Internal(format!("completed size {s} exceeds int")))?;
+                let s = c_int::try_from(*s).map_err(|_| {
+                    Error::new(
+                        Op::Test,
+                        Class::Internal,
+                        format!("completed size {s} exceeds int"),
+                    )
+                })?;
                 // SAFETY: NCCL passes room for n sizes (1 for a send); sizes may be NULL.
                 unsafe { *sizes.add(i) = s };
             }
@@ -652,7 +695,7 @@ pub(crate) unsafe extern "C" fn test(
 unsafe fn close_comm(slot: &str, what: &str, comm: *mut c_void) -> ncclResult_t {
     guard(slot, || {
         if comm.is_null() {
-            return Err(null_arg(what));
+            return Err(null_arg(Op::Close, what));
         }
         // SAFETY: came from Box::into_raw in connect (send) or accept (recv); NCCL closes it once.
         unsafe { Box::from_raw(comm as *mut NetComm) }.close();
@@ -673,7 +716,7 @@ pub(crate) unsafe extern "C" fn close_recv(recv_comm: *mut c_void) -> ncclResult
 pub(crate) unsafe extern "C" fn close_listen(listen_comm: *mut c_void) -> ncclResult_t {
     guard("closeListen", || {
         if listen_comm.is_null() {
-            return Err(null_arg("listenComm"));
+            return Err(null_arg(Op::Close, "listenComm"));
         }
         // SAFETY: came from Box::into_raw in listen; NCCL closes it once.
         drop(unsafe { Box::from_raw(listen_comm as *mut ListenComm) });

@@ -268,6 +268,94 @@ fn full_flow_through_the_table() {
 }
 
 #[test]
+fn a_comm_of_the_wrong_end_is_refused_not_used() {
+    // NCCL passing a receive comm to isend (or a send comm to irecv/iflush) misuses the plugin:
+    // ncclInternalError (ext-net README `plugins/net/README.md`, error codes), one WARN, and
+    // the out-parameter left alone; the comms stay usable.
+    let t = table();
+    let p = setup();
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: every pointer is valid for its call; the buffer outlives its registrations.
+    unsafe {
+        let (mut smh, mut rmh): (*mut c_void, *mut c_void) = (ptr::null_mut(), ptr::null_mut());
+        for (c, mh) in [(p.send, &mut smh), (p.recv, &mut rmh)] {
+            let r = t.regMr.unwrap()(
+                c,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                NCCL_PTR_HOST as c_int,
+                mh,
+            );
+            assert_eq!(r, ncclResult_t::ncclSuccess);
+        }
+        let mut req: *mut c_void = 5 as *mut c_void;
+        let r = t.isend.unwrap()(p.recv, buf.as_mut_ptr().cast(), 8, 0, rmh, &mut req);
+        assert_eq!((r, req as usize), (ncclResult_t::ncclInternalError, 5));
+        let mut data = [buf.as_mut_ptr().cast::<c_void>()];
+        let mut sizes = [8 as c_int];
+        let mut tags = [0 as c_int];
+        let mut mhs = [smh];
+        let r = t.irecv.unwrap()(
+            p.send,
+            1,
+            data.as_mut_ptr(),
+            sizes.as_mut_ptr(),
+            tags.as_mut_ptr(),
+            mhs.as_mut_ptr(),
+            &mut req,
+        );
+        assert_eq!((r, req as usize), (ncclResult_t::ncclInternalError, 5));
+        let r = t.iflush.unwrap()(
+            p.send,
+            1,
+            data.as_mut_ptr(),
+            sizes.as_mut_ptr(),
+            mhs.as_mut_ptr(),
+            &mut req,
+        );
+        assert_eq!((r, req as usize), (ncclResult_t::ncclInternalError, 5));
+        // The right ends still work: a message goes through.
+        mhs = [rmh];
+        let r = t.irecv.unwrap()(
+            p.recv,
+            1,
+            data.as_mut_ptr(),
+            sizes.as_mut_ptr(),
+            tags.as_mut_ptr(),
+            mhs.as_mut_ptr(),
+            &mut req,
+        );
+        assert_eq!(r, ncclResult_t::ncclSuccess);
+        let rreq = req;
+        assert!(!rreq.is_null());
+        let mut sreq: *mut c_void = ptr::null_mut();
+        while sreq.is_null() {
+            let r = t.isend.unwrap()(p.send, buf.as_mut_ptr().cast(), 8, 0, smh, &mut sreq);
+            assert_eq!(r, ncclResult_t::ncclSuccess);
+        }
+        let (mut sdone, mut rdone, mut size) = (0, 0, -1 as c_int);
+        for _ in 0..1_000_000 {
+            if sdone == 0 {
+                let r = t.test.unwrap()(sreq, &mut sdone, ptr::null_mut());
+                assert_eq!(r, ncclResult_t::ncclSuccess);
+            }
+            if rdone == 0 {
+                let r = t.test.unwrap()(rreq, &mut rdone, &mut size);
+                assert_eq!(r, ncclResult_t::ncclSuccess);
+            }
+            if sdone == 1 && rdone == 1 {
+                break;
+            }
+        }
+        assert_eq!((sdone, rdone, size), (1, 1, 8));
+        assert_eq!(t.deregMr.unwrap()(p.send, smh), ncclResult_t::ncclSuccess);
+        assert_eq!(t.deregMr.unwrap()(p.recv, rmh), ncclResult_t::ncclSuccess);
+        assert_eq!(t.closeSend.unwrap()(p.send), ncclResult_t::ncclSuccess);
+        assert_eq!(t.closeRecv.unwrap()(p.recv), ncclResult_t::ncclSuccess);
+    }
+}
+
+#[test]
 fn a_foreign_handle_is_refused_with_a_clear_error() {
     let t = table();
     let _ = setup();
