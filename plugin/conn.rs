@@ -3,9 +3,9 @@
 //! NCCL's contract (ext-net README): `listen` fills an opaque 128-byte handle that NCCL ships to
 //! the peer; `connect` and `accept` must not block — they return success with a NULL comm
 //! until the connection is ready, and NCCL calls them again with the same handle / listen
-//! comm. We keep the connect state in a box whose address is stored in the handle's last 8
-//! bytes (NCCL IB keeps its state in the handle the same way), and validate that address
-//! against a registry before use.
+//! comm. We keep the connect state in a process-wide registry under an id stored in the
+//! handle's last 8 bytes (NCCL IB keeps its connect state in the handle too); an id the
+//! registry does not know starts a fresh connect, so a forged handle is never dereferenced.
 //!
 //! ## Handle (128 bytes, little-endian)
 //! | off | size | field |
@@ -16,7 +16,7 @@
 //! | 17 | 1 | transport (1 = ib, 2 = tcp) |
 //! | 18 | 2 | TCP port |
 //! | 20 | 16 | IP address (IPv4 in the first 4 bytes) |
-//! | 120 | 8 | connect state (0 as shipped by `listen`) |
+//! | 120 | 8 | connect state id (0 as shipped by `listen`) |
 //!
 //! ## Handshake over the out-of-band TCP stream
 //! 1. sender → receiver: `Hello` (nonce, QP info, CTS ring and credit word addresses/rkeys,
@@ -29,10 +29,11 @@
 //! So neither comm exists before both QPs are ready and the receive queue is posted: the
 //! first `isend` can never outrun the peer's receive resources.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use tracing::{info, warn};
@@ -1024,23 +1025,28 @@ enum ConnectStage {
     Done,
 }
 
-fn registry() -> &'static Mutex<HashSet<usize>> {
-    static R: OnceLock<Mutex<HashSet<usize>>> = OnceLock::new();
+/// Connect states between `connect` calls, by the id their handle carries. NCCL keeps only
+/// the handle, so the state lives here; an id is never reused, and a handle whose id is not
+/// here (forged, stale, or from another process) starts a fresh connect.
+fn registry() -> &'static Mutex<HashMap<u64, Box<Connecting>>> {
+    static R: OnceLock<Mutex<HashMap<u64, Box<Connecting>>>> = OnceLock::new();
     R.get_or_init(Default::default)
 }
+
+/// The next parked state's id (0 means "none" in a handle).
+static NEXT_PARKED: AtomicU64 = AtomicU64::new(1);
 
 impl Connecting {
     /// Finds the connect state stored in `handle`, or starts a new one there.
     pub fn resume_or_start(handle: &mut [u8; HANDLE_SIZE]) -> Result<Box<Connecting>, Error> {
-        let ptr = u64::from_le_bytes(handle[STATE_OFF..].try_into().expect("8 bytes")) as usize;
-        if ptr != 0 {
-            let known = registry()
+        let id = u64::from_le_bytes(handle[STATE_OFF..].try_into().expect("8 bytes"));
+        if id != 0 {
+            let parked = registry()
                 .lock()
-                .map(|mut r| r.remove(&ptr))
-                .unwrap_or(false);
-            if known {
-                // SAFETY-free: we own this box; it was leaked by `park` and registered there.
-                return Ok(crate::ffi::unpark_connecting(ptr));
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(&id);
+            if let Some(c) = parked {
+                return Ok(c);
             }
         }
         let h = Handle::read(handle)?;
@@ -1069,13 +1075,14 @@ impl Connecting {
         }))
     }
 
-    /// Stores this state's address in `handle` for the next call.
+    /// Keeps this state for the next call, its id in `handle`.
     pub fn park(self: Box<Self>, handle: &mut [u8; HANDLE_SIZE]) {
-        let ptr = crate::ffi::park_connecting(self);
-        if let Ok(mut r) = registry().lock() {
-            r.insert(ptr);
-        }
-        handle[STATE_OFF..].copy_from_slice(&(ptr as u64).to_le_bytes());
+        let id = NEXT_PARKED.fetch_add(1, Ordering::Relaxed);
+        registry()
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(id, self);
+        handle[STATE_OFF..].copy_from_slice(&id.to_le_bytes());
     }
 
     /// Clears the state word of `handle` (done or failed).
