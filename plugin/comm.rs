@@ -10,7 +10,6 @@
 //! from NCCL's service thread at the same time (ext-net README), so the mutable state sits
 //! behind a mutex that is uncontended on the data path.
 
-use std::fmt;
 use std::io::Write;
 use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -18,202 +17,25 @@ use std::time::Instant;
 
 use tracing::{info, warn};
 
+pub use crate::error::{message, Class, Failure, Source};
+
+pub mod pool;
+
+use self::pool::BouncePool;
 use crate::config::Config;
-use crate::engine::wire::{CTS_ENTRY_LEN, EAGER_HDR_LEN, MAX_RECVS, REC_SLOTS};
+use crate::engine::wire::{EAGER_HDR_LEN, MAX_RECVS};
 use crate::engine::MemRead;
 use crate::engine::{
     Action, RecvBuf, RecvEngine, RecvParams, ReqError, ReqId, SendEngine, SendParams, Stall, Stats,
-    CTRL_STAGE_SLOTS, CTS_RING_ENTRIES, MAX_RECV_REQUESTS, MAX_SEND_REQUESTS,
+    MAX_RECV_REQUESTS, MAX_SEND_REQUESTS,
 };
 use crate::mem::Region;
-use crate::pool::BouncePool;
 use crate::transport::{Device, DeviceRnrCounters, MemoryRegion, MrKeys, QueuePair, Wc, WcStatus};
 
 /// Nanoseconds since the first call in this process (monotonic).
 pub fn now_ns() -> u64 {
     static BASE: OnceLock<Instant> = OnceLock::new();
     BASE.get_or_init(Instant::now).elapsed().as_nanos() as u64
-}
-
-/// What kind of failure an error is: the class [`crate::ffi`] maps to one `ncclResult_t`
-/// (ext-net README `plugins/net/README.md`, error codes), in one place (`ffi::shim::code`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Class {
-    /// Bad argument from the caller (→ `ncclInvalidArgument`).
-    InvalidArgument,
-    /// Misuse such as a send larger than the receive, or a bad setting (→ `ncclInvalidUsage`).
-    Usage,
-    /// The peer or path failed (→ `ncclRemoteError`).
-    Remote,
-    /// A local system or transport failure (→ `ncclSystemError`).
-    System,
-    /// A bug, or NCCL misusing the plugin (→ `ncclInternalError`).
-    Internal,
-}
-
-/// The cause of a [`Failure`], shared so errors stay `Clone` (a comm's sticky error is
-/// returned again by every later call).
-pub type Source = Arc<dyn std::error::Error + Send + Sync + 'static>;
-
-/// A plain message as a [`Source`] (a cause that is only text, e.g. a peer's refusal).
-pub fn message(text: impl Into<String>) -> Source {
-    Source::from(Box::<dyn std::error::Error + Send + Sync>::from(
-        text.into(),
-    ))
-}
-
-/// An error of one layer: the operation `O` that failed (the layer's own enum: [`Op`] here,
-/// `conn::Stage`, `api::Op`), its [`Class`], what this layer knows (`msg`), the lower error
-/// that caused it (`source`, kept typed, not flattened into the text), and the fix when
-/// there is one.
-///
-/// `Display` is this layer's text: `msg`, or, when `msg` is empty (a wrapper that adds
-/// nothing, e.g. an engine error on `isend`), the source's text. [`report`](Failure::report)
-/// is the whole line a user sees: the text, each source after `": "`, then the fix.
-#[derive(Clone)]
-pub struct Failure<O> {
-    op: O,
-    class: Class,
-    msg: String,
-    source: Option<Source>,
-    fix: Option<String>,
-}
-
-impl<O: Copy + fmt::Debug> Failure<O> {
-    /// A failure of `op` described by `msg`.
-    pub fn new(op: O, class: Class, msg: impl Into<String>) -> Failure<O> {
-        Failure {
-            op,
-            class,
-            msg: msg.into(),
-            source: None,
-            fix: None,
-        }
-    }
-
-    /// A failure of `op` that adds nothing to its cause's text (`Display` is the cause's).
-    pub fn wrap(
-        op: O,
-        class: Class,
-        source: impl std::error::Error + Send + Sync + 'static,
-    ) -> Failure<O> {
-        Failure {
-            op,
-            class,
-            msg: String::new(),
-            source: None,
-            fix: None,
-        }
-        .because(source)
-    }
-
-    /// The same failure, caused by `source`.
-    pub fn because(self, source: impl std::error::Error + Send + Sync + 'static) -> Failure<O> {
-        self.because_source(Arc::new(source))
-    }
-
-    /// The same failure, caused by `source` (already shared, or a plain message made into an
-    /// error with `Source::from(Box::<dyn Error + Send + Sync>::from(text))`).
-    pub fn because_source(mut self, source: Source) -> Failure<O> {
-        self.source = Some(source);
-        self
-    }
-
-    /// The same failure with a fix appended to its report (text starting with its own
-    /// separator, e.g. `"; pinning … failed: raise …"`).
-    pub fn fix(mut self, fix: impl Into<String>) -> Failure<O> {
-        let fix = fix.into();
-        self.fix = (!fix.is_empty()).then_some(fix);
-        self
-    }
-
-    /// The operation that failed.
-    pub fn op(&self) -> O {
-        self.op
-    }
-
-    /// The class (→ `ncclResult_t`).
-    pub fn class(&self) -> Class {
-        self.class
-    }
-
-    /// The same failure seen from a layer above: `op` there, the same class, this one as the
-    /// (transparent) cause; the fix moves up with it, so it still ends the report.
-    pub fn lift<P: Copy + fmt::Debug>(mut self, op: P) -> Failure<P>
-    where
-        O: Send + Sync + 'static,
-        Failure<O>: std::error::Error,
-    {
-        let class = self.class;
-        let fix = self.fix.take();
-        let mut up = Failure::wrap(op, class, self);
-        up.fix = fix;
-        up
-    }
-
-    /// The whole line: this text, each source after `": "`, then the fix (the wording the
-    /// WARN lines and tests read).
-    pub fn report(&self) -> String
-    where
-        O: 'static,
-    {
-        use std::fmt::Write as _;
-        let mut out = self.to_string();
-        let mut next = std::error::Error::source(self);
-        while let Some(s) = next {
-            let _ = write!(out, ": {s}");
-            next = s.source();
-        }
-        if let Some(f) = &self.fix {
-            out.push_str(f);
-        }
-        out
-    }
-}
-
-impl<O: fmt::Debug> fmt::Debug for Failure<O> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Failure")
-            .field("op", &self.op)
-            .field("class", &self.class)
-            .field("msg", &self.msg)
-            .field("source", &self.source.as_ref().map(|s| s.to_string()))
-            .field("fix", &self.fix)
-            .finish()
-    }
-}
-
-impl<O> fmt::Display for Failure<O> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match (&self.msg, &self.source) {
-            (m, Some(s)) if m.is_empty() => fmt::Display::fmt(s, f),
-            (m, _) => f.write_str(m),
-        }
-    }
-}
-
-impl<O: fmt::Debug> std::error::Error for Failure<O> {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        let s: &(dyn std::error::Error + 'static) = &**self.source.as_ref()?;
-        if self.msg.is_empty() {
-            // Transparent: the cause's text is this one's, so its source comes next.
-            s.source()
-        } else {
-            Some(s)
-        }
-    }
-}
-
-/// Two failures are equal when they say the same (tests compare results).
-impl<O: PartialEq> PartialEq for Failure<O> {
-    fn eq(&self, other: &Self) -> bool {
-        self.op == other.op
-            && self.class == other.class
-            && self.msg == other.msg
-            && self.fix == other.fix
-            && self.source.as_ref().map(|s| s.to_string())
-                == other.source.as_ref().map(|s| s.to_string())
-    }
 }
 
 /// The comm operation that failed.
@@ -457,13 +279,9 @@ pub(crate) struct SendBuffers {
 }
 
 impl SendBuffers {
-    /// Bytes of the header staging, record staging, CTS ring and credit word.
-    pub const SIZES: [usize; 4] = [
-        MAX_SEND_REQUESTS * EAGER_HDR_LEN,
-        MAX_SEND_REQUESTS * 8,
-        CTS_RING_ENTRIES * CTS_ENTRY_LEN,
-        8,
-    ];
+    /// Bytes of the header staging, record staging, CTS ring and credit word (the engine's
+    /// layout, [`crate::engine::wire::SEND_COMM_BUFFERS`]).
+    pub const SIZES: [usize; 4] = crate::engine::wire::SEND_COMM_BUFFERS;
 
     pub(crate) fn alloc(dev: &dyn Device) -> Result<SendBuffers, Error> {
         let [hdr, rec, cts_ring, credit_word] = Owned::alloc_parts(dev, SendBuffers::SIZES)?;
@@ -508,19 +326,14 @@ impl RecvBuffers {
     /// depth `rq_depth × (32 + eager_buf_size)` (its own `rq_min_depth` ones and those it may
     /// grow by from the pool), the record ring and the control staging.
     pub fn sizes(cfg: &Config) -> [u64; 3] {
-        let stride = EAGER_HDR_LEN as u64 + u64::from(cfg.eager_buf_size);
-        [
-            u64::from(cfg.rq_depth) * stride,
-            (REC_SLOTS * MAX_RECVS * 8) as u64,
-            (CTRL_STAGE_SLOTS * CTS_ENTRY_LEN) as u64,
-        ]
+        crate::engine::wire::recv_comm_buffers(cfg.rq_depth, cfg.eager_buf_size)
     }
 
     /// Allocates and registers the comm's own buffers (`rq_min_depth` bounce buffers and the
     /// rings); the full-depth footprint is checked against [`crate::limits::MAX_COMM_BYTES`]
     /// first, and an allocation failure is an error.
     pub(crate) fn alloc(dev: &Arc<dyn Device>, cfg: &Config) -> Result<RecvBuffers, Error> {
-        crate::limits::check_cap(cfg)?;
+        crate::limits::check_cap(cfg).map_err(|e| e.lift(Op::Limits))?;
         let stride = EAGER_HDR_LEN + cfg.eager_buf_size as usize;
         let [_, rec, ctrl] = RecvBuffers::sizes(cfg).map(|n| n as usize);
         let own = rq_min(cfg) as usize * stride;
@@ -594,8 +407,8 @@ impl Watch {
 }
 
 mod sealed {
+    use super::pool::BouncePool;
     use super::{Action, Error, ReqError, ReqId, Stall, Stats, Wc};
-    use crate::pool::BouncePool;
     use std::sync::Arc;
 
     /// Pool bounce buffers (addr, lkey) a dropped comm gives back to their pool.

@@ -19,6 +19,7 @@
 
 pub mod config;
 pub mod engine;
+pub mod error;
 pub mod ffi;
 pub mod ifselect;
 pub mod log;
@@ -30,6 +31,5 @@ pub mod comm;
 pub mod conn;
 pub mod limits;
 pub mod net;
-pub mod pool;
 #[doc(hidden)]
 pub mod testkit;

@@ -3,7 +3,8 @@
 //! never with an abort (`memory allocation of ... failed`) or a bare `ibv_reg_mr: Cannot
 //! allocate memory` in the middle of `accept`.
 //!
-//! What one comm registers (and, on verbs, pins), from [`crate::comm`]'s buffer layout:
+//! What one comm registers (and, on verbs, pins), from the engine's buffer layout
+//! ([`crate::engine::wire::recv_comm_buffers`], [`crate::engine::wire::SEND_COMM_BUFFERS`]):
 //! - receive comm: `VERBSNET_RQ_DEPTH × (32 + VERBSNET_EAGER_BUF_SIZE)` bytes of bounce
 //!   buffers (32 = `EAGER_HDR_LEN`, the eager header), plus the record ring and control staging (a few KiB), each rounded up to pages;
 //! - send comm: eager-header and record staging, the CTS ring and the credit word (a few KiB).
@@ -12,10 +13,23 @@
 //! tcp too), and on verbs against `RLIMIT_MEMLOCK` when the process lacks `CAP_IPC_LOCK`
 //! (without it the kernel refuses to pin past the limit).
 
-use crate::comm::{Class, Error, Op, RecvBuffers, SendBuffers};
 use crate::config::Config;
 use crate::engine::wire::EAGER_HDR_LEN;
+use crate::engine::wire::{recv_comm_buffers, SEND_COMM_BUFFERS};
+use crate::error::{Class, Failure};
 use crate::transport::Kind;
+
+/// The check that failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Check {
+    /// One comm's footprint against [`MAX_COMM_BYTES`].
+    Cap,
+    /// One comm's footprint against `RLIMIT_MEMLOCK` (verbs, without `CAP_IPC_LOCK`).
+    Memlock,
+}
+
+/// A failed limit check; comms and `init` lift it into their own errors.
+pub type Error = Failure<Check>;
 
 /// Largest number of bytes one comm may register: 1 GiB. NCCL opens one receive comm per
 /// channel per peer, so even this is a lot of pinned memory per process; the defaults use
@@ -39,12 +53,12 @@ fn pages(n: u64) -> u64 {
 
 /// What one comm of each side registers under `cfg`.
 pub fn footprint(cfg: &Config) -> Footprint {
-    let r = RecvBuffers::sizes(cfg);
+    let r = recv_comm_buffers(cfg.rq_depth, cfg.eager_buf_size);
     let bounce = pages(r[0]);
     Footprint {
         recv: bounce + r[1..].iter().map(|&n| pages(n)).sum::<u64>(),
         bounce,
-        send: SendBuffers::SIZES.iter().map(|&n| pages(n as u64)).sum(),
+        send: SEND_COMM_BUFFERS.iter().map(|&n| pages(n as u64)).sum(),
     }
 }
 
@@ -63,7 +77,7 @@ fn mib(n: u64) -> String {
 pub fn check_cap(cfg: &Config) -> Result<Footprint, Error> {
     let f = footprint(cfg);
     if f.recv > MAX_COMM_BYTES {
-        return Err(Error::new(Op::Limits, Class::Usage, format!(
+        return Err(Error::new(Check::Cap, Class::Usage, format!(
             "VERBSNET_RQ_DEPTH={} x (VERBSNET_EAGER_BUF_SIZE={} + {EAGER_HDR_LEN}) = {} bytes ({}) \
              of bounce buffers per receive comm, {} bytes in all, is over verbsnet's cap of {} bytes ({}) \
              per comm: lower VERBSNET_RQ_DEPTH or VERBSNET_EAGER_BUF_SIZE (NCCL opens one receive \
@@ -129,7 +143,7 @@ fn check_memlock(cfg: &Config, f: Footprint, limit: Option<u64>) -> Result<(), E
     };
     let need = f.recv.max(f.send);
     if need > limit {
-        return Err(Error::new(Op::Limits, Class::System, format!(
+        return Err(Error::new(Check::Memlock, Class::System, format!(
             "one receive comm pins {need} bytes ({}: VERBSNET_RQ_DEPTH={} x (VERBSNET_EAGER_BUF_SIZE={} \
              + {EAGER_HDR_LEN}) of bounce buffers plus rings) but RLIMIT_MEMLOCK is {limit} bytes (`ulimit -l` \
              {}) and the process lacks CAP_IPC_LOCK: {MEMLOCK_FIX}",

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use tracing::{info, warn};
 
-use crate::comm::{Class, Failure};
 use crate::config::{Config, TransportChoice};
+use crate::error::{Class, Failure};
 use crate::transport::{self, Device, DeviceProps, Kind};
 
 /// What `init` was doing when it failed.
@@ -56,7 +56,7 @@ pub struct Net {
 /// Opens the plugin: parses the configuration, picks the transport and opens its devices.
 /// [`crate::api`] calls it when the first context is made and keeps the result, shared and
 /// reference-counted, until the last context is finalized.
-pub fn open_net(logger: crate::ffi::abi::ncclDebugLogger_t) -> Result<Net, Error> {
+pub fn open_net(logger: crate::log::Logger) -> Result<Net, Error> {
     let cfg = match Config::from_env() {
         Ok(c) => c,
         Err(e) => {

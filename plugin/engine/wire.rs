@@ -57,6 +57,30 @@ pub const REC_TOO_BIG: u64 = 1 << 63;
 /// (the receiver grows its queue); not part of the size.
 pub const REC_STARVED: u64 = 1 << 62;
 
+/// The registered buffers of a send comm, in bytes, in the order the comm allocates them:
+/// eager-header staging (one header per send slot), record staging (one 8-byte record per send
+/// slot), the CTS ring the receiver writes, and the credit word it writes.
+pub const SEND_COMM_BUFFERS: [usize; 4] = [
+    super::MAX_SEND_REQUESTS * EAGER_HDR_LEN,
+    super::MAX_SEND_REQUESTS * 8,
+    super::CTS_RING_ENTRIES * CTS_ENTRY_LEN,
+    8,
+];
+
+/// The most a receive comm registers, in bytes, in allocation order: its bounce buffers at the
+/// full depth `rq_depth × (EAGER_HDR_LEN + eager_buf_size)` (its own and those it may grow by
+/// from the pool), the record ring the sender writes (`REC_SLOTS × MAX_RECVS` records of 8
+/// bytes), and the control staging (`CTRL_STAGE_SLOTS` CTS entries).
+#[must_use]
+pub fn recv_comm_buffers(rq_depth: u32, eager_buf_size: u32) -> [u64; 3] {
+    let stride = EAGER_HDR_LEN as u64 + u64::from(eager_buf_size);
+    [
+        u64::from(rq_depth) * stride,
+        (REC_SLOTS * MAX_RECVS * 8) as u64,
+        (super::CTRL_STAGE_SLOTS * CTS_ENTRY_LEN) as u64,
+    ]
+}
+
 const MAGIC: u16 = 0x5645;
 const VERSION: u8 = 1;
 const KIND_EAGER: u8 = 1;
