@@ -25,7 +25,6 @@ use crate::comm::{self, Comm, Role};
 pub use crate::comm::{Class, CommPtr, Failure, MrHandle, ReqHandle};
 use crate::conn::{Connecting, Listen, HANDLE_SIZE};
 use crate::engine::wire::MAX_RECVS;
-use crate::ffi::abi::ncclDebugLogger_t;
 use crate::net::{self, Net};
 
 /// The plugin API call that failed (one per table slot family).
@@ -93,10 +92,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// What `init` passes, in version-independent form.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone)]
 pub struct InitArgs {
     /// NCCL's logger (`None` in tests and the harness: the plugin then logs to stderr).
-    pub logger: ncclDebugLogger_t,
+    pub logger: crate::log::Logger,
     /// The communicator id (v11+), `None` for the process-wide context of v7–v10.
     pub comm_id: Option<u64>,
     /// The communicator's `trafficClass` (v11+ `init` config), or [`TRAFFIC_CLASS_UNDEF`].
@@ -167,7 +166,7 @@ fn traffic_class(tc: i32, what: &str) -> Result<Option<u8>, Error> {
 }
 
 /// Opens the shared state if needed and counts one more user.
-fn acquire(logger: ncclDebugLogger_t) -> Result<Arc<Net>, Error> {
+fn acquire(logger: crate::log::Logger) -> Result<Arc<Net>, Error> {
     let mut g = lock(&SHARED);
     if let Some(s) = g.as_mut() {
         crate::log::init(
@@ -194,13 +193,13 @@ pub fn init(args: InitArgs) -> Result<Arc<Context>, Error> {
         let mut legacy = lock(&LEGACY);
         if let Some(c) = legacy.as_ref() {
             crate::log::init(
-                args.logger,
+                args.logger.clone(),
                 crate::log::level().unwrap_or(crate::config::DebugLevel::Warn),
             );
             return Ok(c.clone());
         }
         let ctx = Arc::new(Context {
-            net: acquire(args.logger)?,
+            net: acquire(args.logger.clone())?,
             comm_id: None,
             traffic_class: tc,
         });
@@ -208,7 +207,7 @@ pub fn init(args: InitArgs) -> Result<Arc<Context>, Error> {
         return Ok(ctx);
     }
     let ctx = Arc::new(Context {
-        net: acquire(args.logger)?,
+        net: acquire(args.logger.clone())?,
         comm_id: args.comm_id,
         traffic_class: tc,
     });
@@ -259,6 +258,10 @@ pub fn devices() -> Result<usize, Error> {
     Ok(net()?.devs.len())
 }
 
+/// `ptrSupport`'s bit for host memory (`NCCL_PTR_HOST` in `net_device.h`; `ffi::abi` asserts
+/// the two agree).
+pub const PTR_HOST: i32 = 0x1;
+
 /// A device's properties, version-independent (each adapter copies what its struct has).
 #[derive(Clone, Copy, Debug)]
 pub struct Properties {
@@ -268,7 +271,7 @@ pub struct Properties {
     pub pci_path: *const c_char,
     /// `guid`: the NIC chip (ib: `sys_image_guid`, as NCCL's IB transport reports).
     pub guid: u64,
-    /// `ptrSupport`: `NCCL_PTR_HOST` only.
+    /// `ptrSupport`: [`PTR_HOST`] only.
     pub ptr_support: i32,
     /// `regIsGlobal` (v8+): 0.
     pub reg_is_global: i32,
@@ -319,7 +322,7 @@ pub fn properties(dev: i32) -> Result<Properties, Error> {
             .as_deref()
             .map_or(std::ptr::null(), |c| intern(c).as_ptr()),
         guid: d.props.guid,
-        ptr_support: crate::ffi::abi::NCCL_PTR_HOST as i32,
+        ptr_support: PTR_HOST,
         reg_is_global: 0,
         force_flush: 0,
         speed: d.props.speed_mbps,

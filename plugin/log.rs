@@ -5,10 +5,12 @@
 //! "executable" here) whose layer forwards each enabled event:
 //!
 //! - **with an NCCL logger**: as `NET/verbsnet : <message> <field=value...>` through
-//!   [`crate::ffi::logger::call`] with the format `"%s"`. `ERROR`/`WARN` become
-//!   `NCCL_LOG_WARN` with flags `NCCL_ALL`; `INFO` becomes `NCCL_LOG_INFO` and
-//!   `DEBUG`/`TRACE` `NCCL_LOG_TRACE`, with flags `NCCL_INIT | NCCL_NET` for events whose
-//!   target is [`INIT_TARGET`] (or below it, `verbsnet::init::...`) and `NCCL_NET` otherwise.
+//!   the [`NcclSink`] `init` was given (the ABI layer's wrapper of the `logFunction` NCCL passed,
+//!   which calls it with the format `"%s"`). `ERROR`/`WARN` become [`NcclLevel::Warn`] with
+//!   [`NcclSubsys::All`] (`NCCL_LOG_WARN`, `NCCL_ALL`); `INFO` becomes `Info` and
+//!   `DEBUG`/`TRACE` `Trace`, with `InitNet` (`NCCL_INIT | NCCL_NET`) for events whose
+//!   target is [`INIT_TARGET`] (or below it, `verbsnet::init::...`) and `Net` otherwise. This
+//!   module knows no ABI types: the sink maps these to NCCL's values.
 //!   NCCL prints a line only if its level is at most `NCCL_DEBUG` and its flags meet
 //!   `NCCL_DEBUG_SUBSYS` (default `INIT,BOOTSTRAP,ENV`), so setup lines must use
 //!   `info!(target: verbsnet::log::INIT_TARGET, ...)` to be seen by default.
@@ -27,8 +29,7 @@ use std::collections::HashMap;
 use std::ffi::{CStr, CString};
 use std::fmt::{self, Write as _};
 use std::io::Write as _;
-use std::os::raw::{c_int, c_ulong};
-use std::sync::{Mutex, OnceLock, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 
 use tracing::field::{Field, Visit};
 use tracing::level_filters::LevelFilter;
@@ -38,8 +39,38 @@ use tracing_subscriber::layer::{Context, Layer, SubscriberExt as _};
 use tracing_subscriber::registry::{LookupSpan, Registry};
 
 pub use crate::config::DebugLevel;
-use crate::ffi::abi::{ncclDebugLogLevel, ncclDebugLogSubSys, ncclDebugLogger_t};
-use crate::ffi::logger;
+
+/// The NCCL log level of a line (`ncclDebugLogLevel`: the sink maps it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NcclLevel {
+    /// `NCCL_LOG_WARN`: always printed when `NCCL_DEBUG` is `WARN` or more.
+    Warn,
+    /// `NCCL_LOG_INFO`.
+    Info,
+    /// `NCCL_LOG_TRACE`.
+    Trace,
+}
+
+/// The NCCL subsystems a line is tagged with (`ncclDebugLogSubSys`: the sink maps them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NcclSubsys {
+    /// `NCCL_ALL` (warnings: shown whatever `NCCL_DEBUG_SUBSYS` says).
+    All,
+    /// `NCCL_NET`.
+    Net,
+    /// `NCCL_INIT | NCCL_NET` (setup lines, shown by NCCL's default `NCCL_DEBUG_SUBSYS`).
+    InitNet,
+}
+
+/// Where lines for NCCL go: implemented by the ABI layer over the `logFunction` NCCL passes
+/// to `init` (`crate::ffi::logger`), so this module needs no ABI types.
+pub trait NcclSink: Send + Sync {
+    /// Logs one line; `text` is the whole line (`NET/verbsnet : ...`), never a format.
+    fn log(&self, level: NcclLevel, subsys: NcclSubsys, file: &CStr, line: u32, text: &CStr);
+}
+
+/// NCCL's logger as the plugin keeps it: `None` outside NCCL (lines go to stderr).
+pub type Logger = Option<Arc<dyn NcclSink>>;
 
 /// The target that marks setup events (`NCCL_INIT | NCCL_NET`):
 /// `info!(target: INIT_TARGET, ...)`. Targets below it (`verbsnet::init::ib`) count too.
@@ -55,12 +86,12 @@ pub const NCCL_PREFIX: &str = "NET/verbsnet : ";
 /// replaces the logger (`None` sends events to stderr again), and its `level` is ignored
 /// because the configuration is parsed once. If the process already has a global `tracing`
 /// subscriber (the plugin linked as an rlib into a Rust program), that one keeps the events.
-pub fn init(logger: ncclDebugLogger_t, level: DebugLevel) {
+pub fn init(logger: Logger, level: DebugLevel) {
     let mut first = false;
     let state = STATE.get_or_init(|| {
         first = true;
         State {
-            logger: RwLock::new(logger),
+            logger: RwLock::new(logger.clone()),
             level,
         }
     });
@@ -84,7 +115,7 @@ pub fn level() -> Option<DebugLevel> {
 /// Process-wide logging state, set by the first [`init`].
 struct State {
     /// NCCL's logger; replaced by later `init` calls.
-    logger: RwLock<ncclDebugLogger_t>,
+    logger: RwLock<Logger>,
     /// The level of the first `init`.
     level: DebugLevel,
 }
@@ -112,20 +143,17 @@ fn is_init_target(target: &str) -> bool {
         .is_some_and(|rest| rest.is_empty() || rest.starts_with("::"))
 }
 
-/// NCCL's level and subsystem flags for an event.
-fn nccl_level_flags(level: Level, target: &str) -> (ncclDebugLogLevel::Type, c_ulong) {
-    // NCCL_ALL is the C int ~0; widening sign-extends it to all 64 bits.
-    let all = ncclDebugLogSubSys::NCCL_ALL as c_ulong;
-    let net = ncclDebugLogSubSys::NCCL_NET as c_ulong;
+/// NCCL's level and subsystems for an event.
+fn nccl_level_flags(level: Level, target: &str) -> (NcclLevel, NcclSubsys) {
     let subsys = if is_init_target(target) {
-        ncclDebugLogSubSys::NCCL_INIT as c_ulong | net
+        NcclSubsys::InitNet
     } else {
-        net
+        NcclSubsys::Net
     };
     match level {
-        Level::ERROR | Level::WARN => (ncclDebugLogLevel::NCCL_LOG_WARN, all),
-        Level::INFO => (ncclDebugLogLevel::NCCL_LOG_INFO, subsys),
-        _ => (ncclDebugLogLevel::NCCL_LOG_TRACE, subsys),
+        Level::ERROR | Level::WARN => (NcclLevel::Warn, NcclSubsys::All),
+        Level::INFO => (NcclLevel::Info, subsys),
+        _ => (NcclLevel::Trace, subsys),
     }
 }
 
@@ -204,14 +232,17 @@ impl Sink {
         let level = *meta.level();
         match self {
             Sink::Global => {
-                let nccl = STATE
-                    .get()
-                    .and_then(|s| *s.logger.read().unwrap_or_else(PoisonError::into_inner));
-                if nccl.is_some() {
+                let nccl = STATE.get().and_then(|s| {
+                    s.logger
+                        .read()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .clone()
+                });
+                if let Some(nccl) = nccl {
                     let (nccl_level, flags) = nccl_level_flags(level, meta.target());
-                    let line = meta.line().map_or(0, |l| c_int::try_from(l).unwrap_or(0));
                     let text = c_string(nccl_text(body));
-                    logger::call(nccl, nccl_level, flags, c_file(meta.file()), line, &text);
+                    let line = meta.line().unwrap_or(0);
+                    nccl.log(nccl_level, flags, c_file(meta.file()), line, &text);
                 } else {
                     // Nowhere to report a failed stderr write.
                     let _ = writeln!(std::io::stderr().lock(), "{}", stderr_text(level, body));
@@ -404,16 +435,16 @@ mod tests {
     /// One captured line: what the NCCL logger would get, and the stderr form.
     #[derive(Debug)]
     pub(super) struct Line {
-        pub nccl_level: ncclDebugLogLevel::Type,
-        pub flags: c_ulong,
+        pub nccl_level: NcclLevel,
+        pub flags: NcclSubsys,
         pub file: &'static CStr,
         pub line: u32,
         pub nccl: CString,
         pub stderr: String,
     }
 
-    const INIT_NET: c_ulong = 0x11;
-    const NET: c_ulong = 0x10;
+    use NcclLevel::{Info, Trace, Warn};
+    use NcclSubsys::{All, InitNet, Net};
 
     /// Runs `f` with a capturing layer at `level`, returning the lines.
     fn capture(level: DebugLevel, f: impl FnOnce()) -> Vec<Line> {
@@ -433,17 +464,16 @@ mod tests {
 
     #[test]
     fn levels_and_flags_map_to_nccl() {
-        let all = c_ulong::MAX;
         let cases = [
-            (Level::ERROR, "nccl_net_verbsnet::conn", 2, all),
-            (Level::WARN, INIT_TARGET, 2, all),
-            (Level::INFO, INIT_TARGET, 3, INIT_NET),
-            (Level::INFO, "verbsnet::init::ib", 3, INIT_NET),
-            (Level::INFO, "nccl_net_verbsnet::conn", 3, NET),
-            (Level::INFO, "verbsnet::initial", 3, NET),
-            (Level::DEBUG, INIT_TARGET, 5, INIT_NET),
-            (Level::DEBUG, "nccl_net_verbsnet::engine", 5, NET),
-            (Level::TRACE, "nccl_net_verbsnet::engine", 5, NET),
+            (Level::ERROR, "nccl_net_verbsnet::conn", Warn, All),
+            (Level::WARN, INIT_TARGET, Warn, All),
+            (Level::INFO, INIT_TARGET, Info, InitNet),
+            (Level::INFO, "verbsnet::init::ib", Info, InitNet),
+            (Level::INFO, "nccl_net_verbsnet::conn", Info, Net),
+            (Level::INFO, "verbsnet::initial", Info, Net),
+            (Level::DEBUG, INIT_TARGET, Trace, InitNet),
+            (Level::DEBUG, "nccl_net_verbsnet::engine", Trace, Net),
+            (Level::TRACE, "nccl_net_verbsnet::engine", Trace, Net),
         ];
         for (level, target, nccl_level, flags) in cases {
             assert_eq!(
@@ -467,7 +497,7 @@ mod tests {
             text(&lines[0]),
             "NET/verbsnet : using device dev=mlx5_0 port=1"
         );
-        assert_eq!((lines[0].nccl_level, lines[0].flags), (3, INIT_NET));
+        assert_eq!((lines[0].nccl_level, lines[0].flags), (Info, InitNet));
         assert_eq!(
             lines[0].stderr,
             "verbsnet INFO using device dev=mlx5_0 port=1"
@@ -478,7 +508,7 @@ mod tests {
             text(&lines[1]),
             "NET/verbsnet : completion error qp_num=418 status=Some(5)"
         );
-        assert_eq!((lines[1].nccl_level, lines[1].flags), (2, c_ulong::MAX));
+        assert_eq!((lines[1].nccl_level, lines[1].flags), (Warn, All));
         assert_eq!(
             lines[1].stderr,
             "verbsnet WARN completion error qp_num=418 status=Some(5)"
@@ -487,7 +517,7 @@ mod tests {
             text(&lines[2]),
             r#"NET/verbsnet : odd strings peer="host a" empty="""#
         );
-        assert_eq!((lines[2].nccl_level, lines[2].flags), (5, NET));
+        assert_eq!((lines[2].nccl_level, lines[2].flags), (Trace, Net));
     }
 
     #[test]

@@ -27,6 +27,7 @@ const fn slot(i: usize) -> usize {
 }
 
 // ---- shared structs (fact sheet §1.2) ----
+const _: () = assert!(crate::api::PTR_HOST as u32 == NCCL_PTR_HOST);
 const _: () = assert!(size_of::<ncclNetDeviceHandle_v8_t>() == 32);
 const _: () = assert!(offset_of!(ncclNetDeviceHandle_v8_t, handle) == 8);
 const _: () = assert!(offset_of!(ncclNetDeviceHandle_v8_t, size) == 16);

@@ -182,7 +182,7 @@ fn log_version(v: u32, ctx: &Context) {
 pub(crate) unsafe extern "C" fn init<const V: u32>(logger: ncclDebugLogger_t) -> ncclResult_t {
     guard("init", || {
         let ctx = api::init(InitArgs {
-            logger,
+            logger: super::logger::sink(logger),
             comm_id: None,
             traffic_class: api::TRAFFIC_CLASS_UNDEF,
         })?;
@@ -217,7 +217,7 @@ pub(crate) unsafe extern "C" fn init_ctx<const V: u32>(
         // SAFETY: NCCL passes NULL or a valid config struct.
         let tc = unsafe { config.as_ref() }.map_or(api::TRAFFIC_CLASS_UNDEF, |c| c.trafficClass);
         let c = api::init(InitArgs {
-            logger,
+            logger: super::logger::sink(logger),
             comm_id: Some(comm_id),
             traffic_class: tc,
         })?;
