@@ -7,43 +7,19 @@
 //! descriptor counts and captured WARN lines are process-wide).
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nccl_net_verbsnet::comm::{Class, Comm, Error, RecvComm, Role, SendComm};
-use nccl_net_verbsnet::config::{Config, TransportChoice};
+use nccl_net_verbsnet::config::Config;
 use nccl_net_verbsnet::conn::{
     Connecting, Handle, Listen, HANDLE_SIZE, HELLO_VERSION, MAX_PENDING_HANDSHAKES,
 };
-use nccl_net_verbsnet::testkit::{open_device, Buf};
+use nccl_net_verbsnet::testkit::Buf;
 use nccl_net_verbsnet::transport::{Device, Kind};
 
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn base_cfg() -> Config {
-    Config {
-        transport: if std::env::var("VERBSNET_TEST_TRANSPORT").as_deref() == Ok("ib") {
-            TransportChoice::Ib
-        } else {
-            TransportChoice::Tcp
-        },
-        ..Config::default()
-    }
-}
-
-fn device(test: &str) -> Option<(Arc<dyn Device>, Kind)> {
-    match open_device(&base_cfg()) {
-        Ok(d) => Some(d),
-        Err(e) => {
-            println!("SKIP {test}: {e}");
-            None
-        }
-    }
-}
+mod common;
+use common::{base_cfg, capture, device, serial};
 
 /// Open file descriptors of this process.
 fn fds() -> usize {
@@ -51,37 +27,6 @@ fn fds() -> usize {
 }
 
 /// Keeps the message of every WARN event.
-struct WarnCapture(Arc<Mutex<Vec<String>>>);
-
-struct Message(String);
-
-impl tracing::field::Visit for Message {
-    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-        use std::fmt::Write as _;
-        if field.name() == "message" {
-            let _ = write!(self.0, "{value:?}");
-        }
-    }
-}
-
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for WarnCapture {
-    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
-        if *event.metadata().level() == tracing::Level::WARN {
-            let mut m = Message(String::new());
-            event.record(&mut m);
-            self.0.lock().unwrap().push(m.0);
-        }
-    }
-}
-
-/// Captures WARN lines of this thread until the guard drops.
-fn capture() -> (Arc<Mutex<Vec<String>>>, tracing::subscriber::DefaultGuard) {
-    use tracing_subscriber::layer::SubscriberExt as _;
-    let warns = Arc::new(Mutex::new(Vec::new()));
-    let subscriber = tracing_subscriber::registry().with(WarnCapture(warns.clone()));
-    (warns, tracing::subscriber::set_default(subscriber))
-}
-
 /// A handle naming `addr` as a verbsnet listener of `kind`.
 fn handle_for(addr: SocketAddr, kind: Kind) -> [u8; HANDLE_SIZE] {
     let mut b = [0u8; HANDLE_SIZE];

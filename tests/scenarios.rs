@@ -21,51 +21,22 @@
 use std::collections::VecDeque;
 use std::io::Read;
 use std::net::{IpAddr, Ipv4Addr};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nccl_net_verbsnet::comm::{Class, Comm, Error, RecvComm, Role, SendComm};
-use nccl_net_verbsnet::config::{Config, TransportChoice};
+use nccl_net_verbsnet::config::Config;
 use nccl_net_verbsnet::conn::{Connecting, Listen, HANDLE_SIZE};
 use nccl_net_verbsnet::engine::sim::pattern;
 use nccl_net_verbsnet::engine::{ReqId, MAX_RECV_REQUESTS, MAX_SEND_REQUESTS};
-use nccl_net_verbsnet::testkit::{connect, open_device, Buf, Link};
+use nccl_net_verbsnet::testkit::{connect, Buf, Link};
 use nccl_net_verbsnet::transport::{Device, Kind};
 
 /// Upper bound on polls of any single wait (a hang fails the test instead of blocking CI).
 const POLLS: u64 = 50_000_000;
 
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn is_ib() -> bool {
-    std::env::var("VERBSNET_TEST_TRANSPORT").as_deref() == Ok("ib")
-}
-
-/// Defaults, with the transport the suite runs on.
-fn base_cfg() -> Config {
-    Config {
-        transport: if is_ib() {
-            TransportChoice::Ib
-        } else {
-            TransportChoice::Tcp
-        },
-        ..Config::default()
-    }
-}
-
-fn device(test: &str) -> Option<(Arc<dyn Device>, Kind)> {
-    match open_device(&base_cfg()) {
-        Ok(d) => Some(d),
-        Err(e) => {
-            println!("SKIP {test}: {e}");
-            None
-        }
-    }
-}
+mod common;
+use common::{base_cfg, device, is_ib, serial, warn_capture};
 
 fn link(dev: &Arc<dyn Device>, kind: Kind, send_cfg: &Config, recv_cfg: &Config) -> Link {
     connect(dev, kind, send_cfg, recv_cfg, 5_000_000).expect("connect")
@@ -1573,21 +1544,6 @@ fn stats_file_shows_whether_receives_were_ever_missing() {
 // ---------------------------------------------------------------------------------------------
 // Hang watchdog: a receiver that stops posting receives and calling test.
 // ---------------------------------------------------------------------------------------------
-
-/// A subscriber keeping every WARN line as the NCCL logger bridge prints it (the comm's span
-/// label first, then the message and fields: `verbsnet::log::text_layer`).
-fn warn_capture(warns: &Arc<Mutex<Vec<String>>>) -> impl tracing::Subscriber {
-    use tracing_subscriber::layer::SubscriberExt as _;
-    let warns = warns.clone();
-    tracing_subscriber::registry().with(nccl_net_verbsnet::log::text_layer(
-        nccl_net_verbsnet::log::DebugLevel::Warn,
-        move |level, text| {
-            if level == tracing::Level::WARN {
-                warns.lock().unwrap().push(text.to_string());
-            }
-        },
-    ))
-}
 
 /// Lines of `warns` reporting a stall of `label`'s comm.
 fn stall_lines(warns: &Mutex<Vec<String>>, label_part: &str) -> Vec<String> {
