@@ -23,7 +23,7 @@ pub mod pool;
 
 use self::pool::BouncePool;
 use crate::config::Config;
-use crate::engine::wire::{EAGER_HDR_LEN, MAX_RECVS};
+use crate::engine::wire::MAX_RECVS;
 use crate::engine::MemRead;
 use crate::engine::{
     Action, RecvBuf, RecvEngine, RecvParams, ReqError, ReqId, SendEngine, SendParams, Stall, Stats,
@@ -334,7 +334,7 @@ impl RecvBuffers {
     /// first, and an allocation failure is an error.
     pub(crate) fn alloc(dev: &Arc<dyn Device>, cfg: &Config) -> Result<RecvBuffers, Error> {
         crate::limits::check_cap(cfg).map_err(|e| e.lift(Op::Limits))?;
-        let stride = EAGER_HDR_LEN + cfg.eager_buf_size as usize;
+        let stride = crate::engine::wire::bounce_stride(cfg.eager_buf_size.into()) as usize;
         let [_, rec, ctrl] = RecvBuffers::sizes(cfg).map(|n| n as usize);
         let own = rq_min(cfg) as usize * stride;
         let [bounce, rec_ring, ctrl] = Owned::alloc_parts(&**dev, [own, rec, ctrl])?;

@@ -333,7 +333,7 @@ impl RecvEngine {
     }
 
     fn bounce_stride(&self) -> u64 {
-        EAGER_HDR_LEN as u64 + self.p.eager_buf_size
+        super::wire::bounce_stride(self.p.eager_buf_size)
     }
 
     /// Posts up to `max_k` receive WRs (bounded by free bounce buffers) in one post call.

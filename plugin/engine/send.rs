@@ -14,8 +14,10 @@ use crate::transport::{SendOpcode, SendWr, Sge, Wc, WcStatus};
 
 /// Registered bytes of a send comm: eager header and record staging for every request slot,
 /// the CTS ring and the credit word.
-pub const SEND_FIXED_BYTES: u64 =
-    (MAX_SEND_REQUESTS * (EAGER_HDR_LEN + 8) + CTS_RING_ENTRIES * CTS_ENTRY_LEN + 8) as u64;
+pub const SEND_FIXED_BYTES: u64 = {
+    let b = super::wire::SEND_COMM_BUFFERS;
+    (b[0] + b[1] + b[2] + b[3]) as u64
+};
 
 /// Fixed parameters of a send engine, agreed in the connection handshake.
 #[derive(Clone, Debug, PartialEq, Eq)]

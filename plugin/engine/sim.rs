@@ -5,7 +5,6 @@
 
 use std::collections::VecDeque;
 
-use super::wire::{CTS_ENTRY_LEN, EAGER_HDR_LEN, MAX_RECVS, REC_SLOTS};
 use super::*;
 use crate::transport::{SendOpcode, SendWr, Wc, WcOpcode, WcStatus};
 
@@ -184,12 +183,16 @@ impl Pair {
     pub fn new(c: PairCfg, knobs: Knobs) -> Pair {
         let mut smem = Mem::default();
         let mut rmem = Mem::default();
-        smem.add(S_HDR, MAX_SEND_REQUESTS * EAGER_HDR_LEN, 0);
-        smem.add(S_REC, MAX_SEND_REQUESTS * 8, 0);
-        smem.add(S_CTS, CTS_RING_ENTRIES * CTS_ENTRY_LEN, RKEY_CTS);
-        smem.add(S_CREDIT, 8, RKEY_CREDIT);
+        // The same layout the comms register (engine::wire).
+        let [hdr, rec, cts, credit] = super::wire::SEND_COMM_BUFFERS;
+        smem.add(S_HDR, hdr, 0);
+        smem.add(S_REC, rec, 0);
+        smem.add(S_CTS, cts, RKEY_CTS);
+        smem.add(S_CREDIT, credit, RKEY_CREDIT);
         smem.add(S_USER, USER_LEN, 0);
-        let stride = EAGER_HDR_LEN + c.eager_buf_size as usize;
+        let stride = super::wire::bounce_stride(c.eager_buf_size) as usize;
+        let [_, rec_ring, ctrl] =
+            super::wire::recv_comm_buffers(c.rq_depth, c.eager_buf_size as u32).map(|n| n as usize);
         let rq_min = c.rq_min.unwrap_or(c.rq_depth);
         rmem.add(R_BOUNCE, rq_min as usize * stride, 0);
         rmem.add(R_POOL, (c.pool_bufs as usize).max(1) * stride, 0);
@@ -197,8 +200,8 @@ impl Pair {
             .rev()
             .map(|i| (R_POOL + i * stride as u64, 5))
             .collect();
-        rmem.add(R_REC, REC_SLOTS * MAX_RECVS * 8, RKEY_REC);
-        rmem.add(R_CTRL, CTRL_STAGE_SLOTS * CTS_ENTRY_LEN, 0);
+        rmem.add(R_REC, rec_ring, RKEY_REC);
+        rmem.add(R_CTRL, ctrl, 0);
         rmem.add(R_USER, USER_LEN, RKEY_USER);
         let rcv = RecvEngine::new(RecvParams {
             rq_depth: c.rq_depth,

@@ -67,15 +67,21 @@ pub const SEND_COMM_BUFFERS: [usize; 4] = [
     8,
 ];
 
+/// Bytes of one bounce buffer, header included: the distance between two in a receive comm's
+/// registration or a pool slab.
+#[must_use]
+pub const fn bounce_stride(eager_buf_size: u64) -> u64 {
+    EAGER_HDR_LEN as u64 + eager_buf_size
+}
+
 /// The most a receive comm registers, in bytes, in allocation order: its bounce buffers at the
 /// full depth `rq_depth × (EAGER_HDR_LEN + eager_buf_size)` (its own and those it may grow by
 /// from the pool), the record ring the sender writes (`REC_SLOTS × MAX_RECVS` records of 8
 /// bytes), and the control staging (`CTRL_STAGE_SLOTS` CTS entries).
 #[must_use]
 pub fn recv_comm_buffers(rq_depth: u32, eager_buf_size: u32) -> [u64; 3] {
-    let stride = EAGER_HDR_LEN as u64 + u64::from(eager_buf_size);
     [
-        u64::from(rq_depth) * stride,
+        u64::from(rq_depth) * bounce_stride(eager_buf_size.into()),
         (REC_SLOTS * MAX_RECVS * 8) as u64,
         (super::CTRL_STAGE_SLOTS * CTS_ENTRY_LEN) as u64,
     ]
