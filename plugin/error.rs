@@ -32,8 +32,8 @@ pub fn message(text: impl Into<String>) -> Source {
     ))
 }
 
-/// An error of one layer: the operation `O` that failed (the layer's own enum: [`Op`] here,
-/// `conn::Stage`, `api::Op`), its [`Class`], what this layer knows (`msg`), the lower error
+/// An error of one layer: the operation `O` that failed (the layer's own enum: `comm::Op`,
+/// `conn::Stage`, `api::Op`, `net::Op`, `limits::Check`), its [`Class`], what this layer knows (`msg`), the lower error
 /// that caused it (`source`, kept typed, not flattened into the text), and the fix when
 /// there is one.
 ///
