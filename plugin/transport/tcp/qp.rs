@@ -7,8 +7,10 @@
 //! - [`responder`]: receive WRs, where each message's payload goes, ACKs and NAKs;
 //! - [`io`]: the socket: staging and writing frames, reading and cutting the stream into frames.
 //!
-//! Time is passed in: only the entry points (`post_send`, `poll_cq`) read the clock, once per
-//! call, and hand `now` down to what decides retransmissions (the RNR timer).
+//! Time is passed in: only the entry points (`post_send`, `poll_cq`, `end_batch`) and the
+//! socket reads in [`io`] read the clock (before each phase, and after each read that returned
+//! bytes, so a frame is handled at its arrival), and hand `now` down to what decides
+//! retransmissions (the RNR timer).
 //!
 //! Call order inside [`QueuePair::poll_cq`]: flush the out-queue → read and process frames →
 //! retire decided send WRs → flush again (ACKs/NAKs just generated, retransmissions whose RNR
@@ -387,12 +389,12 @@ impl QueuePair for TcpQp {
 
     fn poll_cq(&mut self, out: &mut Vec<Wc>, max: usize) -> Result<usize> {
         if self.stream.is_some() && !self.io_dead {
-            let now = Instant::now();
-            self.flush_tx(now);
-            self.poll_rx(now);
+            self.flush_tx(Instant::now());
+            // Again: the flush may have written megabytes.
+            self.poll_rx(Instant::now());
             self.retire_sq();
             if !self.in_batch {
-                self.flush_tx(now);
+                self.flush_tx(Instant::now());
             }
         }
         self.retire_sq();

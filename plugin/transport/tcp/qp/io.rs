@@ -277,7 +277,13 @@ impl TcpQp {
     /// the staging buffer ask for at most [`STAGE_READ_MAX`] bytes while a header or a small
     /// payload is expected, so a large payload that follows is read straight into its
     /// destination instead of being copied twice.
+    ///
+    /// `now` is the time of the first frame; after each read that returned bytes the clock is
+    /// read again, so every frame is handled at its arrival (one call may read up to
+    /// [`IO_BUDGET`], milliseconds of data: an RNR NAK behind it must start its timer when it
+    /// arrives, as on a NIC, not when the call began).
     pub(super) fn read_rx(&mut self, now: Instant) {
+        let mut now = now;
         let mut budget = IO_BUDGET;
         let mut drained = false;
         self.rx_drained_at = None;
@@ -355,6 +361,7 @@ impl TcpQp {
                 Ok(n) => {
                     budget = budget.saturating_sub(n);
                     drained = n < asked;
+                    now = Instant::now();
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     self.rx_drained_at = Some(now);
