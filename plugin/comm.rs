@@ -1095,8 +1095,10 @@ impl<R: Role> Core<R> {
             return Err(e.clone());
         }
         self.qp.begin_batch();
-        let r = f(self);
+        // The batch ends even if `f` panics (the shim catches it), so no ACK stays held.
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut *self)));
         self.qp.end_batch();
+        let r = r.unwrap_or_else(|p| std::panic::resume_unwind(p));
         if let Err(e) = &r {
             if matches!(e.class(), Class::Usage | Class::Remote) {
                 self.sticky = Some(e.clone());
