@@ -177,6 +177,10 @@ impl Region {
     /// `[addr, addr + len)` must be valid for reads and writes for as long as any clone of the
     /// returned region is used (for NCCL buffers: until `deregMr`, which drops every clone).
     pub unsafe fn from_raw(addr: u64, len: usize) -> Region {
+        debug_assert!(
+            addr.checked_add(len as u64).is_some(),
+            "a region may not wrap the address space"
+        );
         Region {
             addr,
             len,
@@ -235,9 +239,11 @@ impl Region {
     /// True when `[addr, addr + len)` lies inside this region.
     pub fn contains(&self, addr: u64, len: u64) -> bool {
         addr >= self.addr
-            && addr
-                .checked_add(len)
-                .is_some_and(|end| end <= self.addr + self.len as u64)
+            && addr.checked_add(len).is_some_and(|end| {
+                self.addr
+                    .checked_add(self.len as u64)
+                    .is_some_and(|e| end <= e)
+            })
     }
 
     fn check(&self, offset: usize, len: usize) -> Result<(), OutOfBounds> {
@@ -264,6 +270,10 @@ impl Region {
     /// [`OutOfBounds`] (nothing written) when the range is not inside the region.
     pub fn write(&self, offset: usize, src: &[u8]) -> Result<(), OutOfBounds> {
         let dst = self.ptr(offset, src.len())?;
+        if src.is_empty() {
+            // A region may start at address 0 (`regMr(NULL, 0)`): no copy through it.
+            return Ok(());
+        }
         // SAFETY: `dst..dst + src.len()` is inside the region (checked), valid for writes by the
         // constructor's contract; `src` is a live slice. ptr::copy (memmove) is correct even if
         // the two ranges overlap.
@@ -277,6 +287,9 @@ impl Region {
     /// [`OutOfBounds`] (`dst` untouched) when the range is not inside the region.
     pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), OutOfBounds> {
         let src = self.ptr(offset, dst.len())?;
+        if dst.is_empty() {
+            return Ok(());
+        }
         // SAFETY: the source range is inside the region (checked), valid for reads by the
         // constructor's contract; `dst` is a distinct live buffer the caller owns exclusively.
         unsafe { std::ptr::copy(src.cast_const(), dst.as_mut_ptr(), dst.len()) };
@@ -294,6 +307,9 @@ impl Region {
         dst: &mut Vec<u8>,
     ) -> Result<(), OutOfBounds> {
         let src = self.ptr(offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
         dst.reserve(len);
         let at = dst.len();
         // SAFETY: `reserve` made room for `len` more bytes after `at`; the copy fills exactly
@@ -357,6 +373,9 @@ impl Region {
     ) -> Result<(), OutOfBounds> {
         let s = src.ptr(src_off, len)?;
         let d = self.ptr(dst_off, len)?;
+        if len == 0 {
+            return Ok(());
+        }
         // SAFETY: both ranges are inside their regions (checked) and valid by contract;
         // ptr::copy is a memmove, so overlapping ranges are fine.
         unsafe { std::ptr::copy(s.cast_const(), d, len) };
@@ -434,6 +453,28 @@ mod tests {
         let a = TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
         let (b, _) = l.accept().expect("accept");
         (a, b)
+    }
+
+    /// `regMr(NULL, 0)` makes a region at address 0: zero-length accesses succeed without a
+    /// copy through the null pointer, anything longer is out of bounds.
+    #[test]
+    fn an_empty_region_at_address_zero_is_never_dereferenced() {
+        // SAFETY: zero bytes at address 0; nothing is ever read or written through it.
+        let r = unsafe { Region::from_raw(0, 0) };
+        let other = Region::alloc(8);
+        assert_eq!(r.write(0, &[]), Ok(()));
+        assert_eq!(r.read(0, &mut []), Ok(()));
+        let mut v = vec![7u8];
+        assert_eq!(r.append_to(0, 0, &mut v), Ok(()));
+        assert_eq!(v, [7]);
+        assert_eq!(r.copy_from(0, &other, 0, 0), Ok(()));
+        assert_eq!(other.copy_from(0, &r, 0, 0), Ok(()));
+        assert!(r.write(0, &[1]).is_err());
+        assert!(!r.contains(0, 1));
+        assert!(
+            !r.contains(u64::MAX, 2),
+            "a range that wraps is never inside"
+        );
     }
 
     #[test]

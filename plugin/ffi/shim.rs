@@ -440,6 +440,13 @@ pub(crate) unsafe extern "C" fn reg_mr<S: WireSize>(
         if data.is_null() && size > 0 {
             return Err(null_arg(Op::RegMr, "data"));
         }
+        if (data as u64).checked_add(size as u64).is_none() {
+            return Err(Error::new(
+                Op::RegMr,
+                Class::InvalidArgument,
+                format!("regMr of {size} bytes at {data:p}: the range wraps the address space"),
+            ));
+        }
         if mhandle.is_null() {
             return Err(null_arg(Op::RegMr, "mhandle"));
         }

@@ -132,6 +132,18 @@ fn full_flow_through_the_table() {
             ncclResult_t::ncclInternalError
         );
         assert!(bad.is_null());
+        // A range that wraps the address space is refused before anything sees it.
+        assert_eq!(
+            t.regMr.unwrap()(
+                p.send,
+                usize::MAX as *mut c_void,
+                0x2000,
+                NCCL_PTR_HOST as c_int,
+                &mut bad
+            ),
+            ncclResult_t::ncclInvalidArgument
+        );
+        assert!(bad.is_null());
 
         for (k, size) in [0usize, 5, 8192, 8193, 1 << 20].into_iter().enumerate() {
             for (i, b) in sbuf[..size].iter_mut().enumerate() {
