@@ -1040,16 +1040,15 @@ impl Connecting {
     /// Finds the connect state stored in `handle`, or starts a new one there.
     pub fn resume_or_start(handle: &mut [u8; HANDLE_SIZE]) -> Result<Box<Connecting>, Error> {
         let id = u64::from_le_bytes(handle[STATE_OFF..].try_into().expect("8 bytes"));
+        let h = Handle::read(handle)?;
         if id != 0 {
-            let parked = registry()
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .remove(&id);
-            if let Some(c) = parked {
-                return Ok(c);
+            let mut parked = registry().lock().unwrap_or_else(PoisonError::into_inner);
+            // Only the connect this handle describes: a copied handle buffer carrying the id
+            // of another connect (another listener) starts its own instead of taking that one.
+            if parked.get(&id).is_some_and(|c| c.handle == h) {
+                return Ok(parked.remove(&id).expect("present"));
             }
         }
-        let h = Handle::read(handle)?;
         let sock = socket2::Socket::new(
             socket2::Domain::for_address(h.addr),
             socket2::Type::STREAM,
