@@ -673,6 +673,16 @@ pub struct ReqHandle {
     gen: AtomicU32,
 }
 
+impl Owner {
+    /// Points the owner at its comm (once, right after the comm is boxed).
+    fn set(&self, p: *mut ()) {
+        match &self.0 {
+            OwnerPtr::Send(a) => a.store(p.cast(), Ordering::Release),
+            OwnerPtr::Recv(a) => a.store(p.cast(), Ordering::Release),
+        }
+    }
+}
+
 impl ReqHandle {
     /// The comm this request belongs to.
     pub fn comm(&self) -> CommPtr {
@@ -749,9 +759,11 @@ impl<R: Role> Comm<R> {
             cfg: cfg.clone(),
             comm_id: None,
         });
+        // The owner pointers are stored through shared references (atomics), so no `&mut` to
+        // the comm is made after `p` is taken: `p` stays valid for the requests' later reads.
         let p: *mut Comm<R> = &mut *c;
-        for r in c.reqs.iter_mut() {
-            r.comm = R::owner(p.cast());
+        for r in c.reqs.iter() {
+            r.comm.set(p.cast());
         }
         c
     }
