@@ -177,14 +177,23 @@ fn resolve(master: &str) -> io::Result<Vec<SocketAddr>> {
     Ok(addrs)
 }
 
+/// The environment variable through which `verbsnet-perf --ranks N` hands rank 0 the already
+/// bound rendezvous listener (its descriptor number), so the port cannot be taken between the
+/// launcher choosing it and rank 0 listening on it.
+/// Not `VERBSNET_*`: the plugin warns about unknown variables of its own prefix.
+pub const LISTEN_FD_ENV: &str = "VNPERF_LISTEN_FD";
+
 fn serve(master: &str, nranks: usize, timeout: Duration) -> io::Result<Vec<TcpStream>> {
     let addrs = resolve(master)?;
-    // Prefer the given address; if it is not local (e.g. a name resolving elsewhere), listen on
-    // every interface at that port.
-    let listener = match TcpListener::bind(&addrs[..]) {
-        Ok(l) => l,
-        Err(_) => TcpListener::bind(("0.0.0.0", addrs[0].port()))
-            .map_err(|e| io::Error::new(e.kind(), format!("listen on {master}: {e}")))?,
+    // The launcher's listener if it passed one; else prefer the given address and, if it is not
+    // local (e.g. a name resolving elsewhere), listen on every interface at that port.
+    let listener = match crate::fdpass::inherited_listener(LISTEN_FD_ENV, addrs[0].port()) {
+        Some(l) => l,
+        None => match TcpListener::bind(&addrs[..]) {
+            Ok(l) => l,
+            Err(_) => TcpListener::bind(("0.0.0.0", addrs[0].port()))
+                .map_err(|e| io::Error::new(e.kind(), format!("listen on {master}: {e}")))?,
+        },
     };
     listener.set_nonblocking(true)?;
     let deadline = Instant::now() + timeout;

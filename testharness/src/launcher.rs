@@ -42,7 +42,9 @@ pub fn child_args(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
     out
 }
 
-/// A port that was free a moment ago on 127.0.0.1 (rank 0 binds it right away).
+/// A port that was free a moment ago on 127.0.0.1 (tests; the launcher hands rank 0 the bound
+/// listener itself: [`crate::bootstrap::LISTEN_FD_ENV`]).
+#[cfg(test)]
 fn free_port() -> io::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
@@ -105,7 +107,10 @@ pub fn run_local(args: &Args, n: usize) -> i32 {
 
 fn launch(args: &Args, n: usize) -> io::Result<i32> {
     let exe = std::env::current_exe()?;
-    let port = free_port()?;
+    // The rendezvous listener is bound here and inherited by rank 0 (no window in which
+    // another process, e.g. a plugin listening on an ephemeral port, can take the port).
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let port = listener.local_addr()?.port();
     let master = format!("127.0.0.1:{port}");
     let base = child_args(std::env::args_os().skip(1));
     let mut ranks: Vec<Rank> = Vec::with_capacity(n);
@@ -134,7 +139,19 @@ fn launch(args: &Args, n: usize) -> io::Result<i32> {
         } else {
             Stdio::piped()
         });
-        let mut child = match cmd.spawn() {
+        if r == 0 {
+            use std::os::fd::AsRawFd;
+            cmd.env(
+                crate::bootstrap::LISTEN_FD_ENV,
+                listener.as_raw_fd().to_string(),
+            );
+            crate::fdpass::set_cloexec(&listener, false)?;
+        }
+        let spawned = cmd.spawn();
+        if r == 0 {
+            crate::fdpass::set_cloexec(&listener, true)?;
+        }
+        let mut child = match spawned {
             Ok(c) => c,
             Err(e) => {
                 for rk in &mut ranks {

@@ -24,6 +24,7 @@ pub mod coll;
 pub mod cputime;
 pub mod data;
 pub mod doctor;
+pub mod fdpass;
 pub mod launcher;
 pub mod mesh;
 pub mod perf;
