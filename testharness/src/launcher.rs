@@ -42,13 +42,6 @@ pub fn child_args(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
     out
 }
 
-/// A port that was free a moment ago on 127.0.0.1 (tests; the launcher hands rank 0 the bound
-/// listener itself: [`crate::bootstrap::LISTEN_FD_ENV`]).
-#[cfg(test)]
-fn free_port() -> io::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
 struct Rank {
     child: Child,
     status: Option<ExitStatus>,
@@ -282,12 +275,5 @@ mod tests {
         );
         // --rank (singular) style values are left alone.
         assert_eq!(child_args(os(&["x", "-T", "5"])), os(&["x", "-T", "5"]));
-    }
-
-    #[test]
-    fn a_free_port_is_bindable() {
-        let p = free_port().unwrap();
-        assert!(p > 0);
-        TcpListener::bind(("127.0.0.1", p)).unwrap();
     }
 }
