@@ -279,12 +279,10 @@ pub(crate) struct SendBuffers {
 }
 
 impl SendBuffers {
-    /// Bytes of the header staging, record staging, CTS ring and credit word (the engine's
-    /// layout, [`crate::engine::wire::SEND_COMM_BUFFERS`]).
-    pub const SIZES: [usize; 4] = crate::engine::wire::SEND_COMM_BUFFERS;
-
     pub(crate) fn alloc(dev: &dyn Device) -> Result<SendBuffers, Error> {
-        let [hdr, rec, cts_ring, credit_word] = Owned::alloc_parts(dev, SendBuffers::SIZES)?;
+        // The engine's layout: header staging, record staging, CTS ring, credit word.
+        let [hdr, rec, cts_ring, credit_word] =
+            Owned::alloc_parts(dev, crate::engine::wire::SEND_COMM_BUFFERS)?;
         Ok(SendBuffers {
             hdr,
             rec,
@@ -322,20 +320,16 @@ fn rq_min(cfg: &Config) -> u32 {
 }
 
 impl RecvBuffers {
-    /// The most a receive comm registers under `cfg`, in bytes: its bounce buffers at the full
-    /// depth `rq_depth × (32 + eager_buf_size)` (its own `rq_min_depth` ones and those it may
-    /// grow by from the pool), the record ring and the control staging.
-    pub fn sizes(cfg: &Config) -> [u64; 3] {
-        crate::engine::wire::recv_comm_buffers(cfg.rq_depth, cfg.eager_buf_size)
-    }
-
     /// Allocates and registers the comm's own buffers (`rq_min_depth` bounce buffers and the
     /// rings); the full-depth footprint is checked against [`crate::limits::MAX_COMM_BYTES`]
     /// first, and an allocation failure is an error.
     pub(crate) fn alloc(dev: &Arc<dyn Device>, cfg: &Config) -> Result<RecvBuffers, Error> {
         crate::limits::check_cap(cfg).map_err(|e| e.lift(Op::Limits))?;
         let stride = crate::engine::wire::bounce_stride(cfg.eager_buf_size.into()) as usize;
-        let [_, rec, ctrl] = RecvBuffers::sizes(cfg).map(|n| n as usize);
+        // The engine's layout (the bounce buffers at full depth are what the cap counts).
+        let [_, rec, ctrl] =
+            crate::engine::wire::recv_comm_buffers(cfg.rq_depth, cfg.eager_buf_size)
+                .map(|n| n as usize);
         let own = rq_min(cfg) as usize * stride;
         let [bounce, rec_ring, ctrl] = Owned::alloc_parts(&**dev, [own, rec, ctrl])?;
         Ok(RecvBuffers {
