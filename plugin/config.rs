@@ -148,29 +148,31 @@ pub struct Config {
 /// Default `VERBSNET_RQ_DEPTH`.
 pub const DEFAULT_RQ_DEPTH: u32 = 128;
 
-/// The defaults of `VERBSNET_RQ_BATCH`, `VERBSNET_RQ_LOW_WATER` and `VERBSNET_RQ_MIN_DEPTH`
-/// for a depth (and, for the low water mark, the batch in effect when it was set): the rules
-/// the registry's `default` texts state, `min(16, depth)`, `max(1, depth - batch)`,
-/// `min(2, depth)`.
-fn rq_defaults(depth: u32, batch: Option<u32>) -> (u32, u32, u32) {
-    let default_batch = depth.min(16);
-    let batch_in_effect = batch.unwrap_or(default_batch);
-    (
-        default_batch,
-        depth.saturating_sub(batch_in_effect).max(1),
-        depth.min(2),
-    )
+/// Default `VERBSNET_RQ_BATCH` at `depth`: the registry's rule `min(16, rq_depth)`.
+fn default_rq_batch(depth: u32) -> u32 {
+    depth.min(16)
+}
+
+/// Default `VERBSNET_RQ_LOW_WATER` at `depth` and the batch in effect:
+/// `max(1, rq_depth - rq_batch)`.
+fn default_rq_low_water(depth: u32, batch: u32) -> u32 {
+    depth.saturating_sub(batch).max(1)
+}
+
+/// Default `VERBSNET_RQ_MIN_DEPTH` at `depth`: `min(2, rq_depth)`.
+fn default_rq_min_depth(depth: u32) -> u32 {
+    depth.min(2)
 }
 
 impl Default for Config {
     fn default() -> Self {
-        let (rq_batch, rq_low_water, rq_min_depth) = rq_defaults(DEFAULT_RQ_DEPTH, None);
+        let rq_batch = default_rq_batch(DEFAULT_RQ_DEPTH);
         Config {
             transport: TransportChoice::Auto,
             rq_depth: DEFAULT_RQ_DEPTH,
             rq_batch,
-            rq_low_water,
-            rq_min_depth,
+            rq_low_water: default_rq_low_water(DEFAULT_RQ_DEPTH, rq_batch),
+            rq_min_depth: default_rq_min_depth(DEFAULT_RQ_DEPTH),
             rq_shrink_after: Some(Duration::from_secs(2)),
             rq_pool_size: 256 << 20,
             eager_buf_size: 8192,
@@ -880,17 +882,18 @@ impl Config {
         }
         // The derived defaults follow the depth in effect (the rules in the registry).
         let depth = c.rq_depth;
-        let (batch, _, min_depth) = rq_defaults(depth, None);
-        c.rq_batch = env.int("VERBSNET_RQ_BATCH", Some(depth))?.unwrap_or(batch);
+        c.rq_batch = env
+            .int("VERBSNET_RQ_BATCH", Some(depth))?
+            .unwrap_or(default_rq_batch(depth));
         let batch = c.rq_batch;
         // batch <= depth, so the bound is >= 1.
         let low_max = depth - batch + 1;
         c.rq_low_water = env
             .int("VERBSNET_RQ_LOW_WATER", Some(low_max))?
-            .unwrap_or(rq_defaults(depth, Some(batch)).1);
+            .unwrap_or(default_rq_low_water(depth, batch));
         c.rq_min_depth = env
             .int("VERBSNET_RQ_MIN_DEPTH", Some(depth))?
-            .unwrap_or(min_depth);
+            .unwrap_or(default_rq_min_depth(depth));
         if let Some(t) = env.seconds("VERBSNET_RQ_SHRINK_AFTER")? {
             c.rq_shrink_after = t;
         }
