@@ -170,6 +170,19 @@ pub fn sendmsg(fd: BorrowedFd<'_>, pieces: &[IoPiece<'_>]) -> io::Result<usize> 
     Ok(r as usize)
 }
 
+/// `memmove` of `len` bytes from `src` to `dst` (the ranges may overlap); nothing at all for
+/// `len` 0, since a region may start at address 0 (`regMr(NULL, 0)`) and even a zero-length
+/// `ptr::copy` through a null pointer is undefined behaviour.
+///
+/// # Safety
+/// For `len > 0`: `src` valid for reads and `dst` for writes of `len` bytes.
+unsafe fn copy_bytes(src: *const u8, dst: *mut u8, len: usize) {
+    if len > 0 {
+        // SAFETY: the caller's contract, for a non-zero length.
+        unsafe { std::ptr::copy(src, dst, len) }
+    }
+}
+
 impl Region {
     /// Wraps memory the caller owns.
     ///
@@ -270,14 +283,9 @@ impl Region {
     /// [`OutOfBounds`] (nothing written) when the range is not inside the region.
     pub fn write(&self, offset: usize, src: &[u8]) -> Result<(), OutOfBounds> {
         let dst = self.ptr(offset, src.len())?;
-        if src.is_empty() {
-            // A region may start at address 0 (`regMr(NULL, 0)`): no copy through it.
-            return Ok(());
-        }
         // SAFETY: `dst..dst + src.len()` is inside the region (checked), valid for writes by the
-        // constructor's contract; `src` is a live slice. ptr::copy (memmove) is correct even if
-        // the two ranges overlap.
-        unsafe { std::ptr::copy(src.as_ptr(), dst, src.len()) };
+        // constructor's contract; `src` is a live slice.
+        unsafe { copy_bytes(src.as_ptr(), dst, src.len()) };
         Ok(())
     }
 
@@ -287,12 +295,9 @@ impl Region {
     /// [`OutOfBounds`] (`dst` untouched) when the range is not inside the region.
     pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), OutOfBounds> {
         let src = self.ptr(offset, dst.len())?;
-        if dst.is_empty() {
-            return Ok(());
-        }
         // SAFETY: the source range is inside the region (checked), valid for reads by the
         // constructor's contract; `dst` is a distinct live buffer the caller owns exclusively.
-        unsafe { std::ptr::copy(src.cast_const(), dst.as_mut_ptr(), dst.len()) };
+        unsafe { copy_bytes(src.cast_const(), dst.as_mut_ptr(), dst.len()) };
         Ok(())
     }
 
@@ -307,16 +312,13 @@ impl Region {
         dst: &mut Vec<u8>,
     ) -> Result<(), OutOfBounds> {
         let src = self.ptr(offset, len)?;
-        if len == 0 {
-            return Ok(());
-        }
         dst.reserve(len);
         let at = dst.len();
         // SAFETY: `reserve` made room for `len` more bytes after `at`; the copy fills exactly
         // those from a checked range of the region (valid for reads by contract), which is not
         // the Vec's own allocation; only then does `set_len` expose them, all initialised.
         unsafe {
-            std::ptr::copy(src.cast_const(), dst.as_mut_ptr().add(at), len);
+            copy_bytes(src.cast_const(), dst.as_mut_ptr().add(at), len);
             dst.set_len(at + len);
         }
         Ok(())
@@ -373,12 +375,9 @@ impl Region {
     ) -> Result<(), OutOfBounds> {
         let s = src.ptr(src_off, len)?;
         let d = self.ptr(dst_off, len)?;
-        if len == 0 {
-            return Ok(());
-        }
         // SAFETY: both ranges are inside their regions (checked) and valid by contract;
-        // ptr::copy is a memmove, so overlapping ranges are fine.
-        unsafe { std::ptr::copy(s.cast_const(), d, len) };
+        // overlapping ranges are fine (a memmove).
+        unsafe { copy_bytes(s.cast_const(), d, len) };
         Ok(())
     }
 
