@@ -544,8 +544,8 @@ impl sealed::Side for RecvSide {
     fn handle_wc(&mut self, now: u64, wc: &Wc) {
         self.engine.handle_wc(now, wc, &RecvMem(&self.bufs))
     }
-    fn after_poll(&mut self, _now: u64) {
-        self.engine.flush_credits();
+    fn after_poll(&mut self, now: u64) {
+        self.engine.after_poll(now);
     }
     fn stage(&self, addr: u64, bytes: &[u8]) -> Result<(), Error> {
         stage(&[&self.bufs.ctrl], addr, bytes)

@@ -73,9 +73,12 @@ const HANDLE_MAGIC: &[u8; 8] = b"VNETHDL1";
 const STATE_OFF: usize = 120;
 const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"VNHE");
 /// Wire version of the handshake and the data protocol. 2: a rendezvous immediate names the
-/// receive it matched (`engine::wire`), and matching follows the front-group rule; a peer of
-/// version 1 is refused at connect time instead of misplacing data.
-pub const HELLO_VERSION: u16 = 2;
+/// receive it matched (`engine::wire`), and matching follows the front-group rule. 3: a send
+/// whose clear-to-send is known is one WRITE WITH IMM of its payload (size in `byte_len`), the
+/// immediate has a record bit and a starved bit, CTS entries announce zero-length receive WRs
+/// and the credit word carries where they end. A peer of another version is refused at
+/// connect time instead of misplacing data.
+pub const HELLO_VERSION: u16 = 3;
 const READY: &[u8; 4] = b"RDY!";
 const MAX_HELLO: usize = 1024;
 
@@ -386,8 +389,10 @@ impl HelloReader {
 /// checks them against the device's limits).
 pub fn qp_config(cfg: &Config) -> QpConfig {
     // Sender: data WRs (2 per rendezvous) for every request slot; receiver: CTS and credit writes.
+    // Receiver: the bounce-backed WRs of the full depth, and the zero-length ones that cover
+    // the posted receive buffers (`engine::MAX_ZERO_WRS`).
     QpConfig {
-        max_recv_wr: cfg.rq_depth,
+        max_recv_wr: cfg.rq_depth + crate::engine::MAX_ZERO_WRS,
         max_send_wr: 2 * crate::engine::MAX_SEND_REQUESTS as u32
             + crate::engine::CTRL_STAGE_SLOTS as u32,
         min_rnr_timer: cfg.rnr_timer,

@@ -67,6 +67,10 @@ pub const CTS_RING_ENTRIES: usize = 64;
 /// Speculative eager sends (issued before any receive is known) unmatched at a time; one more
 /// is "retry later" until a clear-to-send arrives. Bounds the CTS ring ([`CTS_RING_ENTRIES`]).
 pub const MAX_SPECULATIVE: usize = 16;
+/// Most zero-length receive WRs a receive comm has posted at a time: one per buffer of the
+/// posted receives, plus what speculative eager sends in flight may take (see
+/// `RecvEngine::irecv`). The QP's receive queue holds them beside the full depth.
+pub const MAX_ZERO_WRS: u32 = (MAX_RECV_REQUESTS * wire::MAX_RECVS + MAX_SPECULATIVE) as u32;
 /// Staging slots for CTS and credit writes on the receive side.
 pub const CTRL_STAGE_SLOTS: usize = 64;
 
@@ -162,13 +166,20 @@ pub(crate) fn wc_error(status: WcStatus, what: &str) -> ReqError {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub(crate) enum WrKind {
+    /// A SEND of header + payload into a bounce buffer (no receive known yet).
     Eager = 1,
-    RndvData = 2,
-    RndvImm = 3,
+    /// A WRITE_WITH_IMM of the payload straight into the matched receive buffer.
+    Direct = 2,
+    /// A WRITE_WITH_IMM of a refusal record (the send was too large).
     ErrNotify = 4,
+    /// A receive WR with a bounce buffer.
     Bounce = 5,
+    /// The RDMA WRITE of a clear-to-send entry.
     Cts = 6,
+    /// The RDMA WRITE of the credit word.
     Credit = 7,
+    /// A zero-length receive WR, consumed only by a WRITE_WITH_IMM.
+    Zero = 8,
 }
 
 pub(crate) fn wr_id(kind: WrKind, gen: u32, index: u32) -> u64 {
@@ -178,12 +189,12 @@ pub(crate) fn wr_id(kind: WrKind, gen: u32, index: u32) -> u64 {
 pub(crate) fn wr_parse(id: u64) -> Option<(WrKind, u32, u32)> {
     let kind = match (id >> 56) as u8 {
         1 => WrKind::Eager,
-        2 => WrKind::RndvData,
-        3 => WrKind::RndvImm,
+        2 => WrKind::Direct,
         4 => WrKind::ErrNotify,
         5 => WrKind::Bounce,
         6 => WrKind::Cts,
         7 => WrKind::Credit,
+        8 => WrKind::Zero,
         _ => return None,
     };
     Some((kind, ((id >> 32) & 0x00ff_ffff) as u32, id as u32))
@@ -197,9 +208,11 @@ pub struct Stats {
     pub ops: u64,
     /// Payload bytes of completed operations.
     pub bytes: u64,
-    /// Messages that went eagerly (SEND into a bounce buffer).
+    /// Messages that went eagerly: a SEND into a bounce buffer, issued before the receive's
+    /// clear-to-send was known (one copy at the receiver).
     pub eager: u64,
-    /// Messages that went by rendezvous (CTS, then RDMA WRITE).
+    /// Messages written straight into their receive buffer after its clear-to-send: one RDMA
+    /// WRITE WITH IMM of the payload, any size (zero copy).
     pub rendezvous: u64,
     /// `isend` answered "retry later" for want of a credit.
     pub credit_stalls: u64,
@@ -237,11 +250,14 @@ pub struct Stats {
     pub pool_exhausted: u64,
     /// Registered (pinned) bytes the comm holds now: bounce buffers and rings.
     pub pinned_bytes: u64,
+    /// Zero-length receive WRs posted so that the posted WRs cover every posted receive buffer
+    /// (receiver, credit gating on; they cost no memory).
+    pub zero_wrs: u64,
 }
 
 impl Stats {
     /// `(name, value)` pairs in a fixed order.
-    pub fn fields(&self) -> [(&'static str, u64); 20] {
+    pub fn fields(&self) -> [(&'static str, u64); 21] {
         [
             ("ops", self.ops),
             ("bytes", self.bytes),
@@ -263,6 +279,7 @@ impl Stats {
             ("rq_shrinks", self.rq_shrinks),
             ("pool_exhausted", self.pool_exhausted),
             ("pinned_bytes", self.pinned_bytes),
+            ("zero_wrs", self.zero_wrs),
         ]
     }
 }
@@ -371,10 +388,14 @@ mod tests {
 
     #[test]
     fn wr_ids_round_trip() {
-        let id = wr_id(WrKind::RndvImm, 0x0123_4567, 0xdead_beef);
+        let id = wr_id(WrKind::Direct, 0x0123_4567, 0xdead_beef);
         assert_eq!(
             wr_parse(id),
-            Some((WrKind::RndvImm, 0x0023_4567, 0xdead_beef))
+            Some((WrKind::Direct, 0x0023_4567, 0xdead_beef))
+        );
+        assert_eq!(
+            wr_parse(wr_id(WrKind::Zero, 0, 0)),
+            Some((WrKind::Zero, 0, 0))
         );
         assert_eq!(wr_parse(0), None);
     }
