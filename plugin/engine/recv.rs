@@ -713,6 +713,12 @@ impl RecvEngine {
         }
         self.consumed += 1;
         self.stats.rq_min_level = self.stats.rq_min_level.min(u64::from(self.posted_b));
+        if self.posted_b + self.posted_z == 0 {
+            // This poll's arrivals took every posted WR: the sender had more in flight than
+            // the queue holds (credits off: it met RNR), so the queue grows. Re-posting waits
+            // for `after_poll`, so a receiver that polls rarely sees this too.
+            self.grow(now);
+        }
         // The buffer this arrival consumed, when it was bounce-backed.
         let bounce = if kind == WrKind::Bounce {
             match self.buf(index) {
@@ -753,8 +759,7 @@ impl RecvEngine {
     }
 
     /// An eager SEND landed in bounce buffer `index` (at `at`): match it, or hold it until a
-    /// receive with a free buffer of its tag is posted. When it took the last bounce-backed WR
-    /// the queue ran dry: more eager sends were in flight than the depth, and it grows.
+    /// receive with a free buffer of its tag is posted.
     fn eager_arrival(&mut self, now: u64, s: u64, index: u32, at: u64, wc: &Wc, mem: &dyn MemRead) {
         let mut hb = [0u8; EAGER_HDR_LEN];
         let hdr = if mem.read(at, &mut hb) {
@@ -776,7 +781,7 @@ impl RecvEngine {
             return;
         }
         self.next_arrival = s.wrapping_add(1);
-        if h.starved || self.posted_b == 0 {
+        if h.starved {
             self.grow(now);
         }
         let u = Unexpected {

@@ -658,8 +658,10 @@ impl SendEngine {
                                         is not calling irecv/test, or VERBSNET_RQ_DEPTH is too \
                                         small)"
                         .to_string(),
-                    Refusal::Cts => "a clear-to-send for the next rendezvous send: the peer has \
-                                     not posted the matching irecv"
+                    Refusal::Cts => "a clear-to-send: the peer has not posted the matching irecv \
+                                     (a send waits for it when it is larger than the eager \
+                                     limit, when 16 eager sends are unmatched already, or \
+                                     when the peer's next receive WR is a zero-length one)"
                         .to_string(),
                     Refusal::Tag(tag) => format!(
                         "a receive buffer with tag {tag} in the oldest posted receive: its \

@@ -1568,10 +1568,10 @@ mod tests {
         burst(&mut p, 400);
         let st = p.rcv.stats().clone();
         assert!(st.rq_grows > 0, "the burst never grew the RQ: {st:?}");
-        assert_eq!(
-            st.rq_depth, 32,
-            "16 in flight, arriving in bursts: full depth: {st:?}"
-        );
+        // The eager sends among the 16 in flight ran the queue dry in bursts: it grew (how far
+        // depends on how many went eagerly; the others went straight into their buffers and
+        // need no bounce buffer).
+        assert!(st.rq_depth > 2, "{st:?}");
         assert!(st.pinned_bytes > idle_pinned);
         assert_eq!(
             p.rnr_naks, 0,
@@ -1595,6 +1595,56 @@ mod tests {
         assert_eq!(p.pool.len(), 64, "every pool buffer went back");
         assert_eq!(st.pinned_bytes, idle_pinned, "pinned as when idle at first");
         assert_eq!(p.rnr_naks, 0);
+    }
+
+    #[test]
+    fn credits_off_a_slow_receiver_grows_its_queue_and_meets_fewer_rnr_naks() {
+        // Receives posted ahead, the receiver polls once per sweep of 200 steps: each burst of
+        // 32 sends drains its queue between sweeps and the sender meets RNR. A poll that finds
+        // its queue emptied grows it (re-posting waits for the end of the poll), so later
+        // bursts fit.
+        let mut cfg = adaptive(2, 64, 128);
+        cfg.credits = false;
+        let mut p = Pair::new(cfg, Knobs::default());
+        let mut rnr = Vec::new();
+        for round in 0..4u64 {
+            let before = p.rnr_naks;
+            let recvs: Vec<ReqId> = (0..32u64)
+                .map(|k| p.irecv(&[(k * 512, 512, 0)]).unwrap())
+                .collect();
+            p.drive_until(1000, |p| p.snd.expected_cts() == (round + 1) * 32);
+            p.knobs.recv_idle = true;
+            let sends: Vec<ReqId> = (0..32u64)
+                .map(|k| p.isend(k * 512, &pattern(round * 32 + k, 300), 0).unwrap())
+                .collect();
+            let mut left = sends.clone();
+            for _sweep in 0..10_000 {
+                for _ in 0..200 {
+                    p.step();
+                }
+                p.knobs.recv_idle = false;
+                p.step();
+                p.knobs.recv_idle = true;
+                left.retain(|&id| p.snd.test(id).unwrap().is_none());
+                if left.is_empty() {
+                    break;
+                }
+            }
+            assert!(left.is_empty(), "round {round}: sends never completed");
+            p.knobs.recv_idle = false;
+            for (k, r) in recvs.into_iter().enumerate() {
+                assert_eq!(p.wait_recv(r).unwrap(), vec![300]);
+                assert_eq!(
+                    p.received(k as u64 * 512, 300),
+                    pattern(round * 32 + k as u64, 300)
+                );
+            }
+            rnr.push(p.rnr_naks - before);
+        }
+        let st = p.rcv.stats().clone();
+        assert!(st.rq_grows > 0 && st.rq_depth >= 32, "{st:?}");
+        assert!(rnr[0] > 0, "the first burst met RNR: {rnr:?}");
+        assert!(rnr[3] < rnr[0], "a deeper queue, fewer RNR NAKs: {rnr:?}");
     }
 
     #[test]

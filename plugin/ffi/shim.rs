@@ -453,18 +453,23 @@ pub(crate) unsafe extern "C" fn reg_mr<S: WireSize>(
         // SAFETY: NCCL guarantees [data, data+size) stays valid until deregMr (ext-net README);
         // deregMr drops the MrHandle and with it every Region clone of this range.
         let region = unsafe { Region::from_raw(data as u64, size) };
-        let mh = c.reg_mr(region)?;
+        let mh = Box::into_raw(Box::new(c.reg_mr(region)?));
+        c.track_mr(mh as usize);
         // SAFETY: checked non-NULL above.
-        unsafe { *mhandle = Box::into_raw(Box::new(mh)) as *mut c_void };
+        unsafe { *mhandle = mh as *mut c_void };
         Ok(())
     })
 }
 
 /// `deregMr(comm, mhandle)` (every version).
-pub(crate) unsafe extern "C" fn dereg_mr(_comm: *mut c_void, mhandle: *mut c_void) -> ncclResult_t {
+pub(crate) unsafe extern "C" fn dereg_mr(comm: *mut c_void, mhandle: *mut c_void) -> ncclResult_t {
     guard("deregMr", || {
         if mhandle.is_null() {
             return Err(null_arg(Op::RegMr, "mhandle"));
+        }
+        // SAFETY: comm is NULL or came from our connect/accept and is not closed yet.
+        if let Ok(c) = unsafe { net_comm(comm, Op::RegMr, "comm") } {
+            c.untrack_mr(mhandle as usize);
         }
         // SAFETY: mhandle came from Box::into_raw in reg_mr and NCCL deregisters it once.
         drop(unsafe { Box::from_raw(mhandle as *mut MrHandle) });
@@ -705,7 +710,14 @@ unsafe fn close_comm(slot: &str, what: &str, comm: *mut c_void) -> ncclResult_t 
             return Err(null_arg(Op::Close, what));
         }
         // SAFETY: came from Box::into_raw in connect (send) or accept (recv); NCCL closes it once.
-        unsafe { Box::from_raw(comm as *mut NetComm) }.close();
+        let leaked = unsafe { Box::from_raw(comm as *mut NetComm) }.close();
+        // Registrations the caller never deregistered (NCCL deregisters first; others may
+        // not): freed now that the comm and its QP are gone.
+        for mh in leaked {
+            // SAFETY: each came from Box::into_raw in reg_mr on this comm and was not
+            // deregistered (deregMr forgets it); the caller may not use it after close.
+            drop(unsafe { Box::from_raw(mh as *mut MrHandle) });
+        }
         Ok(())
     })
 }
