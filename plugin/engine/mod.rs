@@ -18,23 +18,26 @@
 //!   form to every arrival, so both sides agree without extra messages, even for eager sends
 //!   issued before any receive was known.
 //! - Every `irecv` RDMA-writes a clear-to-send ([`wire::CtsEntry`]) into the sender's CTS ring.
-//! - **Eager** (size ≤ eager limit): the sender SENDs header + payload into a bounce buffer the
-//!   receiver pre-posted; the receiver copies it into the user buffer when matched. With the
-//!   front receive known, the send obeys the front-group rule above. With no receive known at
-//!   all it goes out at once (MPI-style eager; NCCL's IB transport would wait): the receiver
-//!   holds it in its bounce buffer until a receive with a free buffer of its tag is posted,
-//!   and the sender completes it once that receive's CTS confirmed the buffer is big enough,
-//!   so a too-large send fails on both ends.
-//! - **Rendezvous** (larger): `isend` waits for the CTS (returns "retry later" until then), then
-//!   RDMA-WRITEs straight into the user buffer (zero copy) and RDMA_WRITE_WITH_IMM's an 8-byte
-//!   completion record; the immediate names the receive and buffer it matched.
-//! - **RQ batching**: the receiver posts `rq_batch` receive WRs per post call, at start
-//!   `rq_depth`, and refills when fewer than `rq_low_water` remain posted.
+//! - **Direct** (the front receive's CTS is known; any size): one RDMA_WRITE_WITH_IMM of the
+//!   payload straight into the receive buffer (zero copy); the immediate names the receive and
+//!   buffer, the completion's `byte_len` the size.
+//! - **Eager** (no receive known at all, size ≤ eager limit): the sender SENDs header + payload
+//!   at once into a bounce buffer the receiver pre-posted (MPI-style eager; NCCL's IB transport
+//!   would wait); the receiver holds it until a receive with a free buffer of its tag is posted
+//!   and copies it, and the sender completes it once that receive's CTS confirmed the buffer is
+//!   big enough, so a too-large send fails on both ends.
+//! - **The receive queue** holds bounce-backed WRs (for eager SENDs) and zero-length WRs (only
+//!   a WRITE_WITH_IMM may consume one). Each send consumes the next WR in posting order, so
+//!   send `k` takes WR `k`. RQ batching: the receiver posts `rq_batch` bounce-backed WRs per
+//!   post call, refilling once per poll when fewer than `rq_low_water` remain.
 //! - **Credits** (optional): a credit is one posted receive WR at the peer. With gating on the
 //!   sender never issues an operation that consumes one (eager SEND, WRITE_WITH_IMM) without a
-//!   credit; the receiver returns credits as it re-posts, piggybacked on CTS entries or in an
-//!   explicit 8-byte credit write when it has no CTS to send. With gating off the sender relies
-//!   on the QP's RNR retry, as NCCL does.
+//!   credit, and `irecv` posts zero-length WRs so that the posted WRs cover every posted buffer:
+//!   a send matching a posted receive then needs nothing more from the receiver (NCCL IB posts
+//!   one receive WR per `irecv`). The CTS entries say which WRs are zero-length, so an eager
+//!   SEND never consumes one. The receiver returns credits as it posts, piggybacked on CTS
+//!   entries or in an explicit credit write ([`wire::credit_word`]). With gating off the sender
+//!   relies on the QP's RNR retry, as NCCL does.
 
 #![forbid(unsafe_code)]
 
