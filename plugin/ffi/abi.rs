@@ -40,6 +40,18 @@ const _: () = assert!(size_of::<ncclNetAttr_v11_t>() == 44);
 const _: () = assert!(NCCL_MAX_NET_SIZE_BYTES == 1 << 40); // nccl_net.h: 1 TiB
 const _: () = assert!(NCCL_NET_OPTIONAL_RECV_COMPLETION == 1); // nccl_net.h
 
+// ---- what the plugin sizes from NCCL's limits (nccl_net.h, ext-net README) ----
+// The connect handle fills NCCL's opaque handle buffer exactly.
+const _: () = assert!(crate::conn::HANDLE_SIZE == NCCL_NET_HANDLE_MAXSIZE as usize);
+// A receive comm has a slot for every request NCCL may keep outstanding on it.
+const _: () = assert!(crate::engine::MAX_RECV_REQUESTS == NCCL_NET_MAX_REQUESTS as usize);
+// A send comm has one for each of them times maxRecvs (a grouped receive's sends), the bound
+// the ext-net README gives for the send side.
+const _: () = assert!(
+    crate::engine::MAX_SEND_REQUESTS
+        == NCCL_NET_MAX_REQUESTS as usize * crate::engine::wire::MAX_RECVS
+);
+
 // ---- v7 (fact sheet §1.3: 56 B properties; §1.4: 19 members) ----
 const _: () = assert!(size_of::<ncclNet_v7_t>() == slot(19));
 const _: () = assert!(size_of::<ncclNetProperties_v7_t>() == 56);
