@@ -213,20 +213,23 @@ fn connect_to_an_address_that_drops_syns_fails_in_the_tcp_connect_stage() {
         .unwrap();
     l.listen(0).unwrap();
     let addr = l.local_addr().unwrap().as_socket().unwrap();
+    // Connect until one stays unanswered for 200 ms: its SYN was dropped (the queue is full).
     let mut fillers = Vec::new();
-    let dropping = loop {
-        assert!(fillers.len() < 16, "the accept queue never filled");
+    let mut dropping = false;
+    while !dropping && fillers.len() < 16 {
         let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
         s.set_nonblocking(true).unwrap();
         let _ = s.connect(&addr.into());
         std::thread::sleep(Duration::from_millis(200));
-        let done = s.peer_addr().is_ok();
+        dropping = s.peer_addr().is_err();
         fillers.push(s);
-        if !done {
-            break true;
-        }
-    };
-    assert!(dropping);
+    }
+    assert!(
+        dropping,
+        "{} connects to a listener with backlog 0 all completed: no SYN was dropped, so this \
+         test cannot build its dropping address",
+        fillers.len()
+    );
     let timeout = Duration::from_millis(1000);
     let cfg = Config {
         connect_timeout: Some(timeout),
@@ -637,7 +640,8 @@ fn too_large_send(size: usize, cap: u64) {
     let Some(Err(se)) = so else {
         panic!("sender: {so:?}")
     };
-    assert!(matches!(se.class(), Class::Usage | Class::Remote), "{se:?}");
+    // docs/protocol.md: ncclInvalidUsage on both ends.
+    assert_eq!(se.class(), Class::Usage, "{se:?}");
     let later = l
         .send
         .isend(sb.addr(0), 8, 9, &sb.mr)
@@ -652,7 +656,7 @@ fn too_large_send(size: usize, cap: u64) {
     let Some(Err(re)) = ro else {
         panic!("receiver: {ro:?}")
     };
-    assert!(matches!(re.class(), Class::Usage | Class::Remote), "{re:?}");
+    assert_eq!(re.class(), Class::Usage, "{re:?}");
     assert_eq!(l.recv.sticky_error(), Some(re.clone()));
     assert_eq!(l.recv.test(r).unwrap_err(), re);
     assert_eq!(
