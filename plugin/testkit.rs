@@ -1,7 +1,8 @@
 //! In-process helpers for plugin-level tests and benches: open a device of either transport,
 //! connect a send/receive comm pair through the real listen/connect/accept state machines,
 //! and register plugin-allocated buffers. Everything here is safe Rust over the same code the
-//! `ncclNet_v8` shims call; configuration is passed explicitly, so tests can differ per pair.
+//! `ncclNet` shims (v7 … v12) call; configuration is passed explicitly, so tests can differ per
+//! pair.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;

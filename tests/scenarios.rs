@@ -1,5 +1,6 @@
 //! Scenario tests from field reports, at plugin level: real connect/accept state machines and
-//! comms over a real transport, driven through the same safe API the ncclNet_v8 shims call.
+//! comms over a real transport, driven through the same safe API the ncclNet shims (v7 … v12)
+//! call.
 //!
 //! Transport from `VERBSNET_TEST_TRANSPORT` (`tcp`, the default, on the host; `ib` on rxe0 in
 //! the soft-RoCE VM). Without the device a test prints a `SKIP` line and passes. Every test takes
