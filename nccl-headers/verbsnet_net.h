@@ -2,15 +2,15 @@
  * verbsnet's own description of the NCCL network-plugin ABI, versions 7 to 12, one section per
  * version (v8 first, it is the base the others are described against).
  *
- * Written for this project from the facts collected in docs (sizes, field
- * order and constants measured on x86_64 / LP64). It is not a copy of any
- * NCCL header: names follow NCCL's spelling only where the ABI makes the
- * name part of the contract (the exported symbol ncclNetPlugin_v8) or where
- * users search for it in logs and docs.
+ * Written for this project from the ABI's facts (field order, sizes and constants measured on
+ * x86_64 / LP64; docs/nccl-abi.md, "Layouts"). It is not a copy of any NCCL header: names
+ * follow NCCL's spelling only where the ABI makes the name part of the contract (the exported
+ * symbols ncclNetPlugin_v7 ... ncclNetPlugin_v12) or where users search for it in logs and
+ * docs.
  *
  * Every size and offset is asserted at compile time in plugin/ffi/abi.rs, with the source of
  * each number (NCCL's src/include/plugin/net/net_v<N>.h, read at NVIDIA/nccl 5067397, and the
- * project's ABI fact sheet, which measured them with g++ on x86_64).
+ * sizes g++ gives those headers on x86_64, listed in docs/nccl-abi.md).
  *
  * Adding a version: one new section here (its properties, table and any new struct), one
  * adapter file plugin/ffi/v<N>.rs, and its symbol in plugin/ffi/exports.map.

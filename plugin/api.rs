@@ -4,7 +4,8 @@
 //! meaning once, with Rust types instead of `void*`:
 //! - a [`Context`] per NCCL communicator (v11+: one per `init(ctx, commId, config)`, ended by
 //!   `finalize`; v7–v10: one process-wide context made by the first `init`, never finalized),
-//!   holding what belongs to the communicator: its `commId` and its traffic class;
+//!   holding what belongs to the communicator: its `commId`, its traffic class and its
+//!   connects in progress (freed at its `finalize` even when NCCL abandoned them);
 //! - the shared plugin state (configuration, transport, devices with their verbs contexts
 //!   and PDs), opened by the first context and reference-counted by contexts: the last
 //!   context to go releases it, so `init` → … → `finalize` → `dlclose` cycles leak nothing;
@@ -23,7 +24,7 @@ use tracing::info;
 
 use crate::comm::{self, Comm, Role};
 pub use crate::comm::{Class, CommPtr, Failure, MrHandle, ReqHandle};
-use crate::conn::{Connecting, Listen, HANDLE_SIZE};
+use crate::conn::{Connects, Listen, HANDLE_SIZE};
 use crate::engine::wire::MAX_RECVS;
 use crate::net::{self, Net};
 
@@ -107,6 +108,8 @@ pub struct Context {
     net: Arc<Net>,
     comm_id: Option<u64>,
     traffic_class: Option<u8>,
+    /// The connects this context started, between NCCL's `connect` calls.
+    connects: Connects,
 }
 
 impl Context {
@@ -123,6 +126,11 @@ impl Context {
     /// The shared plugin state.
     pub fn net(&self) -> &Arc<Net> {
         &self.net
+    }
+
+    /// Connects this context started that wait for NCCL's next `connect` call.
+    pub fn connects_waiting(&self) -> usize {
+        self.connects.waiting()
     }
 
     fn label(&self) -> String {
@@ -202,6 +210,7 @@ pub fn init(args: InitArgs) -> Result<Arc<Context>, Error> {
             net: acquire(args.logger.clone())?,
             comm_id: None,
             traffic_class: tc,
+            connects: Connects::new(),
         });
         *legacy = Some(ctx.clone());
         return Ok(ctx);
@@ -210,6 +219,7 @@ pub fn init(args: InitArgs) -> Result<Arc<Context>, Error> {
         net: acquire(args.logger.clone())?,
         comm_id: args.comm_id,
         traffic_class: tc,
+        connects: Connects::new(),
     });
     info!(
         target: "verbsnet::init",
@@ -225,10 +235,18 @@ pub fn legacy_context() -> Result<Arc<Context>, Error> {
     lock(&LEGACY).clone().ok_or_else(before_init)
 }
 
-/// `finalize(ctx)` (v11+): ends the communicator's context. The shared state goes with the
-/// last context (comms still open keep their own device references).
+/// `finalize(ctx)` (v11+): ends the communicator's context and frees the connects it started
+/// that NCCL abandoned (an abort mid-connect), even while its comms are still open. The shared
+/// state goes with the last context (comms still open keep their own device references).
 pub fn finalize(ctx: Arc<Context>) {
-    info!(target: "verbsnet::init", "{}: finalized", ctx.label());
+    match ctx.connects.release() {
+        0 => info!(target: "verbsnet::init", "{}: finalized", ctx.label()),
+        n => info!(
+            target: "verbsnet::init",
+            "{}: finalized; {n} unfinished connect(s) released",
+            ctx.label()
+        ),
+    }
     drop(ctx);
 }
 
@@ -475,6 +493,7 @@ pub fn listen(
     dev: i32,
     handle: &mut [u8; HANDLE_SIZE],
 ) -> Result<ListenComm, Error> {
+    ctx.connects.expire(comm::now_ns());
     let net = ctx.net.clone();
     let d = net::dev_entry(&net, dev).map_err(|e| e.lift(Op::Listen))?;
     let cfg = conn_config(&ctx, None);
@@ -491,7 +510,8 @@ pub fn listen(
 }
 
 /// One non-blocking step of `connect(ctx, dev, handle)`: `Ok(None)` = call again with the same
-/// handle (ext-net README). `traffic_class` is the v10 per-connection config (-1 = unset).
+/// handle (ext-net README), the connect's state kept by `ctx`. `traffic_class` is the v10
+/// per-connection config (-1 = unset).
 pub fn connect(
     ctx: Arc<Context>,
     dev: i32,
@@ -501,26 +521,18 @@ pub fn connect(
     let tc = self::traffic_class(traffic_class, "the connection's")?;
     let d = net::dev_entry(&ctx.net, dev).map_err(|e| e.lift(Op::Connect))?;
     let cfg = conn_config(&ctx, tc);
-    let mut c = Connecting::resume_or_start(handle).map_err(|e| e.lift(Op::Connect))?;
-    match c.step(&d.dev, &d.props.name, &cfg) {
-        Ok(Some(mut comm)) => {
-            Connecting::clear(handle);
-            comm.set_comm_id(ctx.comm_id);
-            Ok(Some(SendComm {
-                comm,
-                mrs: MrSet::default(),
-                _ctx: ctx,
-            }))
+    let comm = ctx
+        .connects
+        .step(handle, &d.dev, &d.props.name, &cfg)
+        .map_err(|e| e.lift(Op::Connect))?;
+    Ok(comm.map(|mut comm| {
+        comm.set_comm_id(ctx.comm_id);
+        SendComm {
+            comm,
+            mrs: MrSet::default(),
+            _ctx: ctx,
         }
-        Ok(None) => {
-            c.park(handle);
-            Ok(None)
-        }
-        Err(e) => {
-            Connecting::clear(handle);
-            Err(e.lift(Op::Connect))
-        }
-    }
+    }))
 }
 
 impl ListenComm {
@@ -619,6 +631,7 @@ mod tests {
             }),
             comm_id: Some(1),
             traffic_class: tc,
+            connects: Connects::new(),
         }
     }
 

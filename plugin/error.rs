@@ -1,12 +1,12 @@
 //! The error shape every layer uses: [`Failure`] over the layer's own enum of what failed
 //! (`comm::Op`, `conn::Stage`, `net::Op`, `api::Op`, `limits::Check`), with its [`Class`]
-//! (the one thing `ffi` maps to `ncclResult_t`, in `ffi::shim::code`), typed sources and a fix.
+//! (the one thing `ffi` maps to `ncclResult_t`, in `ffi::boundary::code`), typed sources and a fix.
 
 use std::fmt;
 use std::sync::Arc;
 
 /// What kind of failure an error is: the class [`crate::ffi`] maps to one `ncclResult_t`
-/// (ext-net README `plugins/net/README.md`, error codes), in one place (`ffi::shim::code`).
+/// (ext-net README `plugins/net/README.md`, error codes), in one place (`ffi::boundary::code`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Class {
     /// Bad argument from the caller (→ `ncclInvalidArgument`).

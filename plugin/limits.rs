@@ -6,7 +6,8 @@
 //! What one comm registers (and, on verbs, pins), from the engine's buffer layout
 //! ([`crate::engine::wire::recv_comm_buffers`], [`crate::engine::wire::SEND_COMM_BUFFERS`]):
 //! - receive comm: `VERBSNET_RQ_DEPTH × (32 + VERBSNET_EAGER_BUF_SIZE)` bytes of bounce
-//!   buffers (32 = `EAGER_HDR_LEN`, the eager header), plus the record ring and control staging (a few KiB), each rounded up to pages;
+//!   buffers (32 = `EAGER_HDR_LEN`, the eager header), plus the record ring and control
+//!   staging (a few KiB), each rounded up to pages;
 //! - send comm: eager-header and record staging, the CTS ring and the credit word (a few KiB).
 //!
 //! Checks: every comm against [`MAX_COMM_BYTES`] (any transport; the memory is allocated on
@@ -41,7 +42,8 @@ pub const MAX_COMM_BYTES: u64 = 1 << 30;
 pub struct Footprint {
     /// One receive comm (bounce buffers, record ring, control staging).
     pub recv: u64,
-    /// Of which the bounce buffers (`rq_depth × (64 + eager_buf_size)`, page-rounded).
+    /// Of which the bounce buffers (`rq_depth × (EAGER_HDR_LEN + eager_buf_size)`, with
+    /// `EAGER_HDR_LEN` = 32, page-rounded).
     pub bounce: u64,
     /// One send comm.
     pub send: u64,

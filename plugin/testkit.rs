@@ -1,7 +1,8 @@
 //! In-process helpers for plugin-level tests and benches: open a device of either transport,
 //! connect a send/receive comm pair through the real listen/connect/accept state machines,
 //! and register plugin-allocated buffers. Everything here is safe Rust over the same code the
-//! `ncclNet_v8` shims call; configuration is passed explicitly, so tests can differ per pair.
+//! `ncclNet` shims (v7 … v12) call; configuration is passed explicitly, so tests can differ per
+//! pair.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
@@ -9,7 +10,7 @@ use std::sync::Arc;
 use crate::api::{Error, Op};
 use crate::comm::{Class, Comm, MrHandle, RecvComm, ReqHandle, Role, SendComm};
 use crate::config::{Config, TransportChoice};
-use crate::conn::{Connecting, Listen, HANDLE_SIZE};
+use crate::conn::{Connects, Listen, HANDLE_SIZE};
 use crate::mem::Region;
 use crate::transport::{self, Device, Kind};
 
@@ -71,20 +72,12 @@ pub fn connect(
     )
     .map_err(|e| e.lift(Op::Listen))?;
     let (mut send, mut recv) = (None, None);
+    let connects = Connects::new();
     for _ in 0..max_polls {
         if send.is_none() {
-            let mut c =
-                Connecting::resume_or_start(&mut handle).map_err(|e| e.lift(Op::Connect))?;
-            match c
-                .step(dev, &name, send_cfg)
-                .map_err(|e| e.lift(Op::Connect))?
-            {
-                Some(comm) => {
-                    Connecting::clear(&mut handle);
-                    send = Some(comm);
-                }
-                None => c.park(&mut handle),
-            }
+            send = connects
+                .step(&mut handle, dev, &name, send_cfg)
+                .map_err(|e| e.lift(Op::Connect))?;
         }
         if recv.is_none() {
             recv = listen.accept().map_err(|e| e.lift(Op::Accept))?;

@@ -1,6 +1,6 @@
 //! Plugin-level tests of a connected send/receive comm pair, through the same connect/accept
-//! state machines and comms the ncclNet_v8 shims use. Transport from `VERBSNET_TEST_TRANSPORT`
-//! (tcp by default; the soft-RoCE VM suite runs them with `ib` on rxe0).
+//! state machines and comms the ncclNet shims (v7 … v12) use. Transport from
+//! `VERBSNET_TEST_TRANSPORT` (tcp by default; the soft-RoCE VM suite runs them with `ib` on rxe0).
 use nccl_net_verbsnet::comm::Class;
 use nccl_net_verbsnet::config::{Config, TransportChoice};
 use nccl_net_verbsnet::engine::sim::pattern;

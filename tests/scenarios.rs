@@ -1,5 +1,6 @@
 //! Scenario tests from field reports, at plugin level: real connect/accept state machines and
-//! comms over a real transport, driven through the same safe API the ncclNet_v8 shims call.
+//! comms over a real transport, driven through the same safe API the ncclNet shims (v7 … v12)
+//! call.
 //!
 //! Transport from `VERBSNET_TEST_TRANSPORT` (`tcp`, the default, on the host; `ib` on rxe0 in
 //! the soft-RoCE VM). Without the device a test prints a `SKIP` line and passes. Every test takes
@@ -26,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use nccl_net_verbsnet::comm::{Class, Comm, Error, RecvComm, Role, SendComm};
 use nccl_net_verbsnet::config::Config;
-use nccl_net_verbsnet::conn::{Connecting, Listen, HANDLE_SIZE};
+use nccl_net_verbsnet::conn::{Connects, Listen, HANDLE_SIZE};
 use nccl_net_verbsnet::engine::sim::pattern;
 use nccl_net_verbsnet::engine::{ReqId, MAX_RECV_REQUESTS, MAX_SEND_REQUESTS};
 use nccl_net_verbsnet::testkit::{connect, Buf, Link};
@@ -482,17 +483,14 @@ fn connect_then(
     .expect("listen");
     let (mut send, mut recv): (Option<Box<SendComm>>, Option<Box<RecvComm>>) = (None, None);
     let mut recv_first = false;
+    let connects = Connects::new();
     for _ in 0..5_000_000 {
         if send.is_none() {
-            let mut c = Connecting::resume_or_start(&mut handle).expect("connect");
-            match c.step(dev, &name, send_cfg).expect("connect step") {
-                Some(comm) => {
-                    Connecting::clear(&mut handle);
-                    recv_first = recv.is_some();
-                    on_send(&comm);
-                    send = Some(comm);
-                }
-                None => c.park(&mut handle),
+            let step = connects.step(&mut handle, dev, &name, send_cfg);
+            if let Some(comm) = step.expect("connect step") {
+                recv_first = recv.is_some();
+                on_send(&comm);
+                send = Some(comm);
             }
         }
         if recv.is_none() {
@@ -681,25 +679,14 @@ fn ring(dev: &Arc<dyn Device>, kind: Kind, max_call: &mut Duration) -> Vec<Link>
         })
         .collect();
     let mut sends: Vec<Option<Box<SendComm>>> = (0..RANKS).map(|_| None).collect();
+    let connects = Connects::new();
     let mut recvs: Vec<Option<Box<RecvComm>>> = (0..RANKS).map(|_| None).collect();
     for _ in 0..5_000_000 {
         for r in 0..RANKS {
             let next = (r + 1) % RANKS;
             if sends[r].is_none() {
                 let h = &mut handles[next];
-                sends[r] = timed(max_call, || {
-                    let mut c = Connecting::resume_or_start(h).unwrap();
-                    match c.step(dev, &name, &cfg).unwrap() {
-                        Some(comm) => {
-                            Connecting::clear(h);
-                            Some(comm)
-                        }
-                        None => {
-                            c.park(h);
-                            None
-                        }
-                    }
-                });
+                sends[r] = timed(max_call, || connects.step(h, dev, &name, &cfg).unwrap());
             }
             if recvs[r].is_none() {
                 let l = &mut listens[r];

@@ -2,10 +2,9 @@
 //! `nccl-headers/verbsnet_net.h`, with compile-time layout checks (x86_64, LP64).
 //!
 //! Sources of the numbers: the member lists of NCCL's `src/include/plugin/net/net_v7.h` …
-//! `net_v12.h` (NVIDIA/nccl 5067397) and the sizes/offsets the project's ABI fact sheet
-//! (`shared/docs/nccl-net-abi.md` §1.2–1.4) measured by compiling those headers with g++.
-//! A table is `members × 8` bytes: 19 members for v7/v8, 20 for v9/v10 (`makeVDevice`), 22
-//! for v11/v12 (`finalize`, `setNetAttr`).
+//! `net_v12.h` (NVIDIA/nccl 5067397) and the sizes/offsets g++ gives those headers on x86_64,
+//! listed in docs/nccl-abi.md ("Layouts"). A table is `members × 8` bytes: 19 members for
+//! v7/v8, 20 for v9/v10 (`makeVDevice`), 22 for v11/v12 (`finalize`, `setNetAttr`).
 // bindgen's output (bitfield accessors) has unsafe blocks without SAFETY comments; it is
 // generated, not written here.
 #![allow(
@@ -26,7 +25,7 @@ const fn slot(i: usize) -> usize {
     i * 8
 }
 
-// ---- shared structs (fact sheet §1.2) ----
+// ---- shared structs (Layouts: shared structs and constants) ----
 const _: () = assert!(crate::api::PTR_HOST as u32 == NCCL_PTR_HOST);
 const _: () = assert!(size_of::<ncclNetDeviceHandle_v8_t>() == 32);
 const _: () = assert!(offset_of!(ncclNetDeviceHandle_v8_t, handle) == 8);
@@ -40,7 +39,19 @@ const _: () = assert!(size_of::<ncclNetAttr_v11_t>() == 44);
 const _: () = assert!(NCCL_MAX_NET_SIZE_BYTES == 1 << 40); // nccl_net.h: 1 TiB
 const _: () = assert!(NCCL_NET_OPTIONAL_RECV_COMPLETION == 1); // nccl_net.h
 
-// ---- v7 (fact sheet §1.3: 56 B properties; §1.4: 19 members) ----
+// ---- what the plugin sizes from NCCL's limits (nccl_net.h, ext-net README) ----
+// The connect handle fills NCCL's opaque handle buffer exactly.
+const _: () = assert!(crate::conn::HANDLE_SIZE == NCCL_NET_HANDLE_MAXSIZE as usize);
+// A receive comm has a slot for every request NCCL may keep outstanding on it.
+const _: () = assert!(crate::engine::MAX_RECV_REQUESTS == NCCL_NET_MAX_REQUESTS as usize);
+// A send comm has one for each of them times maxRecvs (a grouped receive's sends), the bound
+// the ext-net README gives for the send side.
+const _: () = assert!(
+    crate::engine::MAX_SEND_REQUESTS
+        == NCCL_NET_MAX_REQUESTS as usize * crate::engine::wire::MAX_RECVS
+);
+
+// ---- v7 (Layouts: 56 B properties; 19 members) ----
 const _: () = assert!(size_of::<ncclNet_v7_t>() == slot(19));
 const _: () = assert!(size_of::<ncclNetProperties_v7_t>() == 56);
 const _: () = assert!(offset_of!(ncclNetProperties_v7_t, ptrSupport) == 24);
@@ -49,7 +60,7 @@ const _: () = assert!(offset_of!(ncclNetProperties_v7_t, latency) == 36);
 const _: () = assert!(offset_of!(ncclNetProperties_v7_t, maxRecvs) == 44);
 const _: () = assert!(offset_of!(ncclNetProperties_v7_t, netDeviceVersion) == 52);
 
-// ---- v8 (fact sheet §1.3 table: 64 B; §1.4: 19 members, 152 B) ----
+// ---- v8 (Layouts: 64 B; 19 members, 152 B) ----
 const _: () = assert!(size_of::<ncclNet_v8_t>() == 152);
 const _: () = assert!(size_of::<ncclNetProperties_v8_t>() == 64);
 const _: () = assert!(offset_of!(ncclNetProperties_v8_t, name) == 0);
@@ -69,7 +80,7 @@ const _: () = assert!(offset_of!(ncclNet_v8_t, isend) == slot(10));
 const _: () = assert!(offset_of!(ncclNet_v8_t, test) == slot(13));
 const _: () = assert!(offset_of!(ncclNet_v8_t, irecvConsumed) == slot(18));
 
-// ---- v9 (fact sheet §1.3: 104 B, vProps@64, maxP2pBytes@88; §1.4: 20 members, 160 B) ----
+// ---- v9 (Layouts: 104 B, vProps@64, maxP2pBytes@88; 20 members, 160 B) ----
 const _: () = assert!(size_of::<ncclNet_v9_t>() == 160);
 const _: () = assert!(size_of::<ncclNetProperties_v9_t>() == 104);
 const _: () = assert!(offset_of!(ncclNetProperties_v9_t, regIsGlobal) == 28);
@@ -88,14 +99,14 @@ const _: () = assert!(offset_of!(ncclNet_v9_t, isend) == slot(10));
 const _: () = assert!(offset_of!(ncclNet_v9_t, test) == slot(13));
 const _: () = assert!(offset_of!(ncclNet_v9_t, makeVDevice) == slot(19));
 
-// ---- v10 (fact sheet §1.3: properties identical to v9; §1.4: 20 members, 160 B) ----
+// ---- v10 (Layouts: properties identical to v9; 20 members, 160 B) ----
 const _: () = assert!(size_of::<ncclNet_v10_t>() == 160);
 const _: () = assert!(size_of::<ncclNetProperties_v10_t>() == 104);
 const _: () = assert!(offset_of!(ncclNet_v10_t, connect) == slot(5));
 const _: () = assert!(offset_of!(ncclNet_v10_t, isend) == slot(10));
 const _: () = assert!(offset_of!(ncclNet_v10_t, makeVDevice) == slot(19));
 
-// ---- v11 (fact sheet §1.3: v10 + maxMultiRequestSize@104, 112 B; §1.4: 22 members, 176 B) ----
+// ---- v11 (Layouts: v10 + maxMultiRequestSize@104, 112 B; 22 members, 176 B) ----
 const _: () = assert!(size_of::<ncclNet_v11_t>() == 176);
 const _: () = assert!(size_of::<ncclNetProperties_v11_t>() == 112);
 const _: () = assert!(offset_of!(ncclNetProperties_v11_t, vProps) == 64);
@@ -107,7 +118,7 @@ const _: () = assert!(offset_of!(ncclNet_v11_t, makeVDevice) == slot(19));
 const _: () = assert!(offset_of!(ncclNet_v11_t, finalize) == slot(20));
 const _: () = assert!(offset_of!(ncclNet_v11_t, setNetAttr) == slot(21));
 
-// ---- v12 (fact sheet §1.3: 128 B, vProps 36 B, maxP2pBytes@104 … planeId@126; §1.4: 176 B) ----
+// ---- v12 (Layouts: 128 B, vProps 36 B, maxP2pBytes@104 … planeId@126; 176 B) ----
 const _: () = assert!(size_of::<ncclNet_v12_t>() == 176);
 const _: () = assert!(size_of::<ncclNetProperties_v12_t>() == 128);
 const _: () = assert!(offset_of!(ncclNetProperties_v12_t, vProps) == 64);

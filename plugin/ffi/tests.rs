@@ -18,7 +18,7 @@ use super::v8::ncclNetPlugin_v8;
 use super::v9::ncclNetPlugin_v9;
 
 fn table() -> &'static ncclNet_v8_t {
-    &ncclNetPlugin_v8.0
+    ncclNetPlugin_v8.get()
 }
 
 struct Pair {
@@ -434,7 +434,7 @@ fn a_foreign_handle_is_refused_with_a_clear_error() {
 
 #[test]
 fn v7_table_shares_the_shims_and_converts_properties_and_int_sizes() {
-    let t7 = &ncclNetPlugin_v7.0;
+    let t7 = ncclNetPlugin_v7.get();
     let p = setup();
     // SAFETY: valid pointers throughout; the buffer outlives its registration.
     unsafe {
@@ -487,20 +487,20 @@ fn v7_table_shares_the_shims_and_converts_properties_and_int_sizes() {
 #[test]
 fn every_table_is_named_verbsnet_with_the_optional_slots_null() {
     let names = [
-        ncclNetPlugin_v7.0.name,
-        ncclNetPlugin_v8.0.name,
-        ncclNetPlugin_v9.0.name,
-        ncclNetPlugin_v10.0.name,
-        ncclNetPlugin_v11.0.name,
-        ncclNetPlugin_v12.0.name,
+        ncclNetPlugin_v7.name,
+        ncclNetPlugin_v8.name,
+        ncclNetPlugin_v9.name,
+        ncclNetPlugin_v10.name,
+        ncclNetPlugin_v11.name,
+        ncclNetPlugin_v12.name,
     ];
     for n in names {
         // SAFETY: each name points to the same static C string.
         assert_eq!(unsafe { CStr::from_ptr(n) }.to_str().unwrap(), "verbsnet");
     }
     // makeVDevice NULL: NCCL then uses the physical devices as they are (src/plugin/net.cc).
-    assert!(ncclNetPlugin_v9.0.makeVDevice.is_none() && ncclNetPlugin_v10.0.makeVDevice.is_none());
-    let (t11, t12) = (&ncclNetPlugin_v11.0, &ncclNetPlugin_v12.0);
+    assert!(ncclNetPlugin_v9.makeVDevice.is_none() && ncclNetPlugin_v10.makeVDevice.is_none());
+    let (t11, t12) = (ncclNetPlugin_v11.get(), ncclNetPlugin_v12.get());
     assert!(t11.makeVDevice.is_none() && t11.setNetAttr.is_none() && t11.finalize.is_some());
     assert!(t12.makeVDevice.is_none() && t12.setNetAttr.is_none() && t12.finalize.is_some());
 }
@@ -510,7 +510,7 @@ fn v9_properties_carry_the_size_limits_and_a_single_device_vnic() {
     let _ = setup();
     let mut p: ncclNetProperties_v9_t = Default::default();
     // SAFETY: valid pointer to a v9 struct.
-    let r = unsafe { ncclNetPlugin_v9.0.getProperties.unwrap()(0, &mut p) };
+    let r = unsafe { ncclNetPlugin_v9.getProperties.unwrap()(0, &mut p) };
     assert_eq!(r, ncclResult_t::ncclSuccess);
     assert_eq!(p.maxP2pBytes, 1 << 30);
     assert!(p.maxP2pBytes as u64 <= super::abi::NCCL_MAX_NET_SIZE_BYTES);
@@ -540,7 +540,7 @@ fn init_ctx(init: InitCtx, comm_id: u64, tc: c_int) -> (ncclResult_t, *mut c_voi
 fn v12_contexts_carry_a_message_with_optional_completion_and_finalize_in_turn() {
     std::env::set_var("VERBSNET_TRANSPORT", "tcp");
     std::env::set_var("VERBSNET_SOCKET_ADDR", "127.0.0.1");
-    let t = &ncclNetPlugin_v12.0;
+    let t = ncclNetPlugin_v12.get();
     let (r, a) = init_ctx(t.init.unwrap(), 0xa, 106);
     assert_eq!(r, ncclResult_t::ncclSuccess);
     let (r, b) = init_ctx(t.init.unwrap(), 0xb, -1);
@@ -667,7 +667,7 @@ fn v12_contexts_carry_a_message_with_optional_completion_and_finalize_in_turn() 
 /// the v9 table (`size_t` sizes) over tcp: it arrives whole and `test` reports its size.
 #[test]
 fn v9_moves_one_message_of_max_p2p_bytes() {
-    let t = &ncclNetPlugin_v9.0;
+    let t = ncclNetPlugin_v9.get();
     let p = setup();
     let len: usize = 1 << 30;
     let mut sbuf: Vec<u8> = (0..len).map(|i| (i >> 12) as u8 ^ (i as u8)).collect();
@@ -728,7 +728,7 @@ fn v9_moves_one_message_of_max_p2p_bytes() {
 
 #[test]
 fn v10_connect_reads_its_config_which_may_be_null() {
-    let t = &ncclNetPlugin_v10.0;
+    let t = ncclNetPlugin_v10.get();
     let _ = setup();
     let mut handle = [0xabu8; 128];
     let mut send: *mut c_void = ptr::null_mut();
@@ -762,4 +762,46 @@ fn v10_connect_reads_its_config_which_may_be_null() {
     };
     assert_eq!(r, ncclResult_t::ncclInvalidArgument);
     assert!(send.is_null());
+}
+
+#[test]
+fn a_panic_in_a_slot_body_is_contained_and_reported_as_an_internal_error() {
+    let r = super::boundary::guard("test", || panic!("boom"));
+    assert_eq!(r, ncclResult_t::ncclInternalError);
+}
+
+#[test]
+fn null_arguments_are_refused_and_the_request_left_alone() {
+    let t = table();
+    let p = setup();
+    let mut buf = vec![0u8; 64];
+    // SAFETY: every pointer is valid for its call or NULL on purpose.
+    unsafe {
+        let mut mh: *mut c_void = ptr::null_mut();
+        let r = t.regMr.unwrap()(p.recv, buf.as_mut_ptr().cast(), 64, 1, &mut mh);
+        assert_eq!(r, ncclResult_t::ncclSuccess);
+        let mut data = [buf.as_mut_ptr().cast::<c_void>()];
+        let mut tags = [0 as c_int];
+        let mut mhs = [mh];
+        let mut req: *mut c_void = 9 as *mut c_void;
+        let r = t.irecv.unwrap()(
+            p.recv,
+            1,
+            data.as_mut_ptr(),
+            ptr::null_mut(),
+            tags.as_mut_ptr(),
+            mhs.as_mut_ptr(),
+            &mut req,
+        );
+        assert_eq!((r, req as usize), (ncclResult_t::ncclInvalidArgument, 9));
+        let r = t.test.unwrap()(ptr::null_mut(), &mut 0, ptr::null_mut());
+        assert_eq!(r, ncclResult_t::ncclInvalidArgument);
+        assert_eq!(
+            t.closeSend.unwrap()(ptr::null_mut()),
+            ncclResult_t::ncclInvalidArgument
+        );
+        assert_eq!(t.deregMr.unwrap()(p.recv, mh), ncclResult_t::ncclSuccess);
+        assert_eq!(t.closeSend.unwrap()(p.send), ncclResult_t::ncclSuccess);
+        assert_eq!(t.closeRecv.unwrap()(p.recv), ncclResult_t::ncclSuccess);
+    }
 }

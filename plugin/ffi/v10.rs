@@ -3,12 +3,13 @@
 //! (net_v10.h).
 
 use super::abi::{ncclNetProperties_v10_t, ncclNet_v10_t};
-use super::shim::{self, Table};
+use super::boundary::Table;
+use super::shim;
 
 /// The v10 table.
 #[no_mangle]
 #[used]
-pub static ncclNetPlugin_v10: Table<ncclNet_v10_t> = Table(ncclNet_v10_t {
+pub static ncclNetPlugin_v10: Table<ncclNet_v10_t> = Table::new(ncclNet_v10_t {
     name: shim::NAME.as_ptr(),
     init: Some(shim::init_prof::<10>),
     devices: Some(shim::devices),

@@ -3,7 +3,8 @@
 //! properties gain `maxMultiRequestSize` (net_v11.h).
 
 use super::abi::{ncclNetDeviceType, ncclNetProperties_v11_t, ncclNet_v11_t};
-use super::shim::{self, FromProps, Table};
+use super::boundary::Table;
+use super::shim::{self, FromProps};
 use super::v9::vprops_v9;
 use crate::api::Properties;
 
@@ -34,7 +35,7 @@ impl FromProps for ncclNetProperties_v11_t {
 /// The v11 table.
 #[no_mangle]
 #[used]
-pub static ncclNetPlugin_v11: Table<ncclNet_v11_t> = Table(ncclNet_v11_t {
+pub static ncclNetPlugin_v11: Table<ncclNet_v11_t> = Table::new(ncclNet_v11_t {
     name: shim::NAME.as_ptr(),
     init: Some(shim::init_ctx::<11>),
     devices: Some(shim::devices),

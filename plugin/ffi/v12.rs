@@ -5,7 +5,8 @@
 use super::abi::{
     ncclNetDeviceType, ncclNetProperties_v12_t, ncclNetVDeviceProps_v12_t, ncclNet_v12_t,
 };
-use super::shim::{self, FromProps, Table};
+use super::boundary::Table;
+use super::shim::{self, FromProps};
 use crate::api::Properties;
 
 impl FromProps for ncclNetProperties_v12_t {
@@ -42,7 +43,7 @@ impl FromProps for ncclNetProperties_v12_t {
 /// The v12 table.
 #[no_mangle]
 #[used]
-pub static ncclNetPlugin_v12: Table<ncclNet_v12_t> = Table(ncclNet_v12_t {
+pub static ncclNetPlugin_v12: Table<ncclNet_v12_t> = Table::new(ncclNet_v12_t {
     name: shim::NAME.as_ptr(),
     init: Some(shim::init_ctx::<12>),
     devices: Some(shim::devices),

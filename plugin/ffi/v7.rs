@@ -4,7 +4,8 @@
 use std::ffi::c_int;
 
 use super::abi::{ncclNetDeviceType, ncclNetProperties_v7_t, ncclNet_v7_t};
-use super::shim::{self, FromProps, Table};
+use super::boundary::Table;
+use super::shim::{self, FromProps};
 use crate::api::Properties;
 
 impl FromProps for ncclNetProperties_v7_t {
@@ -28,7 +29,7 @@ impl FromProps for ncclNetProperties_v7_t {
 /// The v7 table NCCL 2.19 finds with `dlsym`.
 #[no_mangle]
 #[used]
-pub static ncclNetPlugin_v7: Table<ncclNet_v7_t> = Table(ncclNet_v7_t {
+pub static ncclNetPlugin_v7: Table<ncclNet_v7_t> = Table::new(ncclNet_v7_t {
     name: shim::NAME.as_ptr(),
     init: Some(shim::init::<7>),
     devices: Some(shim::devices),

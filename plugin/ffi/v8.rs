@@ -4,7 +4,8 @@
 use std::ffi::c_int;
 
 use super::abi::{ncclNetDeviceType, ncclNetProperties_v8_t, ncclNet_v8_t};
-use super::shim::{self, FromProps, Table};
+use super::boundary::Table;
+use super::shim::{self, FromProps};
 use crate::api::Properties;
 
 impl FromProps for ncclNetProperties_v8_t {
@@ -29,7 +30,7 @@ impl FromProps for ncclNetProperties_v8_t {
 /// The v8 table.
 #[no_mangle]
 #[used]
-pub static ncclNetPlugin_v8: Table<ncclNet_v8_t> = Table(ncclNet_v8_t {
+pub static ncclNetPlugin_v8: Table<ncclNet_v8_t> = Table::new(ncclNet_v8_t {
     name: shim::NAME.as_ptr(),
     init: Some(shim::init::<8>),
     devices: Some(shim::devices),

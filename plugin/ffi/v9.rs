@@ -5,7 +5,8 @@
 use super::abi::{
     ncclNetDeviceType, ncclNetProperties_v9_t, ncclNetVDeviceProps_v9_t, ncclNet_v9_t,
 };
-use super::shim::{self, FromProps, Table};
+use super::boundary::Table;
+use super::shim::{self, FromProps};
 use crate::api::Properties;
 
 /// `{1, [dev]}`: every device is its own virtual NIC.
@@ -44,7 +45,7 @@ impl FromProps for ncclNetProperties_v9_t {
 /// The v9 table.
 #[no_mangle]
 #[used]
-pub static ncclNetPlugin_v9: Table<ncclNet_v9_t> = Table(ncclNet_v9_t {
+pub static ncclNetPlugin_v9: Table<ncclNet_v9_t> = Table::new(ncclNet_v9_t {
     name: shim::NAME.as_ptr(),
     init: Some(shim::init::<9>),
     devices: Some(shim::devices),

@@ -1,0 +1,276 @@
+//! The handshake over the out-of-band TCP stream: one [`Hello`] each way, then `RDY!` from
+//! the connecting side, all with non-blocking framed I/O ([`Wire`]) that never reads past the
+//! current frame (the stream goes to the tcp transport right after).
+
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+
+use crate::comm::PeerParams;
+
+const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"VNHE");
+/// Wire version of the handshake and the data protocol. 2: a rendezvous immediate names the
+/// receive it matched (`engine::wire`), and matching follows the front-group rule. 3: a send
+/// whose clear-to-send is known is one WRITE WITH IMM of its payload (size in `byte_len`), the
+/// immediate has a record bit and a starved bit, CTS entries announce zero-length receive WRs
+/// and the credit word carries where they end. A peer of another version is refused at
+/// connect time instead of misplacing data.
+pub const HELLO_VERSION: u16 = 3;
+pub(super) const READY: &[u8; 4] = b"RDY!";
+const MAX_HELLO: usize = 1024;
+
+/// One side's handshake message.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(super) struct Hello {
+    pub(super) kind: u8,
+    pub(super) role: u8,
+    pub(super) nonce: u64,
+    pub(super) qp_info: Vec<u8>,
+    pub(super) p: PeerParams,
+}
+
+impl Hello {
+    pub(super) fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(128 + self.qp_info.len());
+        b.extend_from_slice(&[0; 4]);
+        b.extend_from_slice(&HELLO_MAGIC.to_le_bytes());
+        b.extend_from_slice(&HELLO_VERSION.to_le_bytes());
+        b.push(self.kind);
+        b.push(self.role);
+        b.extend_from_slice(&self.nonce.to_le_bytes());
+        b.extend_from_slice(&(self.qp_info.len() as u16).to_le_bytes());
+        b.extend_from_slice(&self.qp_info);
+        let p = &self.p;
+        for v in [
+            p.cts_ring.0,
+            u64::from(p.cts_ring.1),
+            p.credit_word.0,
+            u64::from(p.credit_word.1),
+            u64::from(p.credits),
+        ] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        for v in [
+            p.first_seq,
+            p.rec_ring.0,
+            u64::from(p.rec_ring.1),
+            p.initial_credits,
+            p.eager_buf_size,
+        ] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        let len = (b.len() - 4) as u32;
+        b[0..4].copy_from_slice(&len.to_le_bytes());
+        b
+    }
+
+    fn decode(b: &[u8]) -> Option<Hello> {
+        let mut c = Cursor(b);
+        if c.u32()? != HELLO_MAGIC || c.u16()? != HELLO_VERSION {
+            return None;
+        }
+        let kind = c.u8()?;
+        let role = c.u8()?;
+        let nonce = c.u64()?;
+        let n = c.u16()? as usize;
+        let qp_info = c.take(n)?.to_vec();
+        let mut v = [0u64; 10];
+        for x in v.iter_mut() {
+            *x = c.u64()?;
+        }
+        Some(Hello {
+            kind,
+            role,
+            nonce,
+            qp_info,
+            p: PeerParams {
+                cts_ring: (v[0], v[1] as u32),
+                credit_word: (v[2], v[3] as u32),
+                credits: v[4] != 0,
+                first_seq: v[5],
+                rec_ring: (v[6], v[7] as u32),
+                initial_credits: v[8],
+                eager_buf_size: v[9],
+            },
+        })
+    }
+}
+
+struct Cursor<'a>(&'a [u8]);
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let (h, t) = (self.0.get(..n)?, self.0.get(n..)?);
+        self.0 = t;
+        Some(h)
+    }
+    fn u8(&mut self) -> Option<u8> {
+        Some(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> Option<u16> {
+        Some(u16::from_le_bytes(self.take(2)?.try_into().ok()?))
+    }
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
+    }
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    }
+}
+
+/// Non-blocking framed I/O on the handshake stream. Reads never go past the current frame,
+/// so the stream can be handed to the tcp transport right after the handshake.
+pub(super) struct Wire {
+    pub(super) stream: TcpStream,
+    pub(super) out: Vec<u8>,
+    pub(super) inb: Vec<u8>,
+    want: usize,
+}
+
+impl Wire {
+    pub(super) fn new(stream: TcpStream) -> Wire {
+        Wire {
+            stream,
+            out: Vec::new(),
+            inb: Vec::new(),
+            want: 0,
+        }
+    }
+
+    /// Writes queued bytes; true once all are out.
+    pub(super) fn flush(&mut self) -> io::Result<bool> {
+        while !self.out.is_empty() {
+            match self.stream.write(&self.out) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    self.out.drain(..n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(true)
+    }
+
+    /// Reads exactly `n` bytes in total across calls; `Some` once complete.
+    pub(super) fn read_exact_nb(&mut self, n: usize) -> io::Result<Option<Vec<u8>>> {
+        if self.want == 0 {
+            self.want = n;
+            self.inb.clear();
+        }
+        while self.inb.len() < self.want {
+            let mut buf = [0u8; 512];
+            let k = (self.want - self.inb.len()).min(buf.len());
+            match self.stream.read(&mut buf[..k]) {
+                Ok(0) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "the peer closed the connection",
+                    ))
+                }
+                Ok(m) => self.inb.extend_from_slice(&buf[..m]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.want = 0;
+        Ok(Some(std::mem::take(&mut self.inb)))
+    }
+}
+
+/// Reads one length-prefixed hello across calls.
+pub(super) struct HelloReader {
+    pub(super) len: Option<usize>,
+}
+
+/// Why a hello could not be read.
+pub(super) enum HelloError {
+    /// The stream failed or closed.
+    Io(io::Error),
+    /// The bytes are not a hello of our version.
+    Bad(String),
+}
+
+impl std::fmt::Display for HelloError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HelloError::Io(e) => write!(f, "{e}"),
+            HelloError::Bad(m) => f.write_str(m),
+        }
+    }
+}
+
+impl std::error::Error for HelloError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            // The text is the io error's already.
+            HelloError::Io(e) => e.source(),
+            HelloError::Bad(_) => None,
+        }
+    }
+}
+
+impl std::fmt::Debug for HelloError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
+}
+
+impl HelloReader {
+    pub(super) fn poll(&mut self, w: &mut Wire) -> Result<Option<Hello>, HelloError> {
+        if self.len.is_none() {
+            match w.read_exact_nb(4).map_err(HelloError::Io)? {
+                None => return Ok(None),
+                Some(b) => {
+                    let n = u32::from_le_bytes(b[..4].try_into().expect("4 bytes")) as usize;
+                    if n == 0 || n > MAX_HELLO {
+                        return Err(HelloError::Bad(format!("handshake message of {n} bytes")));
+                    }
+                    self.len = Some(n);
+                }
+            }
+        }
+        let n = self.len.expect("set");
+        match w.read_exact_nb(n).map_err(HelloError::Io)? {
+            None => Ok(None),
+            Some(b) => Hello::decode(&b).map(Some).ok_or_else(|| {
+                HelloError::Bad(format!(
+                    "malformed handshake message (not a verbsnet hello of version \
+                     {HELLO_VERSION}: both ranks must run the same verbsnet)"
+                ))
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hello_round_trips_and_rejects_truncation() {
+        let h = Hello {
+            kind: 2,
+            role: 1,
+            nonce: 77,
+            qp_info: vec![1, 2, 3],
+            p: PeerParams {
+                cts_ring: (0x1000, 5),
+                credit_word: (0x2000, 6),
+                credits: true,
+                rec_ring: (0x3000, 7),
+                initial_credits: 128,
+                eager_buf_size: 8192,
+                first_seq: 9,
+            },
+        };
+        let b = h.encode();
+        assert_eq!(
+            u32::from_le_bytes(b[..4].try_into().unwrap()) as usize,
+            b.len() - 4
+        );
+        assert_eq!(Hello::decode(&b[4..]), Some(h));
+        assert_eq!(Hello::decode(&b[4..b.len() - 1]), None);
+    }
+}
