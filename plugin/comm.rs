@@ -24,13 +24,15 @@ pub mod pool;
 use self::pool::BouncePool;
 use crate::config::Config;
 use crate::engine::wire::MAX_RECVS;
-use crate::engine::MemRead;
+use crate::engine::{self, ActionSink, BounceSource, MemRead};
 use crate::engine::{
-    Action, RecvBuf, RecvEngine, RecvParams, ReqError, ReqId, SendEngine, SendParams, Stall, Stats,
+    RecvBuf, RecvEngine, RecvParams, ReqError, ReqId, SendEngine, SendParams, Stall, Stats,
     MAX_RECV_REQUESTS, MAX_SEND_REQUESTS,
 };
 use crate::mem::Region;
-use crate::transport::{Device, DeviceRnrCounters, MemoryRegion, MrKeys, QueuePair, Wc, WcStatus};
+use crate::transport::{
+    Device, DeviceRnrCounters, MemoryRegion, MrKeys, QueuePair, RecvWr, SendWr, Wc, WcStatus,
+};
 
 /// Nanoseconds since the first call in this process (monotonic).
 pub fn now_ns() -> u64 {
@@ -253,6 +255,94 @@ impl MemRead for Regions<'_> {
     }
 }
 
+/// The eager-copy destinations of one receive request: its buffers' regions, by index.
+type Dests = [Option<Region>; MAX_RECVS];
+
+/// Where a comm carries out its engine's actions ([`engine::execute`]): its QP, its staging
+/// buffers, and on the receive side its bounce buffers, the pool and the destinations of the
+/// posted receives.
+struct CommSink<'a> {
+    qp: &'a mut dyn QueuePair,
+    /// The buffers `Stage` actions write into.
+    staging: &'a [&'a Owned],
+    /// The receive side's: what eager copies read and write, where bounce buffers go back.
+    recv: Option<(&'a RecvBuffers, &'a [Dests])>,
+}
+
+impl CommSink<'_> {
+    fn recv(&self, what: &str) -> Result<(&RecvBuffers, &[Dests]), Error> {
+        self.recv.ok_or_else(|| {
+            Error::new(
+                Op::Progress,
+                Class::Internal,
+                format!("{what} on a send comm"),
+            )
+        })
+    }
+}
+
+impl ActionSink for CommSink<'_> {
+    type Error = Error;
+
+    fn stage(&mut self, addr: u64, bytes: &[u8]) -> Result<(), Error> {
+        stage(self.staging, addr, bytes)
+    }
+
+    fn post_send(&mut self, wrs: &[SendWr]) -> Result<(), Error> {
+        self.qp
+            .post_send(wrs)
+            .map_err(|e| Error::new(Op::Progress, Class::System, "post_send").because(e))
+    }
+
+    fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<(), Error> {
+        self.qp
+            .post_recv(wrs)
+            .map_err(|e| Error::new(Op::Progress, Class::System, "post_recv").because(e))
+    }
+
+    fn copy(&mut self, src: u64, req: ReqId, buf: usize, len: u64) -> Result<(), Error> {
+        let (bufs, dst) = self.recv("an eager copy")?;
+        let d = dst.get(req.slot as usize).and_then(|d| d[buf].as_ref());
+        let slab;
+        let from = if bufs.bounce.region.contains(src, len) {
+            Some(&bufs.bounce.region)
+        } else {
+            slab = bufs.pool.slab(src, len);
+            slab.as_ref().map(|s| &s.region)
+        };
+        match (d, from) {
+            (Some(d), Some(from)) => d
+                .copy_from(0, from, (src - from.addr()) as usize, len as usize)
+                .map_err(|e| Error::new(Op::Progress, Class::Internal, "eager copy").because(e)),
+            _ => Err(Error::new(
+                Op::Progress,
+                Class::Internal,
+                format!(
+                    "eager copy of {len} bytes at {src:#x} into request {req:?}: unknown buffer"
+                ),
+            )),
+        }
+    }
+
+    fn return_bounce(&mut self, b: &[(u64, u32)]) -> Result<(), Error> {
+        self.recv("returning bounce buffers")?.0.pool.give(b);
+        Ok(())
+    }
+}
+
+/// The shared pool of the device as the receive engine's [`BounceSource`]: a registration that
+/// fails is one WARN and no buffers (the queue then stays at its depth).
+struct PoolSource<'a>(&'a BouncePool);
+
+impl BounceSource for PoolSource<'_> {
+    fn take(&mut self, k: u32) -> Vec<(u64, u32)> {
+        self.0.take(k as usize).unwrap_or_else(|e| {
+            warn!("the receive queue cannot grow: {}", e.report());
+            Vec::new()
+        })
+    }
+}
+
 fn stage(owned: &[&Owned], addr: u64, bytes: &[u8]) -> Result<(), Error> {
     let o = owned
         .iter()
@@ -421,7 +511,7 @@ impl Watch {
 
 mod sealed {
     use super::pool::BouncePool;
-    use super::{Action, Error, ReqError, ReqId, Stall, Stats, Wc};
+    use super::{Error, QueuePair, ReqError, ReqId, Stall, Stats, Wc};
     use std::sync::Arc;
 
     /// Pool bounce buffers (addr, lkey) a dropped comm gives back to their pool.
@@ -440,18 +530,15 @@ mod sealed {
         fn stats(&self) -> &Stats;
         fn in_flight(&self) -> usize;
         fn failure(&self) -> Option<&ReqError>;
-        fn drain_actions(&mut self) -> Vec<Action>;
         fn fail(&mut self, e: ReqError);
         fn stalls(&mut self, now: u64, timeout_ns: u64) -> Vec<Stall>;
         /// Feeds one completion to the engine.
         fn handle_wc(&mut self, now: u64, wc: &Wc);
         /// After a CQ poll: the sender reads the CTS ring and credit word, the receiver
-        /// returns the credits it owes.
+        /// re-posts, grows from the pool and returns the credits it owes.
         fn after_poll(&mut self, now: u64);
-        /// Writes `bytes` into this side's staging buffers at `addr`.
-        fn stage(&self, addr: u64, bytes: &[u8]) -> Result<(), Error>;
-        /// Carries out `Copy`, `WantBounce` or `ReturnBounce` (receive side only).
-        fn local_action(&mut self, a: Action) -> Result<(), Error>;
+        /// Carries out the engine's actions on `qp` and this side's buffers.
+        fn execute(&mut self, qp: &mut dyn QueuePair) -> Result<(), Error>;
         /// Extra `name=value` words for a stall report.
         fn stall_counters(&self, _out: &mut Vec<String>) {}
         /// `test`: the sizes when done.
@@ -478,7 +565,7 @@ pub struct SendSide {
 pub struct RecvSide {
     engine: RecvEngine,
     bufs: RecvBuffers,
-    dst: Vec<[Option<Region>; MAX_RECVS]>,
+    dst: Vec<Dests>,
 }
 
 impl sealed::Side for SendSide {
@@ -496,9 +583,6 @@ impl sealed::Side for SendSide {
     fn failure(&self) -> Option<&ReqError> {
         self.engine.failure()
     }
-    fn drain_actions(&mut self) -> Vec<Action> {
-        self.engine.drain_actions()
-    }
     fn fail(&mut self, e: ReqError) {
         self.engine.fail(e)
     }
@@ -512,15 +596,13 @@ impl sealed::Side for SendSide {
         let written = [&self.bufs.cts_ring, &self.bufs.credit_word];
         self.engine.poll_peer_writes(now, &Regions(&written));
     }
-    fn stage(&self, addr: u64, bytes: &[u8]) -> Result<(), Error> {
-        stage(&[&self.bufs.hdr, &self.bufs.rec], addr, bytes)
-    }
-    fn local_action(&mut self, a: Action) -> Result<(), Error> {
-        Err(Error::new(
-            Op::Progress,
-            Class::Internal,
-            format!("{a:?} on a send comm"),
-        ))
+    fn execute(&mut self, qp: &mut dyn QueuePair) -> Result<(), Error> {
+        let sink = &mut CommSink {
+            qp,
+            staging: &[&self.bufs.hdr, &self.bufs.rec],
+            recv: None,
+        };
+        engine::execute(self.engine.drain_actions(), sink)
     }
     fn stall_counters(&self, out: &mut Vec<String>) {
         out.push(format!(
@@ -551,9 +633,6 @@ impl sealed::Side for RecvSide {
     fn failure(&self) -> Option<&ReqError> {
         self.engine.failure()
     }
-    fn drain_actions(&mut self) -> Vec<Action> {
-        self.engine.drain_actions()
-    }
     fn fail(&mut self, e: ReqError) {
         self.engine.fail(e)
     }
@@ -564,60 +643,16 @@ impl sealed::Side for RecvSide {
         self.engine.handle_wc(now, wc, &RecvMem(&self.bufs))
     }
     fn after_poll(&mut self, now: u64) {
-        self.engine.after_poll(now);
+        self.engine
+            .after_poll(now, &mut PoolSource(&self.bufs.pool));
     }
-    fn stage(&self, addr: u64, bytes: &[u8]) -> Result<(), Error> {
-        stage(&[&self.bufs.ctrl], addr, bytes)
-    }
-    fn local_action(&mut self, a: Action) -> Result<(), Error> {
-        match a {
-            Action::Copy { src, req, buf, len } => {
-                let bufs = &self.bufs;
-                let d = self
-                    .dst
-                    .get(req.slot as usize)
-                    .and_then(|d| d[buf].as_ref());
-                let slab;
-                let from = if bufs.bounce.region.contains(src, len) {
-                    Some(&bufs.bounce.region)
-                } else {
-                    slab = bufs.pool.slab(src, len);
-                    slab.as_ref().map(|s| &s.region)
-                };
-                match (d, from) {
-                    (Some(d), Some(from)) => d
-                        .copy_from(0, from, (src - from.addr()) as usize, len as usize)
-                        .map_err(|e| {
-                            Error::new(Op::Progress, Class::Internal, "eager copy").because(e)
-                        }),
-                    _ => Err(Error::new(
-                        Op::Progress,
-                        Class::Internal,
-                        format!(
-                            "eager copy of {len} bytes at {src:#x} into request {req:?}: \
-                             unknown buffer"
-                        ),
-                    )),
-                }
-            }
-            Action::WantBounce(k) => {
-                let got = self.bufs.pool.take(k as usize).unwrap_or_else(|e| {
-                    warn!("the receive queue cannot grow: {}", e.report());
-                    Vec::new()
-                });
-                self.engine.add_bounce(k, &got);
-                Ok(())
-            }
-            Action::ReturnBounce(b) => {
-                self.bufs.pool.give(&b);
-                Ok(())
-            }
-            other => Err(Error::new(
-                Op::Progress,
-                Class::Internal,
-                format!("{other:?} is not a receive-side action"),
-            )),
-        }
+    fn execute(&mut self, qp: &mut dyn QueuePair) -> Result<(), Error> {
+        let sink = &mut CommSink {
+            qp,
+            staging: &[&self.bufs.ctrl],
+            recv: Some((&self.bufs, &self.dst)),
+        };
+        engine::execute(self.engine.drain_actions(), sink)
     }
     fn test(&mut self, id: ReqId) -> Result<Option<Vec<u64>>, ReqError> {
         let r = self.engine.test(id);
@@ -952,25 +987,19 @@ impl RecvComm {
             credits: peer.credits,
             first_seq: peer.first_seq,
         });
-        for a in engine.drain_actions() {
-            match a {
-                Action::PostRecv(wrs) => qp.post_recv(&wrs).map_err(|e| {
-                    Error::new(
-                        Op::Buffers,
-                        Class::System,
-                        "posting the initial receive queue failed",
-                    )
-                    .because(e)
-                })?,
-                other => {
-                    return Err(Error::new(
-                        Op::Buffers,
-                        Class::Internal,
-                        format!("unexpected initial action {other:?}"),
-                    ))
-                }
-            }
-        }
+        let sink = &mut CommSink {
+            qp,
+            staging: &[],
+            recv: None,
+        };
+        engine::execute(engine.drain_actions(), sink).map_err(|e| {
+            Error::new(
+                Op::Buffers,
+                Class::System,
+                "posting the initial receive queue failed",
+            )
+            .because(e)
+        })?;
         Ok(engine)
     }
 
@@ -1212,56 +1241,17 @@ impl<R: Role> Core<R> {
         Ok(())
     }
 
-    /// Carries out the engine's actions in order (answering a request for bounce buffers can
-    /// produce more: posts of the new buffers).
+    /// Carries out the engine's actions in order ([`engine::execute`]); a failure fails the
+    /// engine, so every outstanding request reports it.
     fn execute(&mut self) -> Result<(), Error> {
-        let mut actions = self.side.drain_actions();
-        while !actions.is_empty() {
-            self.execute_some(actions)?;
-            actions = self.side.drain_actions();
+        let r = self.side.execute(&mut *self.qp);
+        if let Err(e) = &r {
+            self.post_errors += 1;
+            let line = e.report();
+            warn!("{line}");
+            self.side.fail(ReqError::Local(line));
         }
-        Ok(())
-    }
-
-    fn execute_some(&mut self, actions: Vec<Action>) -> Result<(), Error> {
-        let mut sends = Vec::new();
-        for a in actions {
-            let res = match a {
-                Action::Stage { addr, bytes } => self.side.stage(addr, &bytes),
-                Action::PostSend(wr) => {
-                    sends.push(wr);
-                    Ok(())
-                }
-                Action::PostRecv(wrs) => {
-                    self.flush_sends(&mut sends)?;
-                    self.qp.post_recv(&wrs).map_err(|e| {
-                        Error::new(Op::Progress, Class::System, "post_recv").because(e)
-                    })
-                }
-                other => self.side.local_action(other),
-            };
-            if let Err(e) = res {
-                self.post_errors += 1;
-                let line = e.report();
-                warn!("{line}");
-                self.side.fail(ReqError::Local(line));
-                return Err(e);
-            }
-        }
-        self.flush_sends(&mut sends)
-    }
-
-    fn flush_sends(&mut self, sends: &mut Vec<crate::transport::SendWr>) -> Result<(), Error> {
-        if sends.is_empty() {
-            return Ok(());
-        }
-        let r = self.qp.post_send(sends);
-        sends.clear();
-        r.map_err(|e| {
-            let e = Error::new(Op::Progress, Class::System, "post_send").because(e);
-            self.side.fail(ReqError::Local(e.report()));
-            e
-        })
+        r
     }
 
     fn watchdog(&mut self, now: u64) {

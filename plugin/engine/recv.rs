@@ -7,8 +7,8 @@ use super::wire::{
     REC_TOO_BIG,
 };
 use super::{
-    wc_error, wr_id, wr_parse, Action, MemRead, ReqError, ReqId, Slots, Stall, Stats, WrKind,
-    CTRL_STAGE_SLOTS, CTS_RING_ENTRIES, MAX_RECV_REQUESTS, MAX_SPECULATIVE,
+    wc_error, wr_id, wr_parse, Action, BounceSource, MemRead, ReqError, ReqId, Slots, Stall, Stats,
+    WrKind, CTRL_STAGE_SLOTS, CTS_RING_ENTRIES, MAX_RECV_REQUESTS, MAX_SPECULATIVE,
 };
 use crate::transport::{RecvWr, SendOpcode, SendWr, Sge, Wc, WcOpcode, WcStatus};
 
@@ -37,7 +37,7 @@ pub struct RecvParams {
     /// bytes.
     pub eager_buf_size: u64,
     /// The connection's own bounce buffers: `rq_min` buffers back to back (addr, lkey). The
-    /// ones it grows by come from the driver's shared pool ([`Action::WantBounce`]).
+    /// ones it grows by come from the driver's shared pool (a [`BounceSource`]).
     pub bounce: (u64, u32),
     /// Our record ring (`REC_SLOTS * MAX_RECVS * 8` bytes), read on rendezvous arrivals.
     pub rec_ring: u64,
@@ -216,11 +216,11 @@ impl RecvEngine {
         self.stats.pinned_bytes = self.pinned_bytes();
     }
 
-    /// Bounce buffers from the driver's pool, answering [`Action::WantBounce`] (`bufs` may be
+    /// Bounce buffers from the driver's pool, answering what `grow` asked for (`bufs` may be
     /// fewer than asked, or none: the pool is exhausted; the depth then stays where it is and
     /// a credit-gated sender waits for credits, it never meets RNR). Each is `EAGER_HDR_LEN +
     /// eager_buf_size` bytes (addr, lkey).
-    pub fn add_bounce(&mut self, asked: u32, bufs: &[(u64, u32)]) {
+    fn add_bounce(&mut self, asked: u32, bufs: &[(u64, u32)]) {
         self.wanted = self.wanted.saturating_sub(asked);
         if (bufs.len() as u32) < asked {
             self.stats.pool_exhausted += 1;
@@ -254,8 +254,9 @@ impl RecvEngine {
         self.extra.drain(..).flatten().collect()
     }
 
-    /// The RQ ran dry: double the depth (by at least a batch, up to `rq_depth`), asking the
-    /// pool for the buffers. Doubling reaches the full default depth from 2 in six steps, so a
+    /// The RQ ran dry: double the depth (by at least a batch, up to `rq_depth`); the buffers
+    /// it needs are taken from the pool at the end of this poll ([`RecvEngine::after_poll`]).
+    /// Doubling reaches the full default depth from 2 in six steps, so a
     /// burst pays a few credit waits, not one per batch.
     fn grow(&mut self, now: u64) {
         self.pressure_ns = now;
@@ -271,7 +272,6 @@ impl RecvEngine {
         let need = self.target.saturating_sub(self.owned);
         if need > 0 {
             self.wanted = need;
-            self.actions.push(Action::WantBounce(need));
         }
     }
 
@@ -447,15 +447,24 @@ impl RecvEngine {
     }
 
     /// After a poll's completions were fed: re-posts what they freed (whole batches, see
-    /// `refill`) and returns the credits the sender may be short of. Re-posting once per poll
-    /// rather than per completion is what lets a receiver see its queue run dry: when the
-    /// eager arrivals of one poll consumed every bounce-backed WR, the sender had more in
+    /// `refill`) and returns the credits the sender may be short of; then, when the queue grew
+    /// during the poll, takes the new bounce buffers from `pool` and posts them. Re-posting once
+    /// per poll rather than per completion is what lets a receiver see its queue run dry: when
+    /// the eager arrivals of one poll consumed every bounce-backed WR, the sender had more in
     /// flight than the depth (with credits off it met RNR), and the depth grows.
-    pub fn after_poll(&mut self, now: u64) {
+    ///
+    /// The growth finishes inside this call: its posts follow the refill's and the credit
+    /// write, and their credits go with the next CTS or credit write.
+    pub fn after_poll(&mut self, now: u64, pool: &mut dyn BounceSource) {
         if self.failed.is_none() {
             self.refill(Some(now));
         }
         self.flush_credits();
+        if self.wanted > 0 {
+            let asked = self.wanted;
+            let got = pool.take(asked);
+            self.add_bounce(asked, &got);
+        }
     }
 
     /// Sends an explicit credit update when the sender may be short of credits.

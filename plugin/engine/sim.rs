@@ -6,7 +6,7 @@
 use std::collections::VecDeque;
 
 use super::*;
-use crate::transport::{SendOpcode, SendWr, Wc, WcOpcode, WcStatus};
+use crate::transport::{RecvWr, SendOpcode, SendWr, Wc, WcOpcode, WcStatus};
 
 /// Flat fake memory: regions at fixed addresses, each with an rkey.
 #[derive(Default)]
@@ -70,6 +70,78 @@ struct Qp {
     rnr_retry_at: Option<u64>,
     rnr_tries: u32,
     error: bool,
+}
+
+/// One side's fake memory and QP as the executor's sink: what the comm does with a transport
+/// QP and registered memory, done in memory (a failed stage or copy is a bug: it panics).
+struct SimSink<'a> {
+    mem: &'a mut Mem,
+    qp: &'a mut Qp,
+    /// The receiver's: receive posts (held back by the `withhold_recvs` knob), eager copies
+    /// and the shared pool. `None` on the sender, which does none of these.
+    recv: Option<RecvSink<'a>>,
+}
+
+struct RecvSink<'a> {
+    withhold: bool,
+    withheld: &'a mut Vec<RecvWr>,
+    pool: &'a mut Vec<(u64, u32)>,
+    recv_bufs: &'a std::collections::HashMap<(u32, usize), u64>,
+}
+
+impl<'a> SimSink<'a> {
+    fn recv(&mut self, what: &str) -> &mut RecvSink<'a> {
+        match &mut self.recv {
+            Some(r) => r,
+            None => panic!("sender action {what}"),
+        }
+    }
+}
+
+impl ActionSink for SimSink<'_> {
+    type Error = std::convert::Infallible;
+
+    fn stage(&mut self, addr: u64, bytes: &[u8]) -> Result<(), Self::Error> {
+        assert!(self.mem.write(addr, bytes), "stage {addr:#x}");
+        Ok(())
+    }
+
+    fn post_send(&mut self, wrs: &[SendWr]) -> Result<(), Self::Error> {
+        self.qp.sq.extend(wrs.iter().copied());
+        Ok(())
+    }
+
+    fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<(), Self::Error> {
+        let r = self.recv("post_recv");
+        if r.withhold {
+            r.withheld.extend_from_slice(wrs);
+        } else {
+            self.qp.rq.extend(wrs.iter().cloned());
+        }
+        Ok(())
+    }
+
+    fn copy(&mut self, src: u64, req: ReqId, buf: usize, len: u64) -> Result<(), Self::Error> {
+        let dst = self.recv("copy").recv_bufs[&(req.slot, buf)];
+        let data = self.mem.get(src, len as usize);
+        assert!(self.mem.write(dst, &data));
+        Ok(())
+    }
+
+    fn return_bounce(&mut self, bufs: &[(u64, u32)]) -> Result<(), Self::Error> {
+        self.recv("return_bounce").pool.extend_from_slice(bufs);
+        Ok(())
+    }
+}
+
+/// The shared pool as the receive engine's [`BounceSource`]: the last `k` free buffers.
+struct PoolTake<'a>(&'a mut Vec<(u64, u32)>);
+
+impl BounceSource for PoolTake<'_> {
+    fn take(&mut self, k: u32) -> Vec<(u64, u32)> {
+        let n = self.0.len().min(k as usize);
+        self.0.split_off(self.0.len() - n)
+    }
 }
 
 /// Sender address map.
@@ -254,48 +326,30 @@ impl Pair {
         p
     }
 
+    /// Carries out both engines' actions with the one executor ([`execute`]), the sender's
+    /// first.
     fn apply_actions(&mut self) {
-        for a in self.snd.drain_actions() {
-            match a {
-                Action::Stage { addr, bytes } => {
-                    assert!(self.smem.write(addr, &bytes), "sender stage {addr:#x}")
-                }
-                Action::PostSend(wr) => self.sqp.sq.push_back(wr),
-                other => panic!("sender action {other:?}"),
-            }
-        }
-        loop {
-            let actions = self.rcv.drain_actions();
-            if actions.is_empty() {
-                break;
-            }
-            for a in actions {
-                match a {
-                    Action::Stage { addr, bytes } => {
-                        assert!(self.rmem.write(addr, &bytes), "receiver stage {addr:#x}")
-                    }
-                    Action::PostSend(wr) => self.rqp.sq.push_back(wr),
-                    Action::PostRecv(wrs) => {
-                        if self.knobs.withhold_recvs {
-                            self.withheld.extend(wrs);
-                        } else {
-                            self.rqp.rq.extend(wrs);
-                        }
-                    }
-                    Action::Copy { src, req, buf, len } => {
-                        let dst = self.recv_bufs[&(req.slot, buf)];
-                        let data = self.rmem.get(src, len as usize);
-                        assert!(self.rmem.write(dst, &data));
-                    }
-                    Action::WantBounce(k) => {
-                        let n = self.pool.len().min(k as usize);
-                        let got = self.pool.split_off(self.pool.len() - n);
-                        self.rcv.add_bounce(k, &got);
-                    }
-                    Action::ReturnBounce(bufs) => self.pool.extend(bufs),
-                }
-            }
-        }
+        let Ok(()) = execute(
+            self.snd.drain_actions(),
+            &mut SimSink {
+                mem: &mut self.smem,
+                qp: &mut self.sqp,
+                recv: None,
+            },
+        );
+        let Ok(()) = execute(
+            self.rcv.drain_actions(),
+            &mut SimSink {
+                mem: &mut self.rmem,
+                qp: &mut self.rqp,
+                recv: Some(RecvSink {
+                    withhold: self.knobs.withhold_recvs,
+                    withheld: &mut self.withheld,
+                    pool: &mut self.pool,
+                    recv_bufs: &self.recv_bufs,
+                }),
+            },
+        );
     }
 
     /// Lets withheld receive WRs through.
@@ -488,7 +542,7 @@ impl Pair {
             self.snd.failure()
         );
         if !self.knobs.recv_idle {
-            self.rcv.after_poll(self.now);
+            self.rcv.after_poll(self.now, &mut PoolTake(&mut self.pool));
         }
         self.apply_actions();
         // Advance the clock: 1 us per step, or jump to the next timer when idle.
