@@ -11,6 +11,10 @@
 //!   context to go releases it, so `init` → … → `finalize` → `dlclose` cycles leak nothing;
 //! - typed comms: [`ListenComm`], [`SendComm`], [`RecvComm`] (NCCL holds a [`NetComm`], which
 //!   is one of the last two, because `regMr` accepts either);
+//! - the other objects NCCL holds a pointer to: a registration ([`MrHandle`], from `regMr`)
+//!   and a request ([`ReqHandle`], from `isend`/`irecv`). A comm below hands out request ids
+//!   ([`ReqId`]); each API comm owns one handle per request slot, made with it, and a handle
+//!   holds its comm, so `test(request)` finds the comm from the handle alone, in safe code;
 //! - one error type, [`Error`] (a [`Failure`] of an API [`Op`], wrapping the lower layers'
 //!   errors as its source), whose [`Class`] [`crate::ffi`] maps to `ncclResult_t` in one place.
 //!
@@ -18,14 +22,17 @@
 //! `src/transport/net.cc`) are cited where they apply.
 
 use std::ffi::{c_char, CStr, CString};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tracing::info;
 
-use crate::comm::{self, Comm, Role};
-pub use crate::comm::{Class, CommPtr, Failure, MrHandle, ReqHandle};
+use crate::comm::{self, Mr};
+pub use crate::comm::{Class, Failure};
 use crate::conn::{Connects, Listen, HANDLE_SIZE};
 use crate::engine::wire::MAX_RECVS;
+use crate::engine::ReqId;
+use crate::mem::Region;
 use crate::net::{self, Net};
 
 /// The plugin API call that failed (one per table slot family).
@@ -365,7 +372,9 @@ pub struct ListenComm {
 
 /// A send comm (from [`connect`]): `isend`, and `test` of its requests.
 pub struct SendComm {
-    comm: Box<comm::SendComm>,
+    comm: Arc<comm::SendComm>,
+    /// One handle per request slot (what `isend` hands NCCL); each holds the comm too.
+    reqs: Box<[ReqHandle]>,
     mrs: MrSet,
     _ctx: Arc<Context>,
 }
@@ -373,9 +382,98 @@ pub struct SendComm {
 /// A receive comm (from [`ListenComm::accept`]): `irecv`, `iflush`, and `test` of its
 /// requests.
 pub struct RecvComm {
-    comm: Box<comm::RecvComm>,
+    comm: Arc<comm::RecvComm>,
+    /// One handle per request slot (what `irecv` hands NCCL); each holds the comm too.
+    reqs: Box<[ReqHandle]>,
     mrs: MrSet,
     _ctx: Arc<Context>,
+}
+
+/// A memory registration, what NCCL holds as `mhandle` (made by `regMr`, freed by `deregMr`,
+/// or by the close of the comm it was made through): the comm layer's registered region.
+pub struct MrHandle {
+    mr: Mr,
+}
+
+/// Start addresses of the `MrHandle`s alive now (unit tests check that close frees them).
+#[cfg(test)]
+pub(crate) static LIVE_MR_ADDRS: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+
+#[cfg(test)]
+impl Drop for MrHandle {
+    fn drop(&mut self) {
+        let mut v = lock(&LIVE_MR_ADDRS);
+        if let Some(i) = v.iter().position(|&a| a == self.mr.region().addr()) {
+            v.swap_remove(i);
+        }
+    }
+}
+
+impl MrHandle {
+    fn new(mr: Mr) -> MrHandle {
+        #[cfg(test)]
+        lock(&LIVE_MR_ADDRS).push(mr.region().addr());
+        MrHandle { mr }
+    }
+}
+
+impl AsRef<Mr> for MrHandle {
+    fn as_ref(&self) -> &Mr {
+        &self.mr
+    }
+}
+
+/// The comm a request belongs to. Every handle of a comm holds it (a reference count, not a
+/// pointer), so the comm lives as long as its handles: both go when NCCL closes the comm.
+enum Owner {
+    Send(Arc<comm::SendComm>),
+    Recv(Arc<comm::RecvComm>),
+}
+
+/// A request, what NCCL holds as `*request` between `isend`/`irecv` and the `test` that
+/// reports it done. It lives in its API comm's handle array (one per request slot, made with
+/// the comm; NCCL never frees it) and is valid until the comm is closed. It names its comm and
+/// the request's id: the slot is fixed, the generation is the one the slot's latest request
+/// had (written when the request started; a stale handle tests as an unknown request).
+pub struct ReqHandle {
+    owner: Owner,
+    slot: u32,
+    gen: AtomicU32,
+}
+
+impl ReqHandle {
+    /// The handles of a comm with `n` request slots, each holding the comm.
+    fn array(n: usize, owner: impl Fn() -> Owner) -> Box<[ReqHandle]> {
+        (0..n as u32)
+            .map(|slot| ReqHandle {
+                owner: owner(),
+                slot,
+                gen: AtomicU32::new(0),
+            })
+            .collect()
+    }
+
+    /// The request id this handle stands for now.
+    pub fn id(&self) -> ReqId {
+        ReqId {
+            slot: self.slot,
+            gen: self.gen.load(Ordering::Acquire),
+        }
+    }
+}
+
+/// The handle of a request the comm just started (`id`), in `reqs`; an `Internal` error of
+/// `op` if the id is outside the comm's slots (the engine broke its bound).
+fn handle(reqs: &[ReqHandle], id: ReqId, op: Op) -> Result<&ReqHandle, Error> {
+    let h = reqs.get(id.slot as usize).ok_or_else(|| {
+        Error::new(
+            op,
+            Class::Internal,
+            format!("request slot {} out of range", id.slot),
+        )
+    })?;
+    h.gen.store(id.gen, Ordering::Release);
+    Ok(h)
 }
 
 /// The registrations NCCL made through one comm and has not deregistered, by the address of
@@ -432,8 +530,10 @@ impl NetComm {
     }
 
     /// `regMr` of host memory `[region)` on this comm's device.
-    pub fn reg_mr(&self, region: crate::mem::Region) -> Result<MrHandle, Error> {
-        MrHandle::register(&**self.device(), region).map_err(|e| e.lift(Op::RegMr))
+    pub fn reg_mr(&self, region: Region) -> Result<MrHandle, Error> {
+        Mr::register(&**self.device(), region)
+            .map(MrHandle::new)
+            .map_err(|e| e.lift(Op::RegMr))
     }
 
     fn mrs(&self) -> &MrSet {
@@ -460,20 +560,19 @@ impl NetComm {
         }
     }
 
-    /// `closeSend`/`closeRecv`: logs the counters and releases the QP and buffers (the QP
-    /// first: after it nothing writes into any buffer). Returns the handles registered
-    /// through this comm and never deregistered, for the caller to free now.
+    /// `closeSend`/`closeRecv`: logs the counters and releases the request handles, the QP
+    /// and the buffers (the QP first: after it nothing writes into any buffer). Returns the
+    /// registrations made through this comm and never deregistered, for the caller to free
+    /// now that the comm is gone.
     pub fn close(self) -> Vec<usize> {
-        match self {
-            NetComm::Send(s) => {
-                s.comm.close();
-                std::mem::take(&mut *s.mrs.lock())
-            }
-            NetComm::Recv(r) => {
-                r.comm.close();
-                std::mem::take(&mut *r.mrs.lock())
-            }
+        let leaked = std::mem::take(&mut *self.mrs().lock());
+        match &self {
+            NetComm::Send(s) => s.comm.report_close(),
+            NetComm::Recv(r) => r.comm.report_close(),
         }
+        // The comm's last references: its own and its request handles'.
+        drop(self);
+        leaked
     }
 }
 
@@ -526,8 +625,11 @@ pub fn connect(
         .step(handle, &d.dev, &d.props.name, &cfg)
         .map_err(|e| e.lift(Op::Connect))?;
     Ok(comm.map(|mut comm| {
+        // Tagged before it is shared: nothing refers to it yet.
         comm.set_comm_id(ctx.comm_id);
+        let comm = Arc::new(comm);
         SendComm {
+            reqs: ReqHandle::array(comm::SendComm::MAX_REQUESTS, || Owner::Send(comm.clone())),
             comm,
             mrs: MrSet::default(),
             _ctx: ctx,
@@ -540,8 +642,11 @@ impl ListenComm {
     pub fn accept(&mut self) -> Result<Option<RecvComm>, Error> {
         let accepted = self.listen.accept().map_err(|e| e.lift(Op::Accept))?;
         Ok(accepted.map(|mut comm| {
+            // Tagged before it is shared: nothing refers to it yet.
             comm.set_comm_id(self.ctx.comm_id);
+            let comm = Arc::new(comm);
             RecvComm {
+                reqs: ReqHandle::array(comm::RecvComm::MAX_REQUESTS, || Owner::Recv(comm.clone())),
                 comm,
                 mrs: MrSet::default(),
                 _ctx: self.ctx.clone(),
@@ -550,7 +655,8 @@ impl ListenComm {
     }
 }
 
-/// A request as NCCL sees it: the plugin-owned handle inside its comm.
+/// A request as NCCL sees it: the handle of a started request (its address is what NCCL
+/// holds), or `None` ("retry later"; for `iflush`, "complete").
 pub type Request<'a> = Option<&'a ReqHandle>;
 
 impl SendComm {
@@ -573,9 +679,11 @@ impl SendComm {
                 ),
             ));
         }
-        self.comm
-            .isend(data, size, tag, mh)
-            .map_err(|e| e.lift(Op::Isend))
+        let id = self
+            .comm
+            .isend(data, size, tag, &mh.mr)
+            .map_err(|e| e.lift(Op::Isend))?;
+        id.map(|id| handle(&self.reqs, id, Op::Isend)).transpose()
     }
 }
 
@@ -597,20 +705,27 @@ impl RecvComm {
         for b in bufs.iter_mut() {
             b.1 = b.1.min(MAX_P2P_BYTES);
         }
-        self.comm.irecv(bufs).map_err(|e| e.lift(Op::Irecv))
+        let id = self.comm.irecv(bufs).map_err(|e| e.lift(Op::Irecv))?;
+        id.map(|id| handle(&self.reqs, id, Op::Irecv)).transpose()
     }
 
     /// `iflush` of received buffers: nothing to do for host memory; `Ok(None)` means
     /// "complete" (ext-net README).
     pub fn iflush(&self) -> Result<Request<'_>, Error> {
-        self.comm.iflush().map_err(|e| e.lift(Op::Iflush))
+        let id = self.comm.iflush().map_err(|e| e.lift(Op::Iflush))?;
+        id.map(|id| handle(&self.reqs, id, Op::Iflush)).transpose()
     }
 }
 
-/// `test(request)` on the comm the request belongs to ([`ReqHandle::comm`]): `Ok(Some(sizes))`
+/// `test(request)` on the comm the request belongs to (the handle holds it): `Ok(Some(sizes))`
 /// when done (one size for a send, n for a grouped receive).
-pub fn test<R: Role>(req: &ReqHandle, comm: &Comm<R>) -> Result<Option<Vec<u64>>, Error> {
-    comm.test(req.id()).map_err(|e| e.lift(Op::Test))
+pub fn test(req: &ReqHandle) -> Result<Option<Vec<u64>>, Error> {
+    let id = req.id();
+    match &req.owner {
+        Owner::Send(c) => c.test(id),
+        Owner::Recv(c) => c.test(id),
+    }
+    .map_err(|e| e.lift(Op::Test))
 }
 
 #[cfg(test)]

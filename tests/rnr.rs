@@ -183,7 +183,7 @@ fn burst(test: &'static str, credits: bool) -> Option<Outcome> {
                 .send
                 .isend(sb.addr(i * STRIDE), sizes[i] as u64, 7, &sb.mr)
             {
-                Ok(Some(h)) => ids.push(h.id()),
+                Ok(Some(h)) => ids.push(h),
                 Ok(None) => break,
                 Err(e) => panic!("isend {i}: {e}"),
             }
@@ -228,7 +228,7 @@ fn burst(test: &'static str, credits: bool) -> Option<Outcome> {
                 .recv
                 .irecv(&[(rb.addr(i * STRIDE), STRIDE as u64, 7, &rb.mr)])
             {
-                Ok(Some(r)) => break r.id(),
+                Ok(Some(r)) => break r,
                 Ok(None) => {}
                 Err(e) => panic!("irecv {i}: {e}"),
             }
@@ -335,7 +335,7 @@ fn close_under_pending_send(test: &'static str, stuck_in_rnr: bool) {
             .isend(sb.addr(i * STRIDE), 100, 0, &sb.mr)
             .unwrap()
             .expect("isend starts (credits or none needed)");
-        ids.push(h.id());
+        ids.push(h);
     }
     // Let the sends reach the receiver (and, with RNR, draw a NAK) before it goes.
     let t = Instant::now();
