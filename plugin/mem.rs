@@ -13,17 +13,41 @@
 //! at any time, and a `Region` is `Clone + Sync`. A `&[u8]` or `&mut [u8]` over such memory
 //! would promise Rust that nobody else writes it (or, for `&mut`, reads it) while the reference
 //! lives: undefined behaviour the first time a peer writes. So no method hands out a reference
-//! to region memory. Every access is a copy through raw pointers ([`Region::read`],
-//! [`Region::write`], [`Region::copy_from`], [`Region::append_to`]), a volatile 8-byte load or
-//! store ([`Region::read_u64_volatile`], [`Region::write_u64_volatile`]), or a system call
-//! that moves bytes between a socket and the raw range ([`Region::recv_into`],
-//! [`Region::send_from`], [`sendmsg`]): the kernel writes the memory as a NIC's DMA would.
-//! Bytes another party writes concurrently may arrive torn; the protocol above tolerates that
-//! (it checks sequence words after the copy), as it does for a NIC.
+//! to region memory. Every access is a copy ([`Region::read`], [`Region::write`],
+//! [`Region::copy_from`], [`Region::append_to`]), an 8-byte word ([`Region::load_u64`],
+//! [`Region::store_u64`]), or a system call that moves bytes between a socket and the raw
+//! range ([`Region::recv_into`], [`Region::send_from`], [`sendmsg`]): the kernel writes the
+//! memory as a NIC's DMA would.
+//!
+//! # Why atomic copies
+//!
+//! Every method takes `&self`, so two Rust threads holding clones of one region (the comm's
+//! thread and the tcp transport's, or NCCL's progress and service threads) may write the same
+//! bytes, or one write what the other reads, through safe code: that is a data race, undefined
+//! behaviour in Rust's memory model even where the hardware would not mind, unless every such
+//! access is atomic. So every copy into or out of a region is a byte-wise atomic memcpy (the
+//! C++ proposal P1478's `atomic_load_per_byte_memcpy`/`atomic_store_per_byte_memcpy`, as the
+//! `atomic-memcpy` crate implements it): relaxed atomic loads and stores, a machine word at a
+//! time where the address is word-aligned and a byte at a time at the edges, with an acquire
+//! fence after a read and a release fence before a write; the 8-byte words are acquire loads
+//! and release stores. On x86-64 and aarch64 relaxed word accesses are the plain loads and
+//! stores `memcpy` makes (what the compiler gives up is vectorising them), and the fences cost
+//! nothing on x86-64, so the data path pays no measurable price (docs/performance.md). Bytes
+//! another party writes concurrently may still arrive torn, as they may from a NIC; the
+//! protocol above tolerates that (it checks sequence words after the copy). One gap is left
+//! as the `atomic-memcpy` crate leaves it: two racing copies that reach the same bytes at
+//! different word alignments make atomic accesses of different sizes, which the C++ model
+//! does not define; both compile to plain loads and stores, and only bytes the protocol already
+//! treats as torn are affected.
+//!
+//! The alternative, `unsafe` writes with a "no other thread writes this range" contract,
+//! would push `unsafe` into the tcp transport (`#![forbid(unsafe_code)]`), whose responder
+//! writes incoming RDMA data from whichever thread drives the QP.
 
 use std::fmt;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// A byte range `[addr, addr + len)` that stays readable and writable while any clone of the
@@ -39,27 +63,24 @@ pub struct Region {
     _owned: Option<Arc<OwnedBuf>>,
 }
 
+/// A heap allocation a region owns, freed with the last clone. It keeps the address as an
+/// integer, as `Region` does (its pointer was exposed when it was turned into one), so it is
+/// `Send + Sync` like any integer, with no `unsafe impl`.
 struct OwnedBuf {
-    ptr: *mut u8,
+    addr: usize,
     layout: std::alloc::Layout,
 }
 
-// SAFETY: OwnedBuf is a plain heap allocation with no thread affinity; it is only freed (Drop),
-// and its bytes are only reached through Region's raw-pointer methods, never through references.
-unsafe impl Send for OwnedBuf {}
-// SAFETY: see above; a shared OwnedBuf exposes nothing but the pointer value.
-unsafe impl Sync for OwnedBuf {}
-
 impl Drop for OwnedBuf {
     fn drop(&mut self) {
-        // SAFETY: ptr was returned by alloc_zeroed with exactly this layout and is freed once
-        // (the last Arc clone drops it).
-        unsafe { std::alloc::dealloc(self.ptr, self.layout) }
+        // SAFETY: addr is the address alloc_zeroed returned for exactly this layout (its
+        // provenance exposed by the cast in `try_alloc`), freed once: the last Arc clone drops
+        // it, and no region of it is used after that.
+        unsafe { std::alloc::dealloc(self.addr as *mut u8, self.layout) }
     }
 }
 
-/// An access outside a region's bounds (or, for the 8-byte volatile accesses, a misaligned
-/// one).
+/// An access outside a region's bounds (or, for the 8-byte word accesses, a misaligned one).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OutOfBounds {
     /// Offset asked for.
@@ -170,16 +191,153 @@ pub fn sendmsg(fd: BorrowedFd<'_>, pieces: &[IoPiece<'_>]) -> io::Result<usize> 
     Ok(r as usize)
 }
 
-/// `memmove` of `len` bytes from `src` to `dst` (the ranges may overlap); nothing at all for
-/// `len` 0, since a region may start at address 0 (`regMr(NULL, 0)`) and even a zero-length
-/// `ptr::copy` through a null pointer is undefined behaviour.
-///
-/// # Safety
-/// For `len > 0`: `src` valid for reads and `dst` for writes of `len` bytes.
-unsafe fn copy_bytes(src: *const u8, dst: *mut u8, len: usize) {
-    if len > 0 {
-        // SAFETY: the caller's contract, for a non-zero length.
-        unsafe { std::ptr::copy(src, dst, len) }
+/// Byte-wise atomic copies between region memory (raw pointers, shared with other threads,
+/// a NIC or the kernel) and memory the caller owns (slices). See the module docs for why.
+/// Nothing here dereferences a pointer for a zero length: a region may start at address 0
+/// (`regMr(NULL, 0)`).
+mod atomic {
+    use std::sync::atomic::{fence, AtomicU8, AtomicUsize, Ordering};
+
+    const W: usize = std::mem::size_of::<usize>();
+
+    /// Bytes a region-to-region copy moves through the stack at a time when the two sides are
+    /// not word-aligned alike, or overlap.
+    const CHUNK: usize = 512;
+
+    /// # Safety
+    /// `p` is valid for reads and writes of one byte, and accessed only atomically by others.
+    unsafe fn load_u8(p: *const u8) -> u8 {
+        // SAFETY: the caller's contract; an `AtomicU8` has the layout of a `u8`.
+        unsafe { AtomicU8::from_ptr(p.cast_mut()) }.load(Ordering::Relaxed)
+    }
+
+    /// # Safety
+    /// As [`load_u8`].
+    unsafe fn store_u8(p: *mut u8, v: u8) {
+        // SAFETY: the caller's contract.
+        unsafe { AtomicU8::from_ptr(p) }.store(v, Ordering::Relaxed)
+    }
+
+    /// # Safety
+    /// `p` is word-aligned, valid for reads and writes of a word, and accessed only atomically
+    /// by others.
+    unsafe fn load_word(p: *const u8) -> usize {
+        // SAFETY: the caller's contract (alignment included).
+        unsafe { AtomicUsize::from_ptr(p.cast_mut().cast()) }.load(Ordering::Relaxed)
+    }
+
+    /// # Safety
+    /// As [`load_word`].
+    unsafe fn store_word(p: *mut u8, v: usize) {
+        // SAFETY: the caller's contract.
+        unsafe { AtomicUsize::from_ptr(p.cast()) }.store(v, Ordering::Relaxed)
+    }
+
+    /// Bytes before `p` reaches word alignment, at most `len`.
+    fn head(p: *const u8, len: usize) -> usize {
+        p.align_offset(W).min(len)
+    }
+
+    /// Fills `dst` from `src` with relaxed atomic loads, then an acquire fence.
+    ///
+    /// # Safety
+    /// For a non-empty `dst`: `src..src + dst.len()` is valid for reads and writes (region
+    /// memory, by `Region`'s contract) and not accessed non-atomically by another thread
+    /// during the call; `dst` is not inside it.
+    pub(super) unsafe fn load(src: *const u8, dst: &mut [u8]) {
+        let h = head(src, dst.len());
+        let (first, rest) = dst.split_at_mut(h);
+        for (i, b) in first.iter_mut().enumerate() {
+            // SAFETY: inside the source range, per the contract.
+            *b = unsafe { load_u8(src.add(i)) };
+        }
+        let mut words = rest.chunks_exact_mut(W);
+        let mut at = h;
+        for w in &mut words {
+            // SAFETY: `src + at` is word-aligned (past the head) and a whole word is inside.
+            w.copy_from_slice(&unsafe { load_word(src.add(at)) }.to_ne_bytes());
+            at += W;
+        }
+        for b in words.into_remainder() {
+            // SAFETY: inside the source range.
+            *b = unsafe { load_u8(src.add(at)) };
+            at += 1;
+        }
+        fence(Ordering::Acquire);
+    }
+
+    /// A release fence, then writes `src` to `dst` with relaxed atomic stores.
+    ///
+    /// # Safety
+    /// For a non-empty `src`: `dst..dst + src.len()` is valid for reads and writes and not
+    /// accessed non-atomically by another thread during the call; `src` is not inside it.
+    pub(super) unsafe fn store(dst: *mut u8, src: &[u8]) {
+        fence(Ordering::Release);
+        let h = head(dst, src.len());
+        let (first, rest) = src.split_at(h);
+        for (i, &b) in first.iter().enumerate() {
+            // SAFETY: inside the destination range, per the contract.
+            unsafe { store_u8(dst.add(i), b) };
+        }
+        let mut words = rest.chunks_exact(W);
+        let mut at = h;
+        for w in &mut words {
+            let v = usize::from_ne_bytes(w.try_into().expect("a whole word"));
+            // SAFETY: `dst + at` is word-aligned (past the head) and a whole word is inside.
+            unsafe { store_word(dst.add(at), v) };
+            at += W;
+        }
+        for &b in words.remainder() {
+            // SAFETY: inside the destination range.
+            unsafe { store_u8(dst.add(at), b) };
+            at += 1;
+        }
+    }
+
+    /// `memmove` of `len` bytes from `src` to `dst` (the ranges may overlap) with atomic
+    /// loads and stores: word to word when both are word-aligned alike and apart, else through
+    /// the stack in chunks taken in the direction that never overwrites bytes not yet read.
+    ///
+    /// # Safety
+    /// For `len > 0`: both ranges valid for reads and writes and not accessed non-atomically by
+    /// another thread during the call.
+    pub(super) unsafe fn copy(src: *const u8, dst: *mut u8, len: usize) {
+        if len == 0 {
+            return;
+        }
+        let (s, d) = (src as usize, dst as usize);
+        let apart = s + len <= d || d + len <= s;
+        if apart && s % W == d % W {
+            fence(Ordering::Release);
+            let h = head(src, len);
+            let words = (len - h) / W;
+            for i in (0..h).chain(h + words * W..len) {
+                // SAFETY: inside both ranges, per the contract.
+                unsafe { store_u8(dst.add(i), load_u8(src.add(i))) };
+            }
+            for k in 0..words {
+                let at = h + k * W;
+                // SAFETY: both `src + at` and `dst + at` are word-aligned (equal offsets
+                // modulo W, past the head) and a whole word of each is inside its range.
+                unsafe { store_word(dst.add(at), load_word(src.add(at))) };
+            }
+            fence(Ordering::Acquire);
+            return;
+        }
+        let mut buf = [0u8; CHUNK];
+        let n = len.div_ceil(CHUNK);
+        for k in 0..n {
+            // Forwards when the destination starts first, backwards otherwise: every chunk
+            // is read whole before it is written, and no write reaches a chunk still unread.
+            let k = if d <= s { k } else { n - 1 - k };
+            let off = k * CHUNK;
+            let b = &mut buf[..CHUNK.min(len - off)];
+            // SAFETY: `off..off + b.len()` is inside both ranges; `buf` is our own.
+            unsafe {
+                load(src.add(off), b);
+                store(dst.add(off), b);
+            }
+        }
     }
 }
 
@@ -230,7 +388,10 @@ impl Region {
         Ok(Region {
             addr: ptr as u64,
             len,
-            _owned: Some(Arc::new(OwnedBuf { ptr, layout })),
+            _owned: Some(Arc::new(OwnedBuf {
+                addr: ptr as usize,
+                layout,
+            })),
         })
     }
 
@@ -283,9 +444,11 @@ impl Region {
     /// [`OutOfBounds`] (nothing written) when the range is not inside the region.
     pub fn write(&self, offset: usize, src: &[u8]) -> Result<(), OutOfBounds> {
         let dst = self.ptr(offset, src.len())?;
-        // SAFETY: `dst..dst + src.len()` is inside the region (checked), valid for writes by the
-        // constructor's contract; `src` is a live slice.
-        unsafe { copy_bytes(src.as_ptr(), dst, src.len()) };
+        // SAFETY: `dst..dst + src.len()` is inside the region (checked), valid for reads and
+        // writes by the constructor's contract and reached by every Rust thread only through
+        // these atomic copies; `src` is a live slice the caller owns, not region memory a
+        // `&[u8]` could alias (no method hands one out).
+        unsafe { atomic::store(dst, src) };
         Ok(())
     }
 
@@ -295,13 +458,14 @@ impl Region {
     /// [`OutOfBounds`] (`dst` untouched) when the range is not inside the region.
     pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), OutOfBounds> {
         let src = self.ptr(offset, dst.len())?;
-        // SAFETY: the source range is inside the region (checked), valid for reads by the
-        // constructor's contract; `dst` is a distinct live buffer the caller owns exclusively.
-        unsafe { copy_bytes(src.cast_const(), dst.as_mut_ptr(), dst.len()) };
+        // SAFETY: the source range is inside the region (checked), valid by the constructor's
+        // contract and reached only through atomic copies; `dst` is a distinct live buffer the
+        // caller owns exclusively.
+        unsafe { atomic::load(src.cast_const(), dst) };
         Ok(())
     }
 
-    /// Appends `len` bytes from `offset` to `dst` (no zero-fill of the new tail first).
+    /// Appends `len` bytes from `offset` to `dst`.
     ///
     /// # Errors
     /// [`OutOfBounds`] (`dst` untouched) when the range is not inside the region.
@@ -312,40 +476,37 @@ impl Region {
         dst: &mut Vec<u8>,
     ) -> Result<(), OutOfBounds> {
         let src = self.ptr(offset, len)?;
-        dst.reserve(len);
         let at = dst.len();
-        // SAFETY: `reserve` made room for `len` more bytes after `at`; the copy fills exactly
-        // those from a checked range of the region (valid for reads by contract), which is not
-        // the Vec's own allocation; only then does `set_len` expose them, all initialised.
-        unsafe {
-            copy_bytes(src.cast_const(), dst.as_mut_ptr().add(at), len);
-            dst.set_len(at + len);
-        }
+        dst.resize(at + len, 0);
+        // SAFETY: the source range is inside the region (checked), valid by contract and
+        // reached only through atomic copies; the tail of `dst` is the caller's own memory.
+        unsafe { atomic::load(src.cast_const(), &mut dst[at..]) };
         Ok(())
     }
 
-    /// Reads a little-endian u64 at `offset` with a volatile load (a NIC may write it at any
-    /// time). The address must be 8-byte aligned.
+    /// Reads a little-endian u64 at `offset` with one atomic acquire load (a NIC or another
+    /// thread may write it at any time). The address must be 8-byte aligned.
     ///
     /// # Errors
     /// [`OutOfBounds`] when the 8 bytes are not inside the region or not aligned.
-    pub fn read_u64_volatile(&self, offset: usize) -> Result<u64, OutOfBounds> {
+    pub fn load_u64(&self, offset: usize) -> Result<u64, OutOfBounds> {
         let p = self.aligned_u64(offset)?;
-        // SAFETY: in bounds and aligned (checked); the memory is valid per the contract. A
-        // volatile load is a single access the compiler may neither elide nor merge.
-        Ok(u64::from_le(unsafe { std::ptr::read_volatile(p) }))
+        // SAFETY: in bounds and aligned (checked); valid for reads and writes per the
+        // contract, and reached only through atomic accesses.
+        let v = unsafe { AtomicU64::from_ptr(p) }.load(Ordering::Acquire);
+        Ok(u64::from_le(v))
     }
 
-    /// Stores `v` little-endian at `offset` with a volatile store. The address must be 8-byte
-    /// aligned.
+    /// Stores `v` little-endian at `offset` with one atomic release store. The address must be
+    /// 8-byte aligned.
     ///
     /// # Errors
     /// [`OutOfBounds`] (nothing written) when the 8 bytes are not inside the region or not
     /// aligned.
-    pub fn write_u64_volatile(&self, offset: usize, v: u64) -> Result<(), OutOfBounds> {
+    pub fn store_u64(&self, offset: usize, v: u64) -> Result<(), OutOfBounds> {
         let p = self.aligned_u64(offset)?;
-        // SAFETY: in bounds and aligned (checked); valid for writes per the contract.
-        unsafe { std::ptr::write_volatile(p, v.to_le()) };
+        // SAFETY: as in `load_u64`.
+        unsafe { AtomicU64::from_ptr(p) }.store(v.to_le(), Ordering::Release);
         Ok(())
     }
 
@@ -375,9 +536,9 @@ impl Region {
     ) -> Result<(), OutOfBounds> {
         let s = src.ptr(src_off, len)?;
         let d = self.ptr(dst_off, len)?;
-        // SAFETY: both ranges are inside their regions (checked) and valid by contract;
-        // overlapping ranges are fine (a memmove).
-        unsafe { copy_bytes(s.cast_const(), d, len) };
+        // SAFETY: both ranges are inside their regions (checked), valid by contract and
+        // reached only through atomic copies; overlapping ranges are fine (a memmove).
+        unsafe { atomic::copy(s.cast_const(), d, len) };
         Ok(())
     }
 
@@ -495,24 +656,24 @@ mod tests {
         let mut big = [9u8; 17];
         assert!(r.read(0, &mut big).is_err());
         assert_eq!(big, [9; 17], "a refused read leaves the buffer alone");
-        assert_eq!(r.read_u64_volatile(8).unwrap(), 0x0101_0101_0101_0101);
-        assert!(r.read_u64_volatile(9).is_err(), "misaligned");
-        assert!(r.read_u64_volatile(16).is_err(), "out of bounds");
+        assert_eq!(r.load_u64(8).unwrap(), 0x0101_0101_0101_0101);
+        assert!(r.load_u64(9).is_err(), "misaligned");
+        assert!(r.load_u64(16).is_err(), "out of bounds");
         assert!(r.contains(r.addr() + 8, 8));
         assert!(!r.contains(r.addr() + 9, 8));
         assert!(!r.contains(r.addr() - 1, 1));
     }
 
     #[test]
-    fn volatile_store_round_trips_little_endian() {
+    fn word_store_round_trips_little_endian() {
         let r = Region::alloc(16);
-        r.write_u64_volatile(8, 0x0102_0304_0506_0708).unwrap();
+        r.store_u64(8, 0x0102_0304_0506_0708).unwrap();
         let mut b = [0u8; 8];
         r.read(8, &mut b).unwrap();
         assert_eq!(b, [8, 7, 6, 5, 4, 3, 2, 1]);
-        assert_eq!(r.read_u64_volatile(8).unwrap(), 0x0102_0304_0506_0708);
-        assert!(r.write_u64_volatile(4, 1).is_err());
-        assert!(r.write_u64_volatile(16, 1).is_err());
+        assert_eq!(r.load_u64(8).unwrap(), 0x0102_0304_0506_0708);
+        assert!(r.store_u64(4, 1).is_err());
+        assert!(r.store_u64(16, 1).is_err());
     }
 
     #[test]
@@ -538,6 +699,98 @@ mod tests {
         c.copy_from(0, &a, 8, 8).unwrap();
         assert!(c.copy_from(1, &a, 0, 8).is_err(), "destination too short");
         assert!(c.copy_from(0, &a, 9, 8).is_err(), "source too short");
+    }
+
+    /// The atomic copies against `Vec` semantics, for every length up to a few words and every
+    /// alignment of source and destination (heads, whole words, tails; alike or not), and
+    /// overlapping moves both ways within one region.
+    #[test]
+    fn atomic_copies_move_exactly_the_bytes_asked_at_every_alignment() {
+        let pattern: Vec<u8> = (0..96u8)
+            .map(|i| i.wrapping_mul(37).wrapping_add(1))
+            .collect();
+        for len in 0..40usize {
+            for so in 0..8usize {
+                for d_o in 0..8usize {
+                    let src = Region::alloc(96);
+                    src.write(0, &pattern).unwrap();
+                    let mut got = vec![0xee; len];
+                    src.read(so, &mut got).unwrap();
+                    assert_eq!(got, pattern[so..so + len], "read len {len} at {so}");
+
+                    let dst = Region::alloc(96);
+                    dst.write(d_o, &pattern[so..so + len]).unwrap();
+                    let mut back = vec![0u8; 96];
+                    dst.read(0, &mut back).unwrap();
+                    let mut want = vec![0u8; 96];
+                    want[d_o..d_o + len].copy_from_slice(&pattern[so..so + len]);
+                    assert_eq!(back, want, "write len {len} at {d_o}");
+
+                    let dst = Region::alloc(96);
+                    dst.copy_from(d_o, &src, so, len).unwrap();
+                    dst.read(0, &mut back).unwrap();
+                    assert_eq!(back, want, "copy_from len {len}, {so} -> {d_o}");
+
+                    // Overlapping, within one region: a memmove.
+                    let one = Region::alloc(96);
+                    one.write(0, &pattern).unwrap();
+                    one.copy_from(d_o + 4, &one, so, len).unwrap();
+                    let mut want = pattern.clone();
+                    want.copy_within(so..so + len, d_o + 4);
+                    one.read(0, &mut back).unwrap();
+                    assert_eq!(back, want, "memmove len {len}, {so} -> {}", d_o + 4);
+                }
+            }
+        }
+        // Longer than the bounce chunk, misaligned and overlapping both ways.
+        let big: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8).collect();
+        for (from, to) in [(3usize, 700usize), (700, 3), (1, 2), (2, 1)] {
+            let r = Region::alloc(6000);
+            r.write(0, &big).unwrap();
+            r.copy_from(to, &r, from, 4000).unwrap();
+            let mut want = big.clone();
+            want.resize(6000, 0);
+            want.copy_within(from..from + 4000, to);
+            let mut got = vec![0u8; 6000];
+            r.read(0, &mut got).unwrap();
+            assert_eq!(got, want, "memmove of 4000 bytes, {from} -> {to}");
+        }
+    }
+
+    /// Two threads on one region through safe clones: an aligned 8-byte write is one word, so
+    /// a reader of the same word sees either value whole, never half of each.
+    #[test]
+    fn an_aligned_word_written_by_another_thread_is_never_seen_torn() {
+        use std::sync::atomic::AtomicBool;
+        let r = Region::alloc(64);
+        let w = r.clone();
+        let (a, b) = ([0x11u8; 8], [0x22u8; 8]);
+        let (started, stop) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let (s0, s1) = (started.clone(), stop.clone());
+        let writer = std::thread::spawn(move || {
+            w.write(8, &a).unwrap();
+            s0.store(true, Ordering::Release);
+            while !s1.load(Ordering::Relaxed) {
+                w.write(8, &b).unwrap();
+                w.write(8, &a).unwrap();
+            }
+        });
+        while !started.load(Ordering::Acquire) {
+            std::thread::yield_now();
+        }
+        let whole = [u64::from_le_bytes(a), u64::from_le_bytes(b)];
+        for _ in 0..100_000 {
+            let mut got = [0u8; 8];
+            r.read(8, &mut got).unwrap();
+            assert!(got == a || got == b, "torn read {got:x?}");
+            let v = r.load_u64(8).unwrap();
+            assert!(whole.contains(&v), "torn word {v:#x}");
+        }
+        stop.store(true, Ordering::Relaxed);
+        writer.join().unwrap();
     }
 
     #[test]
