@@ -12,7 +12,7 @@ use super::side::Role;
 use super::watch::{self, Watch};
 use super::{Class, Error, Op};
 use crate::config::Config;
-use crate::engine::{ReqError, ReqId};
+use crate::engine::{Executor, ReqError, ReqId};
 use crate::transport::{Device, DeviceRnrCounters, QueuePair, Wc, WcStatus};
 
 /// The error of a comm whose peer closed.
@@ -48,6 +48,8 @@ pub(super) struct Core<R: Role> {
     /// Filled by `Drop for Core` with the pool buffers the engine held; dropped after `qp`.
     give_back: GiveBack,
     wcs: Vec<Wc>,
+    /// Carries out the engine's actions (keeps its send batch between calls).
+    exec: Executor,
     watch: Watch,
     post_errors: u64,
     /// The first usage or remote error a call returned: every later call returns it too.
@@ -79,6 +81,7 @@ impl<R: Role> Core<R> {
             side,
             give_back: GiveBack(None),
             wcs: Vec::new(),
+            exec: Executor::default(),
             watch: Watch::new(cfg),
             post_errors: 0,
             sticky: None,
@@ -222,10 +225,10 @@ impl<R: Role> Core<R> {
         Ok(())
     }
 
-    /// Carries out the engine's actions in order ([`crate::engine::execute`]); a failure
+    /// Carries out the engine's actions in order ([`Executor`]); a failure
     /// fails the engine, so every outstanding request reports it.
     pub(super) fn execute(&mut self) -> Result<(), Error> {
-        let r = self.side.execute(&mut *self.qp);
+        let r = self.side.execute(&mut self.exec, &mut *self.qp);
         if let Err(e) = &r {
             self.post_errors += 1;
             let line = e.report();

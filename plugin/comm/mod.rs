@@ -19,7 +19,7 @@
 //!   [`PeerParams`], and how the engine reads them;
 //! - [`pool`] (`pool.rs`): the shared bounce pool receive queues grow from;
 //! - `side.rs`: what differs between the ends ([`SendSide`], [`RecvSide`], [`Role`]) and the
-//!   comm's sink for the one action executor ([`crate::engine::execute`]);
+//!   comm's sink for the one action executor ([`crate::engine::Executor`]);
 //! - `core.rs`: what both ends share: QP progress, the CQ feed, the peer checks, the sticky
 //!   error, the counters;
 //! - `watch.rs`: the hang watchdog, the periodic stats, the close record, the peer-check timer.

@@ -2,7 +2,7 @@
 //! poll reads or posts afterwards, where the engine's actions land. [`SendSide`] and
 //! [`RecvSide`] implement the sealed [`Side`](sealed::Side) trait the comm's core
 //! ([`super::core`]) is generic over, so every difference is a static call, and
-//! [`CommSink`] is the comm's [`ActionSink`]: the one executor ([`engine::execute`]) carries
+//! [`CommSink`] is the comm's [`ActionSink`]: the one executor ([`Executor`]) carries
 //! out the engine's actions on the QP and the registered buffers through it.
 
 use std::sync::Arc;
@@ -15,8 +15,8 @@ use super::pool::BouncePool;
 use super::{Class, Error, Op};
 use crate::engine::wire::MAX_RECVS;
 use crate::engine::{
-    self, ActionSink, BounceSource, RecvBuf, RecvEngine, ReqError, ReqId, SendEngine, Stall, Stats,
-    MAX_RECV_REQUESTS, MAX_SEND_REQUESTS,
+    ActionSink, BounceSource, Executor, RecvBuf, RecvEngine, ReqError, ReqId, SendEngine, Stall,
+    Stats, MAX_RECV_REQUESTS, MAX_SEND_REQUESTS,
 };
 use crate::mem::Region;
 use crate::transport::{QueuePair, RecvWr, SendWr, Wc};
@@ -25,7 +25,7 @@ pub(super) mod sealed {
     use std::sync::Arc;
 
     use super::super::pool::BouncePool;
-    use super::{Error, QueuePair, ReqError, ReqId, Stall, Stats, Wc};
+    use super::{Error, Executor, QueuePair, ReqError, ReqId, Stall, Stats, Wc};
 
     /// Pool bounce buffers (addr, lkey) a dropped comm gives back to their pool.
     pub type Held = (Arc<BouncePool>, Vec<(u64, u32)>);
@@ -52,8 +52,8 @@ pub(super) mod sealed {
         /// After a CQ poll: the sender reads the CTS ring and credit word, the receiver
         /// re-posts, grows from the pool and returns the credits it owes.
         fn after_poll(&mut self, now: u64);
-        /// Carries out the engine's actions on `qp` and this side's buffers.
-        fn execute(&mut self, qp: &mut dyn QueuePair) -> Result<(), Error>;
+        /// Carries out the engine's actions with `exec` on `qp` and this side's buffers.
+        fn execute(&mut self, exec: &mut Executor, qp: &mut dyn QueuePair) -> Result<(), Error>;
         /// Extra `name=value` words for a stall report.
         fn stall_counters(&self, _out: &mut Vec<String>) {}
         /// `test`: the sizes when done.
@@ -152,13 +152,13 @@ impl sealed::Side for SendSide {
         let written = [&self.bufs.cts_ring, &self.bufs.credit_word];
         self.engine.poll_peer_writes(now, &Regions(&written));
     }
-    fn execute(&mut self, qp: &mut dyn QueuePair) -> Result<(), Error> {
+    fn execute(&mut self, exec: &mut Executor, qp: &mut dyn QueuePair) -> Result<(), Error> {
         let sink = &mut CommSink {
             qp,
             staging: &[&self.bufs.hdr, &self.bufs.rec],
             recv: None,
         };
-        engine::execute(self.engine.drain_actions(), sink)
+        exec.execute(&mut self.engine, sink)
     }
     fn stall_counters(&self, out: &mut Vec<String>) {
         out.push(format!(
@@ -199,13 +199,13 @@ impl sealed::Side for RecvSide {
         self.engine
             .after_poll(now, &mut PoolSource(&self.bufs.pool));
     }
-    fn execute(&mut self, qp: &mut dyn QueuePair) -> Result<(), Error> {
+    fn execute(&mut self, exec: &mut Executor, qp: &mut dyn QueuePair) -> Result<(), Error> {
         let sink = &mut CommSink {
             qp,
             staging: &[&self.bufs.ctrl],
             recv: Some((&self.bufs, &self.dst)),
         };
-        engine::execute(self.engine.drain_actions(), sink)
+        exec.execute(&mut self.engine, sink)
     }
     fn test(&mut self, id: ReqId) -> Result<Option<Vec<u64>>, ReqError> {
         let r = self.engine.test(id);
@@ -228,12 +228,13 @@ impl sealed::Side for RecvSide {
 /// # Errors
 /// [`Op::Buffers`]: a post failed, or the engine asked for more than posts.
 pub(super) fn post_initial(qp: &mut dyn QueuePair, engine: &mut RecvEngine) -> Result<(), Error> {
+    let exec = &mut Executor::default();
     let sink = &mut CommSink {
         qp,
         staging: &[],
         recv: None,
     };
-    engine::execute(engine.drain_actions(), sink).map_err(|e| {
+    exec.execute(engine, sink).map_err(|e| {
         Error::new(
             Op::Buffers,
             Class::System,
@@ -243,7 +244,7 @@ pub(super) fn post_initial(qp: &mut dyn QueuePair, engine: &mut RecvEngine) -> R
     })
 }
 
-/// Where a comm carries out its engine's actions ([`engine::execute`]): its QP, its staging
+/// Where a comm carries out its engine's actions ([`Executor`]): its QP, its staging
 /// buffers, and on the receive side its bounce buffers, the pool and the destinations of the
 /// posted receives.
 struct CommSink<'a> {

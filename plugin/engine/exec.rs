@@ -1,6 +1,6 @@
 //! The one action executor: carries out an engine's [`Action`]s, in order, on whatever
 //! implements [`ActionSink`]: the comm (`crate::comm`: a transport QP and registered memory)
-//! or the simulated pair ([`super::sim`]: fake memory and queues). Both call [`execute`], so
+//! or the simulated pair ([`super::sim`]: fake memory and queues). Both use an [`Executor`], so
 //! the order in which stages, posts and copies happen (and which sends share a post call)
 //! is decided once, here, and the simulator cannot drift from the driver.
 
@@ -8,7 +8,7 @@ use super::{Action, ReqId};
 use crate::transport::{RecvWr, SendWr};
 
 /// What carries out the engine's actions. Each method does one thing and reports its failure;
-/// [`execute`] decides the order and the batching.
+/// [`Executor::execute`] decides the order and the batching.
 pub trait ActionSink {
     /// A failure to carry out an action.
     type Error;
@@ -30,41 +30,81 @@ pub trait ActionSink {
     fn return_bounce(&mut self, bufs: &[(u64, u32)]) -> Result<(), Self::Error>;
 }
 
-/// Carries out `actions` in order on `sink`, stopping at the first failure (the actions after
-/// it are dropped: the caller fails the engine with the error).
-///
-/// Consecutive [`Action::PostSend`]s go out in one [`ActionSink::post_send`] (one doorbell,
-/// or one socket write, for a CTS and its credit write), flushed before the next
-/// [`Action::PostRecv`] and at the end. Stages and copies do not flush: the engine stages into
-/// a slot no WR queued before it reads, so writing it early is the same as writing it in
-/// place.
-///
-/// # Errors
-/// The first error a sink method returned.
-pub fn execute<S: ActionSink + ?Sized>(actions: Vec<Action>, sink: &mut S) -> Result<(), S::Error> {
-    let mut sends: Vec<SendWr> = Vec::new();
-    for a in actions {
-        match a {
-            Action::Stage { addr, bytes } => sink.stage(addr, &bytes)?,
-            Action::PostSend(wr) => sends.push(wr),
-            Action::PostRecv(wrs) => {
-                flush(&mut sends, sink)?;
-                sink.post_recv(&wrs)?;
-            }
-            Action::Copy { src, req, buf, len } => sink.copy(src, req, buf, len)?,
-            Action::ReturnBounce(bufs) => sink.return_bounce(&bufs)?,
-        }
-    }
-    flush(&mut sends, sink)
+/// An engine's queue of actions, as the [`Executor`] takes it.
+pub trait ActionQueue {
+    /// Moves the actions produced so far into `out` (empty), in order; with an empty `out`
+    /// this is a swap of the two buffers, so neither allocates once both are warm.
+    fn take_actions(&mut self, out: &mut Vec<Action>);
 }
 
-fn flush<S: ActionSink + ?Sized>(sends: &mut Vec<SendWr>, sink: &mut S) -> Result<(), S::Error> {
-    if sends.is_empty() {
-        return Ok(());
+/// The one action executor: carries out an engine's actions in order on an [`ActionSink`].
+/// It keeps its buffers between calls (the actions it takes, trading buffers with the engine,
+/// and the batch of send WRs it collects), so that once warm it allocates nothing; a comm and
+/// the simulated pair each keep one.
+#[derive(Debug, Default)]
+pub struct Executor {
+    actions: Vec<Action>,
+    sends: Vec<SendWr>,
+}
+
+impl Executor {
+    /// Carries out the actions `engine` produced so far, in order, on `sink`, stopping at the
+    /// first failure (the actions after it are dropped: the caller fails the engine with the
+    /// error).
+    ///
+    /// Consecutive [`Action::PostSend`]s go out in one [`ActionSink::post_send`] (one
+    /// doorbell, or one socket write, for a CTS and its credit write), flushed before the next
+    /// [`Action::PostRecv`] and at the end. Stages and copies do not flush: the engine stages
+    /// into a slot no WR queued before it reads, so writing it early is the same as writing it
+    /// in place.
+    ///
+    /// # Errors
+    /// The first error a sink method returned.
+    pub fn execute<S: ActionSink + ?Sized>(
+        &mut self,
+        engine: &mut (impl ActionQueue + ?Sized),
+        sink: &mut S,
+    ) -> Result<(), S::Error> {
+        engine.take_actions(&mut self.actions);
+        if self.actions.is_empty() {
+            return Ok(());
+        }
+        let mut actions = std::mem::take(&mut self.actions);
+        let r = self.run(actions.drain(..), sink);
+        // The drained buffer (its capacity) goes to the engine at the next call.
+        self.actions = actions;
+        r
     }
-    let r = sink.post_send(sends);
-    sends.clear();
-    r
+
+    fn run<S: ActionSink + ?Sized>(
+        &mut self,
+        actions: impl Iterator<Item = Action>,
+        sink: &mut S,
+    ) -> Result<(), S::Error> {
+        self.sends.clear();
+        for a in actions {
+            match a {
+                Action::Stage { addr, bytes } => sink.stage(addr, &bytes)?,
+                Action::PostSend(wr) => self.sends.push(wr),
+                Action::PostRecv(wrs) => {
+                    self.flush(sink)?;
+                    sink.post_recv(&wrs)?;
+                }
+                Action::Copy { src, req, buf, len } => sink.copy(src, req, buf, len)?,
+                Action::ReturnBounce(bufs) => sink.return_bounce(&bufs)?,
+            }
+        }
+        self.flush(sink)
+    }
+
+    fn flush<S: ActionSink + ?Sized>(&mut self, sink: &mut S) -> Result<(), S::Error> {
+        if self.sends.is_empty() {
+            return Ok(());
+        }
+        let r = sink.post_send(&self.sends);
+        self.sends.clear();
+        r
+    }
 }
 
 #[cfg(test)]
@@ -127,6 +167,12 @@ mod tests {
         }])
     }
 
+    impl ActionQueue for Vec<Action> {
+        fn take_actions(&mut self, out: &mut Vec<Action>) {
+            out.append(self);
+        }
+    }
+
     fn actions() -> Vec<Action> {
         vec![
             Action::Stage {
@@ -154,7 +200,10 @@ mod tests {
     #[test]
     fn consecutive_sends_share_a_post_flushed_before_a_receive_post_and_at_the_end() {
         let mut log = Log::default();
-        assert_eq!(execute(actions(), &mut log), Ok(()));
+        assert_eq!(
+            Executor::default().execute(&mut actions(), &mut log),
+            Ok(())
+        );
         assert_eq!(
             log.calls,
             [
@@ -175,13 +224,19 @@ mod tests {
             fail_at: Some(2),
             ..Log::default()
         };
-        assert_eq!(execute(actions(), &mut log), Err("send [1, 2]".into()));
+        assert_eq!(
+            Executor::default().execute(&mut actions(), &mut log),
+            Err("send [1, 2]".into())
+        );
         assert_eq!(log.calls.len(), 3, "nothing after the failed post");
         let mut log = Log {
             fail_at: Some(0),
             ..Log::default()
         };
-        assert_eq!(execute(actions(), &mut log), Err("stage 0x10 8".into()));
+        assert_eq!(
+            Executor::default().execute(&mut actions(), &mut log),
+            Err("stage 0x10 8".into())
+        );
         assert_eq!(
             log.calls,
             ["stage 0x10 8"],

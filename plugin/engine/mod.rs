@@ -4,7 +4,7 @@
 //! receiving side (NCCL comms are one-directional). Time is an argument (`now`, nanoseconds
 //! from any fixed origin). The engines never touch memory: they emit [`Action`]s — bytes to
 //! stage into plugin-owned buffers, WRs to post, bounce-buffer copies — that one executor
-//! ([`execute`]) carries out in order on an [`ActionSink`]: the comm driver's (`crate::comm`,
+//! ([`Executor`]) carries out in order on an [`ActionSink`]: the comm driver's (`crate::comm`,
 //! a transport QP) or the simulated pair's. What the engines need to know from outside they
 //! ask through arguments: [`MemRead`] (bytes the peer or the NIC wrote) and [`BounceSource`]
 //! (more bounce buffers when the receive queue grows).
@@ -57,7 +57,7 @@ use std::fmt;
 
 use crate::transport::{RecvWr, SendWr, WcStatus};
 
-pub use exec::{execute, ActionSink};
+pub use exec::{ActionQueue, ActionSink, Executor};
 pub use recv::{RecvBuf, RecvEngine, RecvParams};
 pub use send::{SendEngine, SendParams};
 

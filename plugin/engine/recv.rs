@@ -646,5 +646,15 @@ impl RecvEngine {
     }
 }
 
+impl super::ActionQueue for RecvEngine {
+    fn take_actions(&mut self, out: &mut Vec<Action>) {
+        if out.is_empty() {
+            std::mem::swap(&mut self.actions, out);
+        } else {
+            out.append(&mut self.actions);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests;

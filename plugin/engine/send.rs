@@ -689,5 +689,15 @@ impl SendEngine {
     }
 }
 
+impl super::ActionQueue for SendEngine {
+    fn take_actions(&mut self, out: &mut Vec<Action>) {
+        if out.is_empty() {
+            std::mem::swap(&mut self.actions, out);
+        } else {
+            out.append(&mut self.actions);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests;

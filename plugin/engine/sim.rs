@@ -254,6 +254,8 @@ pub struct Pair {
     /// Receive user-buffer regions, per request slot and buffer.
     recv_bufs: std::collections::HashMap<(u32, usize), u64>,
     pub steps: u64,
+    /// The one action executor, as the comms have theirs.
+    exec: Executor,
 }
 
 impl Pair {
@@ -321,24 +323,25 @@ impl Pair {
             rnr_naks: 0,
             recv_bufs: Default::default(),
             steps: 0,
+            exec: Executor::default(),
         };
         p.apply_actions();
         p
     }
 
-    /// Carries out both engines' actions with the one executor ([`execute`]), the sender's
+    /// Carries out both engines' actions with the one executor ([`Executor`]), the sender's
     /// first.
     fn apply_actions(&mut self) {
-        let Ok(()) = execute(
-            self.snd.drain_actions(),
+        let Ok(()) = self.exec.execute(
+            &mut self.snd,
             &mut SimSink {
                 mem: &mut self.smem,
                 qp: &mut self.sqp,
                 recv: None,
             },
         );
-        let Ok(()) = execute(
-            self.rcv.drain_actions(),
+        let Ok(()) = self.exec.execute(
+            &mut self.rcv,
             &mut SimSink {
                 mem: &mut self.rmem,
                 qp: &mut self.rqp,
