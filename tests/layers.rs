@@ -9,7 +9,7 @@
 //! |---|---|
 //! | 5 ABI | `ffi` |
 //! | 4 plugin API | `api`, `testkit` (test support over the API) |
-//! | 3 comms and set-up | `comm`, `conn`, `net`, `pool`, `limits` |
+//! | 3 comms and set-up | `comm` (with `comm::pool`), `conn`, `net`, `limits` |
 //! | 2 protocol and transports | `engine`, `transport` (with its exported conformance macro) |
 //! | 1 foundations | `config`, `ifselect`, `log`, `error` |
 //! | 0 raw memory | `mem` |
@@ -24,7 +24,7 @@ fn layer(module: &str) -> Option<u8> {
     Some(match module {
         "ffi" => 5,
         "api" | "testkit" => 4,
-        "comm" | "conn" | "net" | "pool" | "limits" => 3,
+        "comm" | "conn" | "net" | "limits" => 3,
         "engine" | "transport" | "transport_conformance" => 2,
         "config" | "ifselect" | "log" | "error" => 1,
         "mem" => 0,
