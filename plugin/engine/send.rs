@@ -174,6 +174,20 @@ impl SendEngine {
         while self.failed.is_none() {
             let r = self.next_r;
             let at = self.p.cts_ring + (r % CTS_RING_ENTRIES as u64) * CTS_ENTRY_LEN as u64;
+            // The two sequence words first: most polls find no new entry, and then the other
+            // 240 bytes need no copy.
+            let (mut head, mut tail) = ([0u8; 8], [0u8; 8]);
+            let words =
+                mem.read(at, &mut head) && mem.read(at + wire::CTS_TAIL_SEQ as u64, &mut tail);
+            match CtsEntry::landed(u64::from_le_bytes(head), u64::from_le_bytes(tail), r) {
+                _ if !words => {}
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(m) => {
+                    self.fail(ReqError::Protocol(m));
+                    break;
+                }
+            }
             if !mem.read(at, &mut b) {
                 self.fail(ReqError::Local(format!(
                     "CTS ring slot at {at:#x} is not readable"
