@@ -235,7 +235,26 @@ mod atomic {
 
     /// Bytes before `p` reaches word alignment, at most `len`.
     fn head(p: *const u8, len: usize) -> usize {
-        p.align_offset(W).min(len)
+        ((p as usize).wrapping_neg() & (W - 1)).min(len)
+    }
+
+    /// Words of `n` bytes moved four at a time, then one at a time: the copy loops below are
+    /// this function with a word access each (loads and stores the compiler may neither merge
+    /// nor vectorise, so unrolling is what keeps the loop overhead down).
+    #[inline(always)]
+    fn words(n: usize, mut each: impl FnMut(usize)) {
+        let mut at = 0;
+        while at + 4 * W <= n {
+            each(at);
+            each(at + W);
+            each(at + 2 * W);
+            each(at + 3 * W);
+            at += 4 * W;
+        }
+        while at + W <= n {
+            each(at);
+            at += W;
+        }
     }
 
     /// Fills `dst` from `src` with relaxed atomic loads, then an acquire fence.
@@ -245,24 +264,24 @@ mod atomic {
     /// memory, by `Region`'s contract) and not accessed non-atomically by another thread
     /// during the call; `dst` is not inside it.
     pub(super) unsafe fn load(src: *const u8, dst: &mut [u8]) {
-        let h = head(src, dst.len());
-        let (first, rest) = dst.split_at_mut(h);
-        for (i, b) in first.iter_mut().enumerate() {
-            // SAFETY: inside the source range, per the contract.
-            *b = unsafe { load_u8(src.add(i)) };
-        }
-        let mut words = rest.chunks_exact_mut(W);
-        let mut at = h;
-        for w in &mut words {
-            // SAFETY: `src + at` is word-aligned (past the head) and a whole word is inside.
-            w.copy_from_slice(&unsafe { load_word(src.add(at)) }.to_ne_bytes());
-            at += W;
-        }
-        for b in words.into_remainder() {
-            // SAFETY: inside the source range.
-            *b = unsafe { load_u8(src.add(at)) };
-            at += 1;
-        }
+        let len = dst.len();
+        let d = dst.as_mut_ptr();
+        let h = head(src, len);
+        let body = (len - h) & !(W - 1);
+        let byte = |i: usize| {
+            // SAFETY: `i < len`: inside the source range (the contract) and inside `dst`.
+            unsafe { d.add(i).write(load_u8(src.add(i))) }
+        };
+        (0..h).for_each(byte);
+        (h + body..len).for_each(byte);
+        words(body, |at| {
+            // SAFETY: `src + h + at` is word-aligned (past the head) and a whole word of the
+            // source range; `d + h + at` is a whole word of `dst`, written unaligned.
+            unsafe {
+                let v = load_word(src.add(h + at));
+                d.add(h + at).cast::<usize>().write_unaligned(v);
+            }
+        });
         fence(Ordering::Acquire);
     }
 
@@ -273,25 +292,24 @@ mod atomic {
     /// accessed non-atomically by another thread during the call; `src` is not inside it.
     pub(super) unsafe fn store(dst: *mut u8, src: &[u8]) {
         fence(Ordering::Release);
-        let h = head(dst, src.len());
-        let (first, rest) = src.split_at(h);
-        for (i, &b) in first.iter().enumerate() {
-            // SAFETY: inside the destination range, per the contract.
-            unsafe { store_u8(dst.add(i), b) };
-        }
-        let mut words = rest.chunks_exact(W);
-        let mut at = h;
-        for w in &mut words {
-            let v = usize::from_ne_bytes(w.try_into().expect("a whole word"));
-            // SAFETY: `dst + at` is word-aligned (past the head) and a whole word is inside.
-            unsafe { store_word(dst.add(at), v) };
-            at += W;
-        }
-        for &b in words.remainder() {
-            // SAFETY: inside the destination range.
-            unsafe { store_u8(dst.add(at), b) };
-            at += 1;
-        }
+        let len = src.len();
+        let s = src.as_ptr();
+        let h = head(dst, len);
+        let body = (len - h) & !(W - 1);
+        let byte = |i: usize| {
+            // SAFETY: `i < len`: inside the destination range and inside `src`.
+            unsafe { store_u8(dst.add(i), s.add(i).read()) }
+        };
+        (0..h).for_each(byte);
+        (h + body..len).for_each(byte);
+        words(body, |at| {
+            // SAFETY: `dst + h + at` is word-aligned and a whole word of the destination
+            // range; `s + h + at` a whole word of `src`, read unaligned.
+            unsafe {
+                let v = s.add(h + at).cast::<usize>().read_unaligned();
+                store_word(dst.add(h + at), v);
+            }
+        });
     }
 
     /// `memmove` of `len` bytes from `src` to `dst` (the ranges may overlap) with atomic
@@ -310,17 +328,18 @@ mod atomic {
         if apart && s % W == d % W {
             fence(Ordering::Release);
             let h = head(src, len);
-            let words = (len - h) / W;
-            for i in (0..h).chain(h + words * W..len) {
+            let body = (len - h) & !(W - 1);
+            let byte = |i: usize| {
                 // SAFETY: inside both ranges, per the contract.
-                unsafe { store_u8(dst.add(i), load_u8(src.add(i))) };
-            }
-            for k in 0..words {
-                let at = h + k * W;
-                // SAFETY: both `src + at` and `dst + at` are word-aligned (equal offsets
-                // modulo W, past the head) and a whole word of each is inside its range.
-                unsafe { store_word(dst.add(at), load_word(src.add(at))) };
-            }
+                unsafe { store_u8(dst.add(i), load_u8(src.add(i))) }
+            };
+            (0..h).for_each(byte);
+            (h + body..len).for_each(byte);
+            words(body, |at| {
+                // SAFETY: both `src + h + at` and `dst + h + at` are word-aligned (equal
+                // offsets modulo W, past the head) and a whole word of each is inside its range.
+                unsafe { store_word(dst.add(h + at), load_word(src.add(h + at))) };
+            });
             fence(Ordering::Acquire);
             return;
         }
