@@ -263,6 +263,7 @@ mod atomic {
     /// For a non-empty `dst`: `src..src + dst.len()` is valid for reads and writes (region
     /// memory, by `Region`'s contract) and not accessed non-atomically by another thread
     /// during the call; `dst` is not inside it.
+    #[inline]
     pub(super) unsafe fn load(src: *const u8, dst: &mut [u8]) {
         let len = dst.len();
         let d = dst.as_mut_ptr();
@@ -290,6 +291,7 @@ mod atomic {
     /// # Safety
     /// For a non-empty `src`: `dst..dst + src.len()` is valid for reads and writes and not
     /// accessed non-atomically by another thread during the call; `src` is not inside it.
+    #[inline]
     pub(super) unsafe fn store(dst: *mut u8, src: &[u8]) {
         fence(Ordering::Release);
         let len = src.len();

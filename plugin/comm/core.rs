@@ -142,6 +142,7 @@ impl<R: Role> Core<R> {
     /// it learns of the error); a new usage or remote error is kept for the later calls.
     /// Argument errors (`InvalidArgument`, checked before the comm's state is touched) are not
     /// kept: the call had no effect.
+    #[inline]
     pub(super) fn sticky_call<T>(
         &mut self,
         f: impl FnOnce(&mut Self) -> Result<T, Error>,
