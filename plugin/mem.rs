@@ -265,8 +265,17 @@ mod atomic {
     /// during the call; `dst` is not inside it.
     #[inline]
     pub(super) unsafe fn load(src: *const u8, dst: &mut [u8]) {
-        let len = dst.len();
-        let d = dst.as_mut_ptr();
+        // SAFETY: the caller's contract; a live `&mut [u8]` is valid for writes of its length.
+        unsafe { load_raw(src, dst.as_mut_ptr(), dst.len()) }
+    }
+
+    /// [`load`] into `len` bytes at `d`, which may be uninitialised.
+    ///
+    /// # Safety
+    /// As [`load`], with `d..d + len` valid for writes, owned by the caller and outside the
+    /// source range.
+    #[inline]
+    pub(super) unsafe fn load_raw(src: *const u8, d: *mut u8, len: usize) {
         let h = head(src, len);
         let body = (len - h) & !(W - 1);
         let byte = |i: usize| {
@@ -497,11 +506,16 @@ impl Region {
         dst: &mut Vec<u8>,
     ) -> Result<(), OutOfBounds> {
         let src = self.ptr(offset, len)?;
+        dst.reserve(len);
         let at = dst.len();
-        dst.resize(at + len, 0);
         // SAFETY: the source range is inside the region (checked), valid by contract and
-        // reached only through atomic copies; the tail of `dst` is the caller's own memory.
-        unsafe { atomic::load(src.cast_const(), &mut dst[at..]) };
+        // reached only through atomic copies; `reserve` made room for `len` bytes after `at`,
+        // the Vec's own memory (not the region's), which the load fills entirely before
+        // `set_len` exposes them.
+        unsafe {
+            atomic::load_raw(src.cast_const(), dst.as_mut_ptr().add(at), len);
+            dst.set_len(at + len);
+        }
         Ok(())
     }
 
