@@ -57,10 +57,40 @@ pub struct Fifo<'n> {
     pub(crate) busy: Vec<bool>,
     pub(crate) mhandle: *mut c_void,
     pub(crate) comm: *mut c_void,
+    /// One profiler handle per slot: NCCL passes `isend`/`irecv` (v10+) a pointer to its
+    /// per-step profiler state, never NULL (`src/transport/net.cc`); the plugin only hands it
+    /// back to the profiler callback.
+    phandles: Box<[u64]>,
     pub(crate) _net: PhantomData<&'n Net>,
 }
 
 impl<'n> Fifo<'n> {
+    /// A FIFO of `slots` × `slot_size` bytes in `mem`, registered as `mhandle` on `comm`.
+    pub(crate) fn new(
+        mem: Memory,
+        slots: usize,
+        slot_size: usize,
+        mhandle: *mut c_void,
+        comm: *mut c_void,
+    ) -> Fifo<'n> {
+        Fifo {
+            mem,
+            slot_size,
+            busy: vec![false; slots],
+            mhandle,
+            comm,
+            phandles: vec![0; slots].into_boxed_slice(),
+            _net: PhantomData,
+        }
+    }
+
+    /// The profiler handle of `slot` (in bounds: checked by [`Fifo::lend`] first).
+    pub(crate) fn phandle(&mut self, slot: usize) -> *mut c_void {
+        self.phandles
+            .get_mut(slot)
+            .map_or(ptr::null_mut(), |p| ptr::from_mut(p).cast())
+    }
+
     /// Number of slots.
     pub fn slots(&self) -> usize {
         self.busy.len()

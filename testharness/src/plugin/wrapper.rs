@@ -1,24 +1,19 @@
-//! [`Net`], the loaded plugin, and the handles it gives out: comms, registered FIFOs and
-//! requests (the safety model is in the [module docs](super)).
+//! [`Net`], the loaded plugin, and the handles it gives out: comms and the calls that lend
+//! FIFO slots to the plugin (the safety model is in the [module docs](super)).
 
-use std::ffi::{c_char, c_int, c_void, CStr};
+use std::cell::Cell;
+use std::ffi::{c_int, c_void};
 use std::fmt;
 use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 use std::ptr;
 
 use libloading::os::unix::{Library, Symbol};
-use nccl_net_verbsnet::ffi::abi::{
-    ncclNetCommConfig_v10_t, ncclNetCommConfig_v11_t, ncclNetCommConfig_v12_t,
-    ncclNetProperties_v10_t, ncclNetProperties_v11_t, ncclNetProperties_v12_t,
-    ncclNetProperties_v7_t, ncclNetProperties_v8_t, ncclNetProperties_v9_t, ncclNet_v10_t,
-    ncclNet_v11_t, ncclNet_v12_t, ncclNet_v7_t, ncclNet_v8_t, ncclNet_v9_t, ncclResult_t,
-    NCCL_MAX_NET_SIZE_BYTES, NCCL_NET_OPTIONAL_RECV_COMPLETION, NCCL_PTR_HOST,
-};
+use nccl_net_verbsnet::ffi::abi::{NCCL_NET_OPTIONAL_RECV_COMPLETION, NCCL_PTR_HOST};
 
 use super::fifo::{Fifo, Memory, Request};
 use super::load::{loaded_path, name_matches, open_first, Opened};
-use super::table::{each, props_common, symbol, Properties, Table, V6_SYMBOL, VERSIONS};
+use super::table::{symbol, Close, Exported, InitArgs, Properties, Table, V6_SYMBOL, VERSIONS};
 use super::{Error, Result, HANDLE_SIZE};
 
 /// A context made by a v11+ `init(ctx, commId, config)`: one NCCL communicator's view of the
@@ -39,10 +34,13 @@ impl Context<'_> {
 
 /// The loaded plugin.
 pub struct Net {
-    table: Table,
+    /// The table where the library exports it (read at load for `name`, and for `init`).
+    exported: Exported,
+    /// The table as copied after the last successful `init`; `None` before it.
+    table: Cell<Option<Table>>,
     version: u32,
     /// The context of [`Net::init`] (v11+), NULL before it and for older versions.
-    ctx: std::cell::Cell<*mut c_void>,
+    ctx: Cell<*mut c_void>,
     name: String,
     path: PathBuf,
     // Keeps the library mapped; declared last so it is dropped after everything else.
@@ -50,9 +48,11 @@ pub struct Net {
 }
 
 impl Net {
-    /// Loads the plugin as NCCL would for `NCCL_NET_PLUGIN=value` (see [`search_order`](super::search_order)),
-    /// takes the newest table it exports (probing v12 … v7 like NCCL) and checks its name
-    /// against `wanted_name` (`NCCL_NET`, or `verbsnet`). Does not call `init`.
+    /// Loads the plugin as NCCL would for `NCCL_NET_PLUGIN=value` (see
+    /// [`search_order`](super::search_order)), takes the newest table it exports (probing v12
+    /// … v7 like NCCL), reads its `name` and checks it against `wanted_name` (`NCCL_NET`, or
+    /// `verbsnet`). Does not call `init`: until [`Net::init`], only [`Net::name`],
+    /// [`Net::version`] and [`Net::path`] answer.
     ///
     /// # Errors
     /// [`Error::NotFound`], [`Error::MissingSymbol`], [`Error::NameMismatch`].
@@ -112,31 +112,13 @@ impl Net {
                 },
             });
         };
-        // SAFETY: the symbol `ncclNetPlugin_v<v>` is a `static ncclNet_v<v>_t` by the ABI;
-        // it lives as long as `lib`, which the returned `Net` keeps loaded, and the plugin
-        // never writes to it after load.
-        let table = unsafe {
-            match v {
-                7 => Table::V7(&*addr.cast::<ncclNet_v7_t>()),
-                8 => Table::V8(&*addr.cast::<ncclNet_v8_t>()),
-                9 => Table::V9(&*addr.cast::<ncclNet_v9_t>()),
-                10 => Table::V10(&*addr.cast::<ncclNet_v10_t>()),
-                11 => Table::V11(&*addr.cast::<ncclNet_v11_t>()),
-                _ => Table::V12(&*addr.cast::<ncclNet_v12_t>()),
-            }
-        };
+        // SAFETY: the symbol `ncclNetPlugin_v<v>` is a `ncclNet_v<v>_t` by the ABI, `v` is one
+        // of VERSIONS, and the returned `Net` keeps `lib` loaded while it uses `exported`.
+        let exported = unsafe { Exported::new(addr, v) };
         let path = loaded_path(addr).unwrap_or_else(|| PathBuf::from(&candidate));
-        // `name` is the first member of every version's table.
-        // SAFETY: `addr` points to the exported static, valid while `lib` is loaded.
-        let name_ptr = unsafe { *(addr as *const *const c_char) };
-        let name = if name_ptr.is_null() {
-            String::new()
-        } else {
-            // SAFETY: `name` is a NUL-terminated string in the plugin's rodata.
-            unsafe { CStr::from_ptr(name_ptr) }
-                .to_string_lossy()
-                .into_owned()
-        };
+        // NCCL matches NCCL_NET against the name it read when it loaded the table, before
+        // init (src/plugin/net.cc: ncclNetInit).
+        let name = exported.name();
         if !name_matches(&name, wanted_name) {
             return Err(Error::NameMismatch {
                 path: path.display().to_string(),
@@ -145,16 +127,17 @@ impl Net {
             });
         }
         Ok(Net {
-            table,
+            exported,
+            table: Cell::new(None),
             version: v,
-            ctx: std::cell::Cell::new(ptr::null_mut()),
+            ctx: Cell::new(ptr::null_mut()),
             name,
             path,
             _lib: lib,
         })
     }
 
-    /// The table's `name`.
+    /// The table's `name`, as read at load.
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -174,93 +157,55 @@ impl Net {
         &self.path
     }
 
-    fn table(&self) -> Table {
+    /// The table copied after `init`.
+    fn table(&self) -> Result<Table> {
         self.table
+            .get()
+            .ok_or_else(|| Error::Usage("a table call before init".into()))
     }
 
-    fn check(&self, call: &'static str, code: ncclResult_t) -> Result<()> {
-        if code == ncclResult_t::ncclSuccess {
-            Ok(())
-        } else {
-            Err(Error::Call {
-                version: self.version,
-                call,
-                code,
-            })
-        }
+    /// Calls the exported table's `init` as it is now, then copies the table (what NCCL's
+    /// version shims do, see [`super::table`]); returns the context (v11+, else NULL).
+    fn init_raw(&self, comm_id: u64, traffic_class: i32) -> Result<*mut c_void> {
+        let args = InitArgs {
+            logger: None,
+            profiler: None,
+            comm_id,
+            traffic_class,
+        };
+        // SAFETY: the library is loaded (self keeps it); the logger and profiler are NULL.
+        let ctx = unsafe { self.exported.snapshot().init(&args) }?;
+        self.table.set(Some(self.exported.snapshot()));
+        Ok(ctx)
     }
 
-    /// `init` with a NULL logger (see the module docs). For v11+ this makes the default
-    /// context (commId = the process id), used by [`Net::listen`]/[`Net::connect`] and ended by
-    /// [`Net::finalize`].
+    /// `init` with a NULL logger (see the module docs), then the table is copied. For v11+
+    /// this makes the default context (commId = the process id), used by
+    /// [`Net::listen`]/[`Net::connect`] and ended by [`Net::finalize`].
     ///
     /// # Errors
     /// NULL slot or a non-success return.
     pub fn init(&self) -> Result<()> {
-        match self.version {
-            11 | 12 => {
-                let c = self.init_context(u64::from(std::process::id()), -1)?;
-                self.ctx.set(c.ptr);
-                Ok(())
-            }
-            _ => {
-                let code = match self.table() {
-                    // Safety of every arm: a NULL logger (and profiler) is valid (the Option is
-                    // None); the table is live (see `each!`).
-                    // SAFETY: see the comment at the top of this match.
-                    Table::V7(t) => unsafe { t.init.ok_or(Error::NullSlot("init"))?(None) },
-                    // SAFETY: see the comment at the top of this match.
-                    Table::V8(t) => unsafe { t.init.ok_or(Error::NullSlot("init"))?(None) },
-                    // SAFETY: see the comment at the top of this match.
-                    Table::V9(t) => unsafe { t.init.ok_or(Error::NullSlot("init"))?(None) },
-                    // SAFETY: see the comment at the top of this match.
-                    Table::V10(t) => unsafe { t.init.ok_or(Error::NullSlot("init"))?(None, None) },
-                    Table::V11(_) | Table::V12(_) => unreachable!("handled above"),
-                };
-                self.check("init", code)
-            }
-        }
+        let ctx = self.init_raw(u64::from(std::process::id()), -1)?;
+        self.ctx.set(ctx);
+        Ok(())
     }
 
     /// v11+: `init(ctx, commId, {trafficClass})`, one more communicator context
-    /// (`traffic_class` -1 = unset).
+    /// (`traffic_class` -1 = unset); the table is copied again after it.
     ///
     /// # Errors
     /// A version without contexts ([`Error::Usage`]), NULL slot or a non-success return.
     pub fn init_context(&self, comm_id: u64, traffic_class: i32) -> Result<Context<'_>> {
-        let mut ctx: *mut c_void = ptr::null_mut();
-        let code = match self.table() {
-            Table::V11(t) => {
-                let mut cfg = ncclNetCommConfig_v11_t {
-                    trafficClass: traffic_class,
-                };
-                // SAFETY: valid out-pointer and config for the call; the table is live.
-                unsafe {
-                    t.init.ok_or(Error::NullSlot("init"))?(&mut ctx, comm_id, &mut cfg, None, None)
-                }
-            }
-            Table::V12(t) => {
-                let mut cfg = ncclNetCommConfig_v12_t {
-                    trafficClass: traffic_class,
-                };
-                // SAFETY: as above.
-                unsafe {
-                    t.init.ok_or(Error::NullSlot("init"))?(&mut ctx, comm_id, &mut cfg, None, None)
-                }
-            }
-            _ => {
-                return Err(Error::Usage(format!(
-                    "ncclNet v{} has no per-communicator contexts (v11+)",
-                    self.version
-                )))
-            }
-        };
-        self.check("init", code)?;
-        if ctx.is_null() {
-            return Err(Error::Contract("init succeeded with a NULL ctx".into()));
+        if self.version < 11 {
+            return Err(Error::Usage(format!(
+                "ncclNet v{} has no per-communicator contexts (v11+)",
+                self.version
+            )));
         }
+        let ptr = self.init_raw(comm_id, traffic_class)?;
         Ok(Context {
-            ptr: ctx,
+            ptr,
             comm_id,
             _net: PhantomData,
         })
@@ -271,16 +216,8 @@ impl Net {
     /// # Errors
     /// NULL slot or a non-success return.
     pub fn finalize_context(&self, ctx: Context<'_>) -> Result<()> {
-        let f = match self.table() {
-            // SAFETY: the table is live.
-            Table::V11(t) => t.finalize,
-            // SAFETY: as above.
-            Table::V12(t) => t.finalize,
-            _ => return Err(Error::Usage("finalize needs ncclNet v11+".into())),
-        };
-        let f = f.ok_or(Error::NullSlot("finalize"))?;
         // SAFETY: ctx came from this plugin's init and is finalized once (consumed here).
-        self.check("finalize", unsafe { f(ctx.ptr) })
+        unsafe { self.table()?.finalize(ctx.ptr) }
     }
 
     /// Ends the context of [`Net::init`] (v11+: `finalize`; older versions have no finalize,
@@ -305,73 +242,15 @@ impl Net {
     /// # Errors
     /// NULL slot or a non-success return.
     pub fn devices(&self) -> Result<i32> {
-        let f = each!(self, t => t.devices).ok_or(Error::NullSlot("devices"))?;
-        let mut n: c_int = 0;
-        // SAFETY: `n` is a valid out-pointer for the call.
-        self.check("devices", unsafe { f(&mut n) })?;
-        Ok(n)
+        self.table()?.devices()
     }
 
     /// `getProperties(dev)` of the version in use.
     ///
     /// # Errors
-    /// NULL slot or a non-success return.
+    /// NULL slot, a non-success return, or a `maxP2pBytes` NCCL rejects.
     pub fn properties(&self, dev: i32) -> Result<Properties> {
-        macro_rules! get {
-            ($t:expr, $ty:ty) => {{
-                let f = $t.getProperties.ok_or(Error::NullSlot("getProperties"))?;
-                let mut p = <$ty>::default();
-                // SAFETY: `p` is a valid, zeroed struct of this version's layout.
-                self.check("getProperties", unsafe { f(dev, &mut p) })?;
-                p
-            }};
-        }
-        let mut out = match self.table() {
-            // Safety of every arm: the table is live (see `each!`).
-            Table::V7(t) => {
-                let p = get!(t, ncclNetProperties_v7_t);
-                props_common!(p)
-            }
-            Table::V8(t) => {
-                let p = get!(t, ncclNetProperties_v8_t);
-                props_common!(p)
-            }
-            Table::V9(t) => {
-                let p = get!(t, ncclNetProperties_v9_t);
-                let mut o = props_common!(p);
-                o.max_p2p_bytes = Some(p.maxP2pBytes as u64);
-                o
-            }
-            Table::V10(t) => {
-                let p = get!(t, ncclNetProperties_v10_t);
-                let mut o = props_common!(p);
-                o.max_p2p_bytes = Some(p.maxP2pBytes as u64);
-                o
-            }
-            Table::V11(t) => {
-                let p = get!(t, ncclNetProperties_v11_t);
-                let mut o = props_common!(p);
-                o.max_p2p_bytes = Some(p.maxP2pBytes as u64);
-                o
-            }
-            Table::V12(t) => {
-                let p = get!(t, ncclNetProperties_v12_t);
-                let mut o = props_common!(p);
-                o.max_p2p_bytes = Some(p.maxP2pBytes as u64);
-                o.rail_plane = Some((p.railId, p.planeId));
-                o
-            }
-        };
-        // NCCL refuses a connection whose maxP2pBytes is outside (0, 1 TiB] (src/transport/net.cc).
-        if let Some(m) = out.max_p2p_bytes {
-            if m == 0 || m > NCCL_MAX_NET_SIZE_BYTES {
-                return Err(Error::Contract(format!(
-                    "maxP2pBytes {m} is outside (0, 1 TiB], which NCCL rejects"
-                )));
-            }
-        }
-        out.version = self.version;
-        Ok(out)
+        self.table()?.properties(dev)
     }
 
     /// `listen(dev)` (in the default context for v11+): returns the handle to ship to the
@@ -393,37 +272,10 @@ impl Net {
 
     fn listen_raw(&self, ctx: *mut c_void, dev: i32) -> Result<(Handle, ListenComm<'_>)> {
         let mut handle = Handle::zeroed();
-        let mut comm: *mut c_void = ptr::null_mut();
         let h = handle.0.as_mut_ptr().cast();
-        let code = match self.table() {
-            // Safety of every arm: the handle buffer is HANDLE_SIZE bytes as the ABI requires;
-            // `comm` is a valid out-pointer; ctx came from init (v11+); the table is live.
-            // SAFETY: see the comment at the top of this match.
-            Table::V11(t) => unsafe {
-                t.listen.ok_or(Error::NullSlot("listen"))?(ctx, dev, h, &mut comm)
-            },
-            // SAFETY: see the comment at the top of this match.
-            Table::V12(t) => unsafe {
-                t.listen.ok_or(Error::NullSlot("listen"))?(ctx, dev, h, &mut comm)
-            },
-            // SAFETY: see the comment at the top of this match.
-            Table::V7(t) => unsafe {
-                t.listen.ok_or(Error::NullSlot("listen"))?(dev, h, &mut comm)
-            },
-            // SAFETY: see the comment at the top of this match.
-            Table::V8(t) => unsafe {
-                t.listen.ok_or(Error::NullSlot("listen"))?(dev, h, &mut comm)
-            },
-            // SAFETY: see the comment at the top of this match.
-            Table::V9(t) => unsafe {
-                t.listen.ok_or(Error::NullSlot("listen"))?(dev, h, &mut comm)
-            },
-            // SAFETY: see the comment at the top of this match.
-            Table::V10(t) => unsafe {
-                t.listen.ok_or(Error::NullSlot("listen"))?(dev, h, &mut comm)
-            },
-        };
-        self.check("listen", code)?;
+        // SAFETY: the handle buffer is HANDLE_SIZE bytes as the ABI requires; ctx came from
+        // init (v11+).
+        let comm = unsafe { self.table()?.listen(ctx, dev, h) }?;
         if comm.is_null() {
             return Err(Error::Contract(
                 "listen succeeded with a NULL listenComm".into(),
@@ -467,45 +319,10 @@ impl Net {
         dev: i32,
         handle: &mut Handle,
     ) -> Result<Option<SendComm<'_>>> {
-        let mut comm: *mut c_void = ptr::null_mut();
-        let mut dev_comm = ptr::null_mut();
         let h = handle.0.as_mut_ptr().cast();
-        let mut cfg = ncclNetCommConfig_v10_t { trafficClass: -1 };
-        let code = match self.table() {
-            // Safety of every arm: the handle is HANDLE_SIZE bytes and outlives the call;
-            // out-pointers and the config are valid; ctx came from init (v11+).
-            // SAFETY: see the comment at the top of this match.
-            Table::V7(t) => unsafe {
-                t.connect.ok_or(Error::NullSlot("connect"))?(dev, h, &mut comm, &mut dev_comm)
-            },
-            // SAFETY: see the comment at the top of this match.
-            Table::V8(t) => unsafe {
-                t.connect.ok_or(Error::NullSlot("connect"))?(dev, h, &mut comm, &mut dev_comm)
-            },
-            // SAFETY: see the comment at the top of this match.
-            Table::V9(t) => unsafe {
-                t.connect.ok_or(Error::NullSlot("connect"))?(dev, h, &mut comm, &mut dev_comm)
-            },
-            // SAFETY: see the comment at the top of this match.
-            Table::V10(t) => unsafe {
-                t.connect.ok_or(Error::NullSlot("connect"))?(
-                    dev,
-                    &mut cfg,
-                    h,
-                    &mut comm,
-                    &mut dev_comm,
-                )
-            },
-            // SAFETY: see the comment at the top of this match.
-            Table::V11(t) => unsafe {
-                t.connect.ok_or(Error::NullSlot("connect"))?(ctx, dev, h, &mut comm, &mut dev_comm)
-            },
-            // SAFETY: see the comment at the top of this match.
-            Table::V12(t) => unsafe {
-                t.connect.ok_or(Error::NullSlot("connect"))?(ctx, dev, h, &mut comm, &mut dev_comm)
-            },
-        };
-        self.check("connect", code)?;
+        // SAFETY: the handle is HANDLE_SIZE bytes, the caller keeps the same one for every
+        // retry; ctx came from init (v11+).
+        let comm = unsafe { self.table()?.connect(ctx, dev, h) }?;
         // `then`, not `then_some`: a comm wrapper must never exist for NULL (its drop closes it).
         Ok((!comm.is_null()).then(|| SendComm {
             ptr: comm,
@@ -518,27 +335,18 @@ impl Net {
     /// # Errors
     /// NULL slot or a non-success return.
     pub fn accept<'n>(&'n self, listen: &mut ListenComm<'n>) -> Result<Option<RecvComm<'n>>> {
-        let f = each!(self, t => t.accept).ok_or(Error::NullSlot("accept"))?;
         self.owns(listen.net)?;
-        let mut comm: *mut c_void = ptr::null_mut();
-        let mut dev_comm = ptr::null_mut();
-        // SAFETY: `listen.ptr` is a live listen comm of this plugin; out-pointers are valid.
-        self.check("accept", unsafe { f(listen.ptr, &mut comm, &mut dev_comm) })?;
+        // SAFETY: `listen.ptr` is a live listen comm of this plugin.
+        let comm = unsafe { self.table()?.accept(listen.ptr) }?;
         Ok((!comm.is_null()).then(|| RecvComm {
             ptr: comm,
             net: self,
         }))
     }
 
-    fn raw_close(&self, which: &'static str, ptr: *mut c_void) -> Result<()> {
-        let f = match which {
-            "closeListen" => each!(self, t => t.closeListen),
-            "closeSend" => each!(self, t => t.closeSend),
-            _ => each!(self, t => t.closeRecv),
-        }
-        .ok_or(Error::NullSlot(which))?;
+    fn raw_close(&self, which: Close, ptr: *mut c_void) -> Result<()> {
         // SAFETY: `ptr` is a live comm of the matching kind, consumed by the caller.
-        self.check(which, unsafe { f(ptr) })
+        unsafe { self.table()?.close(which, ptr) }
     }
 
     /// `closeListen`.
@@ -548,7 +356,7 @@ impl Net {
     pub fn close_listen(&self, listen: ListenComm<'_>) -> Result<()> {
         let ptr = listen.ptr;
         std::mem::forget(listen);
-        self.raw_close("closeListen", ptr)
+        self.raw_close(Close::Listen, ptr)
     }
 
     /// `closeSend`.
@@ -558,7 +366,7 @@ impl Net {
     pub fn close_send(&self, comm: SendComm<'_>) -> Result<()> {
         let ptr = comm.ptr;
         std::mem::forget(comm);
-        self.raw_close("closeSend", ptr)
+        self.raw_close(Close::Send, ptr)
     }
 
     /// `closeRecv`.
@@ -568,7 +376,7 @@ impl Net {
     pub fn close_recv(&self, comm: RecvComm<'_>) -> Result<()> {
         let ptr = comm.ptr;
         std::mem::forget(comm);
-        self.raw_close("closeRecv", ptr)
+        self.raw_close(Close::Recv, ptr)
     }
 
     /// Allocates `slots × slot_size` bytes of host memory and registers it once with
@@ -588,42 +396,13 @@ impl Net {
                 "FIFO of {slots} slots × {slot_size} bytes"
             )));
         }
+        let table = self.table()?;
         let mem = Memory::new(slots * slot_size)?;
-        let mut mhandle: *mut c_void = ptr::null_mut();
-        let (c, d, host) = (comm.raw(), mem.ptr.cast(), NCCL_PTR_HOST as c_int);
-        let code = match self.table() {
-            Table::V7(t) => {
-                let len = c_int::try_from(mem.len)
-                    .map_err(|_| Error::Usage(format!("v7 regMr of {} bytes", mem.len)))?;
-                // SAFETY: `mem` is a live allocation of `len` bytes that stays put until deregMr
-                // (or leaks); `comm` is a live comm of this plugin; `mhandle` is a valid
-                // out-pointer.
-                unsafe { t.regMr.ok_or(Error::NullSlot("regMr"))?(c, d, len, host, &mut mhandle) }
-            }
-            _ => {
-                let f = match self.table() {
-                    // Safety of every arm: the table is live.
-                    Table::V8(t) => t.regMr,
-                    Table::V9(t) => t.regMr,
-                    Table::V10(t) => t.regMr,
-                    Table::V11(t) => t.regMr,
-                    Table::V12(t) => t.regMr,
-                    Table::V7(_) => unreachable!("handled above"),
-                }
-                .ok_or(Error::NullSlot("regMr"))?;
-                // SAFETY: as above.
-                unsafe { f(c, d, mem.len, host, &mut mhandle) }
-            }
-        };
-        self.check("regMr", code)?;
-        Ok(Fifo {
-            mem,
-            slot_size,
-            busy: vec![false; slots],
-            mhandle,
-            comm: comm.raw(),
-            _net: PhantomData,
-        })
+        // SAFETY: `mem` is a live allocation of `mem.len` bytes that stays put until deregMr (or
+        // leaks); `comm` is a live comm of this plugin.
+        let mhandle =
+            unsafe { table.reg_mr(comm.raw(), mem.ptr.cast(), mem.len, NCCL_PTR_HOST as c_int) }?;
+        Ok(Fifo::new(mem, slots, slot_size, mhandle, comm.raw()))
     }
 
     /// `deregMr`, then frees the memory. Refuses (and keeps the memory) while slots are busy.
@@ -631,7 +410,7 @@ impl Net {
     /// # Errors
     /// NULL slot, a non-success return, busy slots or a FIFO of another comm.
     pub fn dereg_mr<'n>(&'n self, comm: &impl Comm<'n>, mut fifo: Fifo<'n>) -> Result<()> {
-        let f = each!(self, t => t.deregMr).ok_or(Error::NullSlot("deregMr"))?;
+        let table = self.table()?;
         if fifo.comm != comm.raw() {
             return Err(Error::Usage("deregMr with a FIFO of another comm".into()));
         }
@@ -640,13 +419,13 @@ impl Net {
         }
         let mhandle = std::mem::replace(&mut fifo.mhandle, ptr::null_mut());
         // SAFETY: `mhandle` came from regMr on this comm and is deregistered once.
-        self.check("deregMr", unsafe { f(comm.raw(), mhandle) })
+        unsafe { table.dereg_mr(comm.raw(), mhandle) }
         // `fifo` drops here: no busy slots, so its memory is freed.
     }
 
     /// `isend` of the first `len` bytes of `slot`, with `tag`. `None`: the plugin cannot start
     /// it now (retry later); the slot stays free. Sizes go as `int` (v7/v8) or `size_t` (v9+);
-    /// v10+ pass a NULL profiler handle.
+    /// v10+ get a profiler handle (the slot's, as NCCL passes one per step).
     ///
     /// # Errors
     /// NULL slot, a non-success return, or a busy/out-of-range slot.
@@ -658,35 +437,13 @@ impl Net {
         len: usize,
         tag: i32,
     ) -> Result<Option<Request<'n>>> {
+        let table = self.table()?;
         let data = fifo.lend(comm.ptr, slot, len)?;
-        let mut req: *mut c_void = ptr::null_mut();
-        let (c, mh, ph) = (comm.ptr, fifo.mhandle, ptr::null_mut());
-        let ilen = c_int::try_from(len).unwrap_or(c_int::MAX);
-        let missing = Error::NullSlot("isend");
-        let code = match self.table() {
-            // Safety of every arm: `data..data+len` lies inside the registered FIFO, which stays
-            // allocated and untouched by Rust while the slot is busy; `comm` is a live send
-            // comm; the table is live.
-            // SAFETY: see the comment at the top of this match.
-            Table::V7(t) => unsafe { t.isend.ok_or(missing)?(c, data, ilen, tag, mh, &mut req) },
-            // SAFETY: see the comment at the top of this match.
-            Table::V8(t) => unsafe { t.isend.ok_or(missing)?(c, data, ilen, tag, mh, &mut req) },
-            // SAFETY: see the comment at the top of this match.
-            Table::V9(t) => unsafe { t.isend.ok_or(missing)?(c, data, len, tag, mh, &mut req) },
-            // SAFETY: see the comment at the top of this match.
-            Table::V10(t) => unsafe {
-                t.isend.ok_or(missing)?(c, data, len, tag, mh, ph, &mut req)
-            },
-            // SAFETY: see the comment at the top of this match.
-            Table::V11(t) => unsafe {
-                t.isend.ok_or(missing)?(c, data, len, tag, mh, ph, &mut req)
-            },
-            // SAFETY: see the comment at the top of this match.
-            Table::V12(t) => unsafe {
-                t.isend.ok_or(missing)?(c, data, len, tag, mh, ph, &mut req)
-            },
-        };
-        self.check("isend", code)?;
+        let ph = fifo.phandle(slot);
+        // SAFETY: `data..data+len` lies inside the registered FIFO, which stays allocated and
+        // untouched by Rust while the slot is busy; `comm` is a live send comm; the profiler
+        // handle lives in the FIFO.
+        let req = unsafe { table.isend(comm.ptr, data, len, tag, fifo.mhandle, ph) }?;
         Ok(fifo.track(slot, req))
     }
 
@@ -723,6 +480,7 @@ impl Net {
         caps: &[usize],
         tags: &[i32],
     ) -> Result<Option<Request<'n>>> {
+        let table = self.table()?;
         let n = slots.len();
         if n == 0 || n > 8 || caps.len() != n || tags.len() != n {
             return Err(Error::Usage(format!(
@@ -732,54 +490,38 @@ impl Net {
             )));
         }
         let mut datas = Vec::with_capacity(n);
+        let mut phandles = Vec::with_capacity(n);
         for (i, (&slot, &cap)) in slots.iter().zip(caps).enumerate() {
             if slots[..i].contains(&slot) {
                 return Err(Error::Usage(format!("slot {slot} twice in one irecv")));
             }
             datas.push(fifo.lend(comm.ptr, slot, cap)?);
+            phandles.push(fifo.phandle(slot));
         }
-        let mut isizes: Vec<c_int> = caps
-            .iter()
-            .map(|&c| c_int::try_from(c).unwrap_or(c_int::MAX))
-            .collect();
-        let mut sizes: Vec<usize> = caps.to_vec();
         let mut tags = tags.to_vec();
         let mut mhandles = vec![fifo.mhandle; n];
-        let mut phandles = vec![ptr::null_mut::<c_void>(); n];
         let optional = NCCL_NET_OPTIONAL_RECV_COMPLETION as usize as *mut c_void;
+        // NCCL's v7/v8 shims reset the preset to NULL before calling the plugin
+        // (src/plugin/net/net_v7.cc, net_v8.cc); v9+ pass it through.
         let mut req: *mut c_void = if self.version >= 9 {
             optional
         } else {
             ptr::null_mut()
         };
-        let (c, d, tg, m, ph) = (
-            comm.ptr,
-            datas.as_mut_ptr(),
-            tags.as_mut_ptr(),
-            mhandles.as_mut_ptr(),
-            phandles.as_mut_ptr(),
-        );
-        let (is, sz) = (isizes.as_mut_ptr(), sizes.as_mut_ptr());
-        let k = n as c_int;
-        let missing = Error::NullSlot("irecv");
-        let code = match self.table() {
-            // Safety of every arm: the arrays have n entries and outlive the call; every buffer
-            // lies inside the registered FIFO, untouched by Rust while its slot is busy; `comm`
-            // is a live recv comm; the table is live.
-            // SAFETY: see the comment at the top of this match.
-            Table::V7(t) => unsafe { t.irecv.ok_or(missing)?(c, k, d, is, tg, m, &mut req) },
-            // SAFETY: see the comment at the top of this match.
-            Table::V8(t) => unsafe { t.irecv.ok_or(missing)?(c, k, d, is, tg, m, &mut req) },
-            // SAFETY: see the comment at the top of this match.
-            Table::V9(t) => unsafe { t.irecv.ok_or(missing)?(c, k, d, sz, tg, m, &mut req) },
-            // SAFETY: see the comment at the top of this match.
-            Table::V10(t) => unsafe { t.irecv.ok_or(missing)?(c, k, d, sz, tg, m, ph, &mut req) },
-            // SAFETY: see the comment at the top of this match.
-            Table::V11(t) => unsafe { t.irecv.ok_or(missing)?(c, k, d, sz, tg, m, ph, &mut req) },
-            // SAFETY: see the comment at the top of this match.
-            Table::V12(t) => unsafe { t.irecv.ok_or(missing)?(c, k, d, sz, tg, m, ph, &mut req) },
-        };
-        self.check("irecv", code)?;
+        // SAFETY: the arrays have n entries and outlive the call; every buffer lies inside the
+        // registered FIFO, untouched by Rust while its slot is busy; `comm` is a live recv
+        // comm; the profiler handles live in the FIFO.
+        unsafe {
+            table.irecv(
+                comm.ptr,
+                &mut datas,
+                caps,
+                &mut tags,
+                &mut mhandles,
+                &mut phandles,
+                &mut req,
+            )
+        }?;
         if req == optional {
             return Err(Error::Contract(
                 "irecv left *request at NCCL_NET_OPTIONAL_RECV_COMPLETION (0x1); it must be a \
@@ -815,19 +557,17 @@ impl Net {
         fifo: &mut Fifo<'n>,
         req: &mut Request<'n>,
     ) -> Result<Option<Vec<usize>>> {
-        let f = each!(self, t => t.test).ok_or(Error::NullSlot("test"))?;
+        let table = self.table()?;
         if req.done {
             return Err(Error::Usage("test on a completed request".into()));
         }
         if req.fifo != fifo.mem.ptr {
             return Err(Error::Usage("test with the FIFO of another request".into()));
         }
-        let mut done: c_int = 0;
         let mut sizes: Vec<c_int> = vec![0; 1 + req.more.len()];
-        // SAFETY: `req.ptr` is a live request (never tested to completion before); `done` and
-        // `sizes` (one entry per buffer of the request) are valid out-pointers.
-        self.check("test", unsafe { f(req.ptr, &mut done, sizes.as_mut_ptr()) })?;
-        if done == 0 {
+        // SAFETY: `req.ptr` is a live request (never tested to completion before); `sizes` has
+        // one entry per buffer of the request.
+        if !unsafe { table.test(req.ptr, &mut sizes) }? {
             return Ok(None);
         }
         req.done = true;
@@ -934,18 +674,18 @@ impl<'n> Comm<'n> for RecvComm<'n> {
 impl Drop for ListenComm<'_> {
     fn drop(&mut self) {
         // The comm is live and dropped once; errors cannot be reported from drop.
-        let _ = self.net.raw_close("closeListen", self.ptr);
+        let _ = self.net.raw_close(Close::Listen, self.ptr);
     }
 }
 
 impl Drop for SendComm<'_> {
     fn drop(&mut self) {
-        let _ = self.net.raw_close("closeSend", self.ptr);
+        let _ = self.net.raw_close(Close::Send, self.ptr);
     }
 }
 
 impl Drop for RecvComm<'_> {
     fn drop(&mut self) {
-        let _ = self.net.raw_close("closeRecv", self.ptr);
+        let _ = self.net.raw_close(Close::Recv, self.ptr);
     }
 }
