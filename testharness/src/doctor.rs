@@ -623,14 +623,14 @@ fn init_plugin(
         }
     };
     if let Err(e) = net.init() {
+        let why = plugin::logger::last_warning().map_or_else(
+            || "the plugin logged no WARN".to_string(),
+            |w| format!("the plugin's WARN: {w}"),
+        );
         report.push(
-            Check::new(
-                "plugin.init",
-                Verdict::Fail,
-                format!("{e} (the plugin's WARN on stderr names the cause)"),
-            )
-            .expect("init returns ncclSuccess")
-            .fix("fix the config/transport failure reported here; NCCL cannot use the plugin"),
+            Check::new("plugin.init", Verdict::Fail, format!("{e}; {why}"))
+                .expect("init returns ncclSuccess")
+                .fix("fix the config/transport failure reported here; NCCL cannot use the plugin"),
         );
         return None;
     }

@@ -26,6 +26,9 @@ fn main() -> ExitCode {
             Err(e) => {
                 let who = args.rank.map(|r| format!("rank {r}: ")).unwrap_or_default();
                 eprintln!("verbsnet-perf: {who}error: {e}");
+                if let Some(w) = testharness::plugin::logger::unshown_last_warning() {
+                    eprintln!("verbsnet-perf: {who}the plugin's last WARN: {w}");
+                }
                 2
             }
         },

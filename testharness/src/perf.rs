@@ -806,6 +806,12 @@ pub fn run(args: &Args) -> Result<i32> {
         }
         None => Vec::new(),
     };
+    // What the plugin logged through the logger `init` got, per rank.
+    let logs: Vec<Value> = boot
+        .allgather(plugin::logger::seen().to_json().to_string().as_bytes())?
+        .iter()
+        .map(|b| serde_json::from_slice(b).unwrap_or(Value::Null))
+        .collect();
     boot.barrier()?;
 
     let wrong = report::total_wrong(&rows);
@@ -853,6 +859,7 @@ pub fn run(args: &Args) -> Result<i32> {
                 "ok": wrong == 0,
                 "avg_busbw": report::avg_busbw(args.collective, n, &rows),
                 "stats": args.stats.then(|| stats.iter().map(RankStats::to_json).collect::<Vec<_>>()),
+                "plugin_log": logs,
             });
             writeln!(o, "{obj}")?;
         } else {
@@ -873,6 +880,9 @@ pub fn run(args: &Args) -> Result<i32> {
                     )?;
                 }
             }
+            if let Some(line) = warn_summary(&logs) {
+                writeln!(o, "{line}")?;
+            }
             writeln!(o, "{}", report::footer(args.collective, n, &rows))?;
             if args.stats {
                 write!(o, "{}", stats::format_table(&stats))?;
@@ -881,6 +891,31 @@ pub fn run(args: &Args) -> Result<i32> {
         o.flush()?;
     }
     Ok(if root && wrong > 0 { EXIT_WRONG } else { 0 })
+}
+
+/// `# Plugin WARN lines: ...` when any rank's plugin logged a WARN (`logs`: per rank, from
+/// [`plugin::logger::Seen::to_json`]).
+fn warn_summary(logs: &[Value]) -> Option<String> {
+    let counts: Vec<u64> = logs
+        .iter()
+        .map(|l| l["warn"].as_u64().unwrap_or(0))
+        .collect();
+    if counts.iter().all(|&c| c == 0) {
+        return None;
+    }
+    let per_rank: Vec<String> = counts
+        .iter()
+        .enumerate()
+        .map(|(r, c)| format!("rank {r}: {c}"))
+        .collect();
+    let first = logs
+        .iter()
+        .find_map(|l| l["warnings"].get(0).and_then(Value::as_str))
+        .unwrap_or("?");
+    Some(format!(
+        "# Plugin WARN lines (through NCCL's logger): {}; first: {first}",
+        per_rank.join(", ")
+    ))
 }
 
 /// The rows as JSON, each with its `"baseline"` object when there is one.

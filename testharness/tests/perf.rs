@@ -57,6 +57,10 @@ fn perf(args: &[&str]) -> Command {
         .args(["-T", RUN_TIMEOUT_S])
         .env_remove("NCCL_NET_PLUGIN")
         .env_remove("NCCL_NET")
+        .env_remove("NCCL_DEBUG")
+        .env_remove("NCCL_DEBUG_SUBSYS")
+        .env_remove("NCCL_DEBUG_FILE")
+        .env_remove("VERBSNET_DEBUG")
         .env_remove("VERBSNET_STATS_FILE")
         .env_remove("VERBSNET_TRANSPORT");
     c
@@ -619,4 +623,153 @@ fn alltoall_with_shared_comms_and_skewed_senders_delivers_every_block() {
             );
         }
     }
+}
+
+/// The plugin logs through the logger `init` gets, as under NCCL: its WARN reaches the
+/// harness (counted per rank, kept, printed in NCCL's format), and `NCCL_DEBUG` /
+/// `NCCL_DEBUG_SUBSYS` decide what prints.
+#[test]
+fn plugin_lines_reach_the_harness_through_the_logger() {
+    // A typo'd knob: verbsnet WARNs at init ("ignoring unknown variable"), and the run is fine.
+    let _ = plugin();
+    let o = perf(&[
+        "all_reduce",
+        "--ranks",
+        "2",
+        "-b",
+        "8",
+        "-e",
+        "8",
+        "-n",
+        "1",
+        "--transport",
+        "tcp",
+        "--json",
+    ])
+    .env("VERBSNET_RQDEPTH", "512")
+    .output()
+    .unwrap();
+    assert!(o.status.success(), "{}", show(&o));
+    let v: Value = serde_json::from_str(
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .rev()
+            .find(|l| l.starts_with('{'))
+            .unwrap(),
+    )
+    .unwrap();
+    for (r, log) in v["plugin_log"]
+        .as_array()
+        .expect("plugin_log")
+        .iter()
+        .enumerate()
+    {
+        assert!(log["warn"].as_u64().unwrap() >= 1, "rank {r}: {log}");
+        let w = log["warnings"][0].as_str().unwrap();
+        assert!(
+            w.contains("NET/verbsnet : ignoring unknown variable VERBSNET_RQDEPTH"),
+            "{w}"
+        );
+    }
+    // NCCL's WARN format on stderr: `host:pid:tid [0] file:line NCCL WARN NET/verbsnet : ...`.
+    let err = String::from_utf8_lossy(&o.stderr);
+    let line = err
+        .lines()
+        .find(|l| l.contains("NCCL WARN"))
+        .unwrap_or_else(|| panic!("no NCCL WARN line\n{}", show(&o)));
+    let (who, rest) = line.split_once(" [0] ").expect("host:pid:tid [0]");
+    assert_eq!(
+        who.rsplit(' ').next().unwrap().split(':').count(),
+        3,
+        "{line}"
+    );
+    assert!(
+        rest.contains(".rs:") && rest.contains(" NCCL WARN NET/verbsnet : "),
+        "{line}"
+    );
+    // The text table says so too.
+    let o = perf(&[
+        "sendrecv",
+        "--ranks",
+        "2",
+        "-b",
+        "8",
+        "-e",
+        "8",
+        "-n",
+        "1",
+        "--transport",
+        "tcp",
+    ])
+    .env("VERBSNET_RQDEPTH", "512")
+    .output()
+    .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("# Plugin WARN lines (through NCCL's logger): rank 0: 1, rank 1: 1"),
+        "{}",
+        show(&o)
+    );
+
+    // NCCL_DEBUG=INFO with NET in NCCL_DEBUG_SUBSYS: the plugin's INFO lines print as NCCL's.
+    let args = [
+        "sendrecv",
+        "--ranks",
+        "2",
+        "-b",
+        "8",
+        "-e",
+        "8",
+        "-n",
+        "1",
+        "--transport",
+        "tcp",
+    ];
+    let o = perf(&args)
+        .env("NCCL_DEBUG", "INFO")
+        .env("NCCL_DEBUG_SUBSYS", "INIT,NET")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", show(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains(" [0] NCCL INFO NET/verbsnet : using transport tcp"),
+        "{err}"
+    );
+    // NCCL_DEBUG=WARN: no INFO line; NCCL_DEBUG=NONE: nothing, even with the typo's WARN.
+    let o = perf(&args).env("NCCL_DEBUG", "WARN").output().unwrap();
+    assert!(
+        !String::from_utf8_lossy(&o.stderr).contains("NCCL INFO"),
+        "{}",
+        show(&o)
+    );
+    let o = perf(&args)
+        .env("NCCL_DEBUG", "NONE")
+        .env("VERBSNET_RQDEPTH", "512")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", show(&o));
+    assert!(
+        !String::from_utf8_lossy(&o.stderr).contains("NCCL WARN"),
+        "{}",
+        show(&o)
+    );
+}
+
+/// A failing init: the harness's error carries the plugin's WARN when NCCL_DEBUG hides it.
+#[test]
+fn a_failed_init_reports_the_plugins_warning() {
+    let _ = plugin();
+    let o = perf(&["sendrecv", "-b", "8"])
+        .env("VERBSNET_TRANSPORT", "carrier-pigeon")
+        .env("NCCL_DEBUG", "NONE")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("init returned"), "{err}");
+    assert!(
+        err.contains("the plugin's last WARN: NET/verbsnet : ") && err.contains("carrier-pigeon"),
+        "{err}"
+    );
 }

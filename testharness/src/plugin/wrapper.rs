@@ -13,6 +13,7 @@ use nccl_net_verbsnet::ffi::abi::{NCCL_NET_OPTIONAL_RECV_COMPLETION, NCCL_PTR_HO
 
 use super::fifo::{Fifo, Memory, Request};
 use super::load::{loaded_path, name_matches, open_first, Opened};
+use super::logger;
 use super::table::{symbol, Close, Exported, InitArgs, Properties, Table, V6_SYMBOL, VERSIONS};
 use super::{Error, Result, HANDLE_SIZE};
 
@@ -168,18 +169,19 @@ impl Net {
     /// version shims do, see [`super::table`]); returns the context (v11+, else NULL).
     fn init_raw(&self, comm_id: u64, traffic_class: i32) -> Result<*mut c_void> {
         let args = InitArgs {
-            logger: None,
-            profiler: None,
+            logger: logger::nccl_logger(),
+            profiler: logger::profiler_callback(),
             comm_id,
             traffic_class,
         };
-        // SAFETY: the library is loaded (self keeps it); the logger and profiler are NULL.
+        // SAFETY: the library is loaded (self keeps it); the logger and the profiler callback
+        // are functions of this program, alive as long as it runs.
         let ctx = unsafe { self.exported.snapshot().init(&args) }?;
         self.table.set(Some(self.exported.snapshot()));
         Ok(ctx)
     }
 
-    /// `init` with a NULL logger (see the module docs), then the table is copied. For v11+
+    /// `init` with NCCL's arguments (see the module docs), then the table is copied. For v11+
     /// this makes the default context (commId = the process id), used by
     /// [`Net::listen`]/[`Net::connect`] and ended by [`Net::finalize`].
     ///
