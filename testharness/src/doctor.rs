@@ -608,14 +608,17 @@ fn init_plugin(
     nccl_net: Option<String>,
     report: &mut Report,
 ) -> Option<(Net, Vec<String>)> {
-    let wanted = nccl_net.unwrap_or_else(|| plugin::DEFAULT_NET_NAME.into());
-    let net = match Net::load(value, &wanted, None) {
+    let net = match Net::load(value, nccl_net.as_deref(), None) {
         Ok(n) => n,
         Err(e) => {
             report.push(
                 Check::new("plugin.init", Verdict::Fail, e.to_string())
                     .expect(format!(
-                        "an ncclNetPlugin_v7 … v12 table with name {wanted}"
+                        "an ncclNetPlugin_v7 … v12 table{}",
+                        nccl_net
+                            .as_deref()
+                            .map(|w| format!(" named {w} (NCCL_NET)"))
+                            .unwrap_or_default()
                     ))
                     .fix(format!("check NCCL_NET_PLUGIN={shown_value} and NCCL_NET")),
             );

@@ -580,15 +580,16 @@ pub fn run(args: &Args) -> Result<i32> {
         .ok()
         .filter(|v| !v.is_empty())
         .unwrap_or_else(|| plugin::DEFAULT_PLUGIN_VALUE.into());
-    let wanted = env::var("NCCL_NET")
-        .ok()
-        .filter(|v| !v.is_empty())
-        .unwrap_or_else(|| plugin::DEFAULT_NET_NAME.into());
+    let wanted = env::var("NCCL_NET").ok().filter(|v| !v.is_empty());
     let exe_dir = env::current_exe()
         .ok()
         .and_then(|p| p.parent().map(Path::to_path_buf));
-    let net = Net::load_version(&value, &wanted, exe_dir.as_deref(), args.net_version)?;
-    net.init()?;
+    let net = Net::open(
+        &value,
+        wanted.as_deref(),
+        exe_dir.as_deref(),
+        args.net_version,
+    )?;
     let ndev = net.devices()?;
     if ndev <= 0 || args.dev >= ndev || args.dev < 0 {
         return Err(format!(

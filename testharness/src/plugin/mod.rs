@@ -53,7 +53,8 @@ pub use wrapper::{Comm, Context, Handle, ListenComm, Net, RecvComm, SendComm};
 /// Size of the opaque connection handle `listen` fills in.
 pub const HANDLE_SIZE: usize = NCCL_NET_HANDLE_MAXSIZE as usize;
 
-/// The plugin name expected when `NCCL_NET` is not set.
+/// The name of verbsnet's table (what `NCCL_NET` should say to use it; with `NCCL_NET` unset
+/// NCCL, and verbsnet-perf, take whichever plugin loaded).
 pub const DEFAULT_NET_NAME: &str = "verbsnet";
 
 /// The `NCCL_NET_PLUGIN` value used when the variable is not set.
@@ -84,7 +85,7 @@ pub enum Error {
         path: String,
         /// Name in the table.
         found: String,
-        /// Name wanted (`NCCL_NET` or `verbsnet`).
+        /// Name wanted (`NCCL_NET`).
         wanted: String,
     },
     /// A table slot the harness needs is NULL.
@@ -97,6 +98,13 @@ pub enum Error {
         call: &'static str,
         /// What it returned.
         code: ncclResult_t,
+    },
+    /// None of the libraries of an `NCCL_NET_PLUGIN` list could be used; each with why.
+    NoneUsable {
+        /// The `NCCL_NET_PLUGIN` value.
+        value: String,
+        /// (list entry, what went wrong).
+        tried: Vec<(String, String)>,
     },
     /// The plugin broke the contract (e.g. success with a NULL listen comm).
     Contract(String),
@@ -130,8 +138,18 @@ impl fmt::Display for Error {
                 wanted,
             } => write!(
                 f,
-                "{path}: the ncclNet table's name is {found:?}, expected {wanted:?} (NCCL_NET)"
+                "{path}: the ncclNet table's name is {found:?}, expected {wanted:?} (NCCL_NET): \
+                 NCCL would skip this plugin and use its internal transport of that name, or fail \
+                 with \"Failed to initialize any NET plugin\"; unset NCCL_NET or set it to \
+                 {found:?} to drive this one"
             ),
+            Error::NoneUsable { value, tried } => {
+                write!(f, "no plugin of NCCL_NET_PLUGIN={value:?} is usable")?;
+                for (what, why) in tried {
+                    write!(f, "\n  {what}: {why}")?;
+                }
+                Ok(())
+            }
             Error::NullSlot(slot) => write!(f, "the ncclNet table's {slot} is NULL"),
             Error::Call {
                 version,
@@ -218,7 +236,7 @@ mod tests {
     fn missing_library_lists_every_attempt() {
         let err = match Net::load(
             "no-such-plugin-xyz",
-            "verbsnet",
+            Some("verbsnet"),
             Some(Path::new("/nonexistent")),
         ) {
             Err(e) => e,

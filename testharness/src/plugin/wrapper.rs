@@ -51,14 +51,68 @@ pub struct Net {
 impl Net {
     /// Loads the plugin as NCCL would for `NCCL_NET_PLUGIN=value` (see
     /// [`search_order`](super::search_order)), takes the newest table it exports (probing v12
-    /// … v7 like NCCL), reads its `name` and checks it against `wanted_name` (`NCCL_NET`, or
-    /// `verbsnet`). Does not call `init`: until [`Net::init`], only [`Net::name`],
-    /// [`Net::version`] and [`Net::path`] answer.
+    /// … v7 like NCCL) and reads its `name`, which must match `wanted_name` (`NCCL_NET`) when
+    /// one is given: with `NCCL_NET` unset NCCL takes whichever plugin loaded
+    /// (`src/plugin/net.cc`: `ncclNetInit` compares names only when `netName` is set). Does not
+    /// call `init`: until [`Net::init`], only [`Net::name`], [`Net::version`] and [`Net::path`]
+    /// answer.
     ///
     /// # Errors
     /// [`Error::NotFound`], [`Error::MissingSymbol`], [`Error::NameMismatch`].
-    pub fn load(value: &str, wanted_name: &str, exe_dir: Option<&Path>) -> Result<Net> {
+    pub fn load(value: &str, wanted_name: Option<&str>, exe_dir: Option<&Path>) -> Result<Net> {
         Net::load_version(value, wanted_name, exe_dir, None)
+    }
+
+    /// What NCCL does with `NCCL_NET_PLUGIN` and `NCCL_NET` before it uses a plugin
+    /// (`src/plugin/net.cc`: `initPluginLibsOnceFunc`, `ncclNetInit`): the value is a
+    /// comma-separated list (`none` disables external plugins), tried in order; the first
+    /// library that loads, whose name matches `NCCL_NET` (if set), whose `init` succeeds and
+    /// which reports at least one device is the one used. Returns it initialised
+    /// ([`Net::init`]).
+    ///
+    /// # Errors
+    /// A single entry's own error; [`Error::NoneUsable`] listing every entry of a longer list;
+    /// [`Error::Usage`] for `none` or an empty list.
+    pub fn open(
+        value: &str,
+        wanted_name: Option<&str>,
+        exe_dir: Option<&Path>,
+        version: Option<u32>,
+    ) -> Result<Net> {
+        if value.trim().eq_ignore_ascii_case("none") {
+            return Err(Error::Usage(
+                "NCCL_NET_PLUGIN=none: NCCL uses no external plugin then, so verbsnet-perf has \
+                 nothing to drive"
+                    .into(),
+            ));
+        }
+        let entries: Vec<&str> = value.split(',').filter(|e| !e.is_empty()).collect();
+        let mut tried = Vec::new();
+        for entry in &entries {
+            let attempt = Net::load_version(entry, wanted_name, exe_dir, version).and_then(|net| {
+                net.init()?;
+                match net.devices()? {
+                    n if n > 0 => Ok(net),
+                    n => Err(Error::Contract(format!(
+                        "devices reports {n} devices; NCCL disables a plugin without any"
+                    ))),
+                }
+            });
+            match attempt {
+                Ok(net) => return Ok(net),
+                Err(e) if entries.len() == 1 => return Err(e),
+                Err(e) => tried.push((entry.to_string(), e.to_string())),
+            }
+        }
+        if tried.is_empty() {
+            return Err(Error::Usage(format!(
+                "NCCL_NET_PLUGIN={value:?} names no library"
+            )));
+        }
+        Err(Error::NoneUsable {
+            value: value.to_string(),
+            tried,
+        })
     }
 
     /// [`Net::load`] with a chosen ABI version (`Some(7..=12)`), or the newest (`None`).
@@ -67,7 +121,7 @@ impl Net {
     /// As [`Net::load`]; [`Error::Usage`] for a version outside 7..=12.
     pub fn load_version(
         value: &str,
-        wanted_name: &str,
+        wanted_name: Option<&str>,
         exe_dir: Option<&Path>,
         version: Option<u32>,
     ) -> Result<Net> {
@@ -120,11 +174,11 @@ impl Net {
         // NCCL matches NCCL_NET against the name it read when it loaded the table, before
         // init (src/plugin/net.cc: ncclNetInit).
         let name = exported.name();
-        if !name_matches(&name, wanted_name) {
+        if let Some(wanted) = wanted_name.filter(|w| !name_matches(&name, w)) {
             return Err(Error::NameMismatch {
                 path: path.display().to_string(),
                 found: name,
-                wanted: wanted_name.to_string(),
+                wanted: wanted.to_string(),
             });
         }
         Ok(Net {
