@@ -1,0 +1,152 @@
+//! `verbsnet-perf` driving a plugin that is not verbsnet: `fixtures/fixture_net.c`, a real
+//! TCP plugin built by `testharness/build.rs` that behaves the way other NCCL net plugins do
+//! where the contract allows (it logs through the logger without a NULL check, rewrites its
+//! table in `init`, reports `maxRecvs = 1`, answers "retry later" often, completes requests out
+//! of order and late). Every collective must load, run and check its data through it, as it
+//! would under NCCL, so the harness stays faithful to NCCL and not to verbsnet.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+/// Per-run limit handed to the launcher (`-T`), so a hang fails the test instead of blocking it.
+const RUN_TIMEOUT_S: &str = "300";
+
+/// `libnccl-net-fixture.so` (ncclNetPlugin_v8 and _v6).
+const FIXTURE: &str = env!("FIXTURE_NET_SO");
+
+/// `libnccl-net-fixture6.so` (ncclNetPlugin_v6 only).
+const FIXTURE_V6: &str = env!("FIXTURE_NET_V6_SO");
+
+/// A `verbsnet-perf` command loading `so`, with no other NCCL or verbsnet variable set.
+fn perf(so: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_verbsnet-perf"));
+    c.args(args).args(["-T", RUN_TIMEOUT_S]);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("NCCL_") || k.starts_with("VERBSNET_") || k.starts_with("FIXTURE_NET_") {
+            c.env_remove(k);
+        }
+    }
+    c.env("NCCL_NET_PLUGIN", so);
+    c
+}
+
+fn show(o: &Output) -> String {
+    format!(
+        "status {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Runs with `--json`; returns the output and the object.
+fn run_json(c: &mut Command) -> (Output, Value) {
+    let o = c.arg("--json").output().expect("run verbsnet-perf");
+    let text = String::from_utf8_lossy(&o.stdout);
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .unwrap_or_else(|| panic!("no JSON object on stdout\n{}", show(&o)));
+    let v = serde_json::from_str(line).unwrap_or_else(|e| panic!("bad JSON {e}\n{}", show(&o)));
+    (o, v)
+}
+
+/// Exit 0, every #wrong 0, the fixture's table, its init line counted on every rank.
+fn assert_clean(o: &Output, v: &Value, symbol: &str) {
+    assert!(o.status.success(), "{}", show(o));
+    assert_eq!(v["ok"], true, "{}", show(o));
+    assert_eq!(v["out_of_bounds"], 0, "{}", show(o));
+    let rows = v["rows"].as_array().expect("rows");
+    assert!(!rows.is_empty());
+    for r in rows {
+        for placement in ["out_of_place", "in_place"] {
+            assert_eq!(r[placement]["wrong"], 0, "row {r}\n{}", show(o));
+        }
+    }
+    assert_eq!(v["plugin"]["name"], "fixture");
+    assert_eq!(v["plugin"]["symbol"], symbol);
+    let logs = v["plugin_log"].as_array().expect("plugin_log");
+    assert_eq!(logs.len(), v["nranks"].as_u64().unwrap() as usize);
+    for l in logs {
+        // The fixture's init line went through the logger on every rank.
+        assert!(l["info"].as_u64().unwrap() >= 1, "{l}");
+    }
+}
+
+fn sizes<'a>(coll: &'a str, ranks: &'a str) -> Vec<&'a str> {
+    vec![
+        coll, "--ranks", ranks, "-b", "8", "-e", "1M", "-f", "8", "-n", "2", "-w", "1", "--chunk",
+        "64K",
+    ]
+}
+
+/// Every collective through the fixture with NCCL_NET unset (NCCL takes whichever plugin
+/// loaded), data checked.
+#[test]
+fn every_collective_runs_through_the_fixture_plugin() {
+    for coll in [
+        "all_reduce",
+        "all_gather",
+        "reduce_scatter",
+        "sendrecv",
+        "alltoall",
+    ] {
+        for ranks in ["2", "3"] {
+            let (o, v) = run_json(&mut perf(FIXTURE, &sizes(coll, ranks)));
+            assert_clean(&o, &v, "ncclNetPlugin_v8");
+            println!(
+                "{coll} --ranks {ranks}: {} rows, #wrong 0",
+                v["rows"].as_array().unwrap().len()
+            );
+        }
+    }
+}
+
+/// NCCL_NET names the fixture: fine; names another: refused with NCCL's reason.
+#[test]
+fn nccl_net_is_matched_against_the_table_name_as_nccl_does() {
+    let mut c = perf(FIXTURE, &sizes("sendrecv", "2"));
+    let (o, v) = run_json(c.env("NCCL_NET", "FIXTURE"));
+    assert_clean(&o, &v, "ncclNetPlugin_v8");
+    let o = perf(FIXTURE, &sizes("sendrecv", "2"))
+        .env("NCCL_NET", "verbsnet")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("name is \"fixture\", expected \"verbsnet\"")
+            && err.contains("NCCL would skip"),
+        "{err}"
+    );
+}
+
+/// A list in NCCL_NET_PLUGIN: the first usable library wins, as in NCCL.
+#[test]
+fn the_first_usable_library_of_a_list_is_used() {
+    let list = format!("no-such-plugin,{FIXTURE}");
+    let (o, v) = run_json(&mut perf(&list, &sizes("all_reduce", "2")));
+    assert_clean(&o, &v, "ncclNetPlugin_v8");
+    let o = perf("none", &sizes("all_reduce", "2")).output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("NCCL_NET_PLUGIN=none"));
+}
+
+/// The exported table is incomplete until init (its slots are stubs that fail): the harness
+/// works only because it copies the table after init, as NCCL does.
+#[test]
+fn the_table_is_used_as_init_left_it() {
+    use testharness::plugin::{Error, Net};
+    let net = Net::load(FIXTURE, None, None).unwrap();
+    assert_eq!(net.name(), "fixture");
+    // Before init there is no table to call.
+    assert!(matches!(net.devices(), Err(Error::Usage(_))));
+    net.init().unwrap();
+    assert_eq!(net.devices().unwrap(), 1);
+    let p = net.properties(0).unwrap();
+    assert_eq!((p.name.as_str(), p.max_recvs), ("fixture0", 1));
+    assert!(Path::new(FIXTURE_V6).exists());
+}
