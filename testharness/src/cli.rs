@@ -213,9 +213,9 @@ pub struct Args {
     /// Seed of the alltoall skew and of the order of tags inside each grouped receive.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// ncclNet ABI version to drive (7..=12) [default: the newest the plugin exports, probed
-    /// v12 → v7 as NCCL does].
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(7..=12))]
+    /// ncclNet ABI version to drive (6..=12) [default: the newest the plugin exports, probed
+    /// v12 → v6 as NCCL does].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(6..=12))]
     pub net_version: Option<u32>,
 
     /// After the plugin run, stream the same bytes per ring link over plain TCP sockets between

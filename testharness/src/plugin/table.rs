@@ -16,7 +16,7 @@
 //! returning a value outside 0..=9 would be undefined behaviour on the Rust side (NCCL's own
 //! plugins and every plugin known to the project return only those codes).
 
-use std::ffi::{c_int, c_void};
+use std::ffi::{c_char, c_int, c_void};
 
 use nccl_net_verbsnet::ffi::abi::{
     ncclDebugLogger_t, ncclNetCommConfig_v10_t, ncclNetCommConfig_v11_t, ncclNetCommConfig_v12_t,
@@ -81,11 +81,112 @@ macro_rules! props_common {
 }
 
 /// The ABI versions the harness drives, newest first: NCCL's probe order
-/// (`src/plugin/net.cc`: v12, v11, v10, v9, v8, v7, then v6, which verbsnet-perf cannot drive).
-pub const VERSIONS: [u32; 6] = [12, 11, 10, 9, 8, 7];
+/// (`src/plugin/net.cc`: `ncclNetVersion[]`, v12 down to v6).
+pub const VERSIONS: [u32; 7] = [12, 11, 10, 9, 8, 7, 6];
 
-/// The oldest version NCCL still probes; the harness reports it but does not drive it.
-pub(crate) const V6_SYMBOL: &str = "ncclNetPlugin_v6";
+/// `ncclNetProperties_v6_t` (NCCL's `src/include/plugin/net/net_v6.h`; verbsnet's own header
+/// starts at v7): v7's properties without `netDeviceType`/`netDeviceVersion`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct PropertiesV6 {
+    /// `name`.
+    pub name: *mut c_char,
+    /// `pciPath`.
+    pub pci_path: *mut c_char,
+    /// `guid`.
+    pub guid: u64,
+    /// `ptrSupport`.
+    pub ptr_support: c_int,
+    /// `speed` (Mbps).
+    pub speed: c_int,
+    /// `port`.
+    pub port: c_int,
+    /// `latency` (µs).
+    pub latency: f32,
+    /// `maxComms`.
+    pub max_comms: c_int,
+    /// `maxRecvs`.
+    pub max_recvs: c_int,
+}
+
+impl Default for PropertiesV6 {
+    fn default() -> Self {
+        PropertiesV6 {
+            name: std::ptr::null_mut(),
+            pci_path: std::ptr::null_mut(),
+            guid: 0,
+            ptr_support: 0,
+            speed: 0,
+            port: 0,
+            latency: 0.0,
+            max_comms: 0,
+            max_recvs: 0,
+        }
+    }
+}
+
+type Res = ncclResult_t;
+type Ptr = *mut c_void;
+
+/// `ncclNet_v6_t` (NCCL's `net_v6.h`, NCCL 2.12-2.18; NCCL still loads it through
+/// `src/plugin/net/net_v6.cc`): like v7 but `connect`/`accept` without device handles, no
+/// `getDeviceMr`/`irecvConsumed`, `int` sizes.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct NetV6 {
+    /// `name`.
+    pub name: *const c_char,
+    /// `init(logFunction)`.
+    pub init: Option<unsafe extern "C" fn(ncclDebugLogger_t) -> Res>,
+    /// `devices(ndev)`.
+    pub devices: Option<unsafe extern "C" fn(*mut c_int) -> Res>,
+    /// `getProperties(dev, props)`.
+    pub get_properties: Option<unsafe extern "C" fn(c_int, *mut PropertiesV6) -> Res>,
+    /// `listen(dev, handle, listenComm)`.
+    pub listen: Option<unsafe extern "C" fn(c_int, Ptr, *mut Ptr) -> Res>,
+    /// `connect(dev, handle, sendComm)`.
+    pub connect: Option<unsafe extern "C" fn(c_int, Ptr, *mut Ptr) -> Res>,
+    /// `accept(listenComm, recvComm)`.
+    pub accept: Option<unsafe extern "C" fn(Ptr, *mut Ptr) -> Res>,
+    /// `regMr(comm, data, int size, type, mhandle)`.
+    pub reg_mr: Option<unsafe extern "C" fn(Ptr, Ptr, c_int, c_int, *mut Ptr) -> Res>,
+    /// `regMrDmaBuf(comm, data, size, type, offset, fd, mhandle)`.
+    pub reg_mr_dma_buf:
+        Option<unsafe extern "C" fn(Ptr, Ptr, usize, c_int, u64, c_int, *mut Ptr) -> Res>,
+    /// `deregMr(comm, mhandle)`.
+    pub dereg_mr: Option<unsafe extern "C" fn(Ptr, Ptr) -> Res>,
+    /// `isend(sendComm, data, int size, tag, mhandle, request)`.
+    pub isend: Option<unsafe extern "C" fn(Ptr, Ptr, c_int, c_int, Ptr, *mut Ptr) -> Res>,
+    /// `irecv(recvComm, n, data, int* sizes, tags, mhandles, request)`.
+    pub irecv: Option<
+        unsafe extern "C" fn(
+            Ptr,
+            c_int,
+            *mut Ptr,
+            *mut c_int,
+            *mut c_int,
+            *mut Ptr,
+            *mut Ptr,
+        ) -> Res,
+    >,
+    /// `iflush(recvComm, n, data, sizes, mhandles, request)`.
+    pub iflush:
+        Option<unsafe extern "C" fn(Ptr, c_int, *mut Ptr, *mut c_int, *mut Ptr, *mut Ptr) -> Res>,
+    /// `test(request, done, sizes)`.
+    pub test: Option<unsafe extern "C" fn(Ptr, *mut c_int, *mut c_int) -> Res>,
+    /// `closeSend`.
+    pub close_send: Option<unsafe extern "C" fn(Ptr) -> Res>,
+    /// `closeRecv`.
+    pub close_recv: Option<unsafe extern "C" fn(Ptr) -> Res>,
+    /// `closeListen`.
+    pub close_listen: Option<unsafe extern "C" fn(Ptr) -> Res>,
+}
+
+// net_v6.h's layout on LP64: 48-byte properties, a table of 17 pointers.
+const _: () = assert!(std::mem::size_of::<PropertiesV6>() == 48);
+const _: () = assert!(std::mem::offset_of!(PropertiesV6, max_recvs) == 44);
+const _: () = assert!(std::mem::size_of::<NetV6>() == 17 * 8);
+const _: () = assert!(std::mem::offset_of!(NetV6, close_listen) == 16 * 8);
 
 /// The exported table symbol of ABI version `v`.
 pub fn symbol(v: u32) -> String {
@@ -129,6 +230,7 @@ impl Exported {
             };
         }
         match self.version {
+            6 => Table::V6(copy!(NetV6)),
             7 => Table::V7(copy!(ncclNet_v7_t)),
             8 => Table::V8(copy!(ncclNet_v8_t)),
             9 => Table::V9(copy!(ncclNet_v9_t)),
@@ -142,6 +244,7 @@ impl Exported {
 /// An owned copy of one version's table (see the module docs for when it is taken).
 #[derive(Clone, Copy)]
 pub(crate) enum Table {
+    V6(NetV6),
     V7(ncclNet_v7_t),
     V8(ncclNet_v8_t),
     V9(ncclNet_v9_t),
@@ -152,8 +255,9 @@ pub(crate) enum Table {
 
 /// Evaluates `$e` with `$t` bound to the table, for slots of the same type in every version.
 macro_rules! each {
-    ($self:expr, $t:ident => $e:expr) => {
+    ($self:expr, $t:ident => $e:expr, $v6:ident => $e6:expr) => {
         match $self {
+            Table::V6($v6) => $e6,
             Table::V7($t) => $e,
             Table::V8($t) => $e,
             Table::V9($t) => $e,
@@ -192,6 +296,7 @@ impl Table {
     /// The ABI version.
     pub(crate) fn version(&self) -> u32 {
         match self {
+            Table::V6(_) => 6,
             Table::V7(_) => 7,
             Table::V8(_) => 8,
             Table::V9(_) => 9,
@@ -223,6 +328,8 @@ impl Table {
         // Safety of every arm: the arguments are valid for the call by the caller's contract;
         // `ctx` and the config are valid pointers for the call.
         let code = match self {
+            // SAFETY: see the comment above this match.
+            Table::V6(t) => unsafe { slot!(t, init)(log) },
             // SAFETY: see the comment above this match.
             Table::V7(t) => unsafe { slot!(t, init)(log) },
             // SAFETY: see the comment above this match.
@@ -269,7 +376,7 @@ impl Table {
 
     /// `devices`.
     pub(crate) fn devices(&self) -> Result<i32> {
-        let f = each!(self, t => slot!(t, devices));
+        let f = each!(self, t => slot!(t, devices), t => slot!(t, devices));
         let mut n: c_int = 0;
         // SAFETY: `n` is a valid out-pointer; the table is a copy of a loaded plugin's.
         self.check("devices", unsafe { f(&mut n) })?;
@@ -289,6 +396,28 @@ impl Table {
         }
         let v = self.version();
         let out = match self {
+            Table::V6(t) => {
+                let f = t.get_properties.ok_or(Error::NullSlot("getProperties"))?;
+                let mut p = PropertiesV6::default();
+                // SAFETY: `p` is a valid, zeroed struct of the v6 layout.
+                self.check("getProperties", unsafe { f(dev, &mut p) })?;
+                Properties {
+                    // SAFETY: the plugin's strings are NUL-terminated, alive while it is loaded.
+                    name: unsafe { opt_cstr(p.name) }.unwrap_or_default(),
+                    // SAFETY: as above.
+                    pci_path: unsafe { opt_cstr(p.pci_path) },
+                    guid: p.guid,
+                    ptr_support: p.ptr_support,
+                    speed: p.speed,
+                    port: p.port,
+                    latency: p.latency,
+                    max_comms: p.max_comms,
+                    max_recvs: p.max_recvs,
+                    max_p2p_bytes: None,
+                    rail_plane: None,
+                    version: v,
+                }
+            }
             Table::V7(t) => {
                 let p = get!(t, ncclNetProperties_v7_t);
                 props_common!(p, v)
@@ -349,6 +478,8 @@ impl Table {
         // Safety of every arm: by the caller's contract; `c` is a valid out-pointer.
         let code = match self {
             // SAFETY: see the comment above this match.
+            Table::V6(t) => unsafe { slot!(t, listen)(dev, handle, c) },
+            // SAFETY: see the comment above this match.
             Table::V7(t) => unsafe { slot!(t, listen)(dev, handle, c) },
             // SAFETY: see the comment above this match.
             Table::V8(t) => unsafe { slot!(t, listen)(dev, handle, c) },
@@ -366,7 +497,7 @@ impl Table {
     }
 
     /// One `connect` attempt (in `ctx` for v11+; v10 passes a config with trafficClass -1,
-    /// unset); returns the send comm or NULL ("call again").
+    /// unset; v6 has no device handle); returns the send comm or NULL ("call again").
     ///
     /// # Safety
     /// `handle` points to the `NCCL_NET_HANDLE_MAXSIZE` bytes `listen` filled in, kept for
@@ -383,6 +514,8 @@ impl Table {
         let mut cfg = ncclNetCommConfig_v10_t { trafficClass: -1 };
         // Safety of every arm: by the caller's contract; out-pointers and config are valid.
         let code = match self {
+            // SAFETY: see the comment above this match.
+            Table::V6(t) => unsafe { slot!(t, connect)(dev, handle, c) },
             // SAFETY: see the comment above this match.
             Table::V7(t) => unsafe { slot!(t, connect)(dev, handle, c, d) },
             // SAFETY: see the comment above this match.
@@ -405,11 +538,21 @@ impl Table {
     /// # Safety
     /// `listen` is a live listen comm of this plugin.
     pub(crate) unsafe fn accept(&self, listen: *mut c_void) -> Result<*mut c_void> {
-        let f = each!(self, t => slot!(t, accept));
         let mut comm: *mut c_void = std::ptr::null_mut();
         let mut dev_comm = std::ptr::null_mut();
-        // SAFETY: by the caller's contract; out-pointers are valid.
-        self.check("accept", unsafe { f(listen, &mut comm, &mut dev_comm) })?;
+        let code = match self {
+            Table::V6(t) => {
+                let f = slot!(t, accept);
+                // SAFETY: by the caller's contract; the out-pointer is valid.
+                unsafe { f(listen, &mut comm) }
+            }
+            _ => {
+                let f = each!(self, t => slot!(t, accept), _t => unreachable!("v6 above"));
+                // SAFETY: by the caller's contract; out-pointers are valid.
+                unsafe { f(listen, &mut comm, &mut dev_comm) }
+            }
+        };
+        self.check("accept", code)?;
         Ok(comm)
     }
 
@@ -419,15 +562,24 @@ impl Table {
     /// `comm` is a live comm of the matching kind, never used again.
     pub(crate) unsafe fn close(&self, which: Close, comm: *mut c_void) -> Result<()> {
         let (name, f) = match which {
-            Close::Listen => ("closeListen", each!(self, t => slot!(t, closeListen))),
-            Close::Send => ("closeSend", each!(self, t => slot!(t, closeSend))),
-            Close::Recv => ("closeRecv", each!(self, t => slot!(t, closeRecv))),
+            Close::Listen => (
+                "closeListen",
+                each!(self, t => slot!(t, closeListen), t => slot!(t, close_listen)),
+            ),
+            Close::Send => (
+                "closeSend",
+                each!(self, t => slot!(t, closeSend), t => slot!(t, close_send)),
+            ),
+            Close::Recv => (
+                "closeRecv",
+                each!(self, t => slot!(t, closeRecv), t => slot!(t, close_recv)),
+            ),
         };
         // SAFETY: by the caller's contract.
         self.check(name, unsafe { f(comm) })
     }
 
-    /// `regMr(comm, data, len, type, &mhandle)` (an `int` size for v7).
+    /// `regMr(comm, data, len, type, &mhandle)` (an `int` size for v6/v7).
     ///
     /// # Safety
     /// `comm` is a live send or receive comm; `data..data+len` is allocated and stays so until
@@ -447,6 +599,8 @@ impl Table {
         };
         // Safety of every arm: by the caller's contract; `m` is a valid out-pointer.
         let code = match self {
+            // SAFETY: see the comment above this match.
+            Table::V6(t) => unsafe { slot!(t, reg_mr)(comm, data, small()?, ty, m) },
             // SAFETY: see the comment above this match.
             Table::V7(t) => unsafe { slot!(t, regMr)(comm, data, small()?, ty, m) },
             // SAFETY: see the comment above this match.
@@ -469,12 +623,12 @@ impl Table {
     /// # Safety
     /// `mhandle` came from `regMr` on `comm` and is deregistered once.
     pub(crate) unsafe fn dereg_mr(&self, comm: *mut c_void, mhandle: *mut c_void) -> Result<()> {
-        let f = each!(self, t => slot!(t, deregMr));
+        let f = each!(self, t => slot!(t, deregMr), t => slot!(t, dereg_mr));
         // SAFETY: by the caller's contract.
         self.check("deregMr", unsafe { f(comm, mhandle) })
     }
 
-    /// `isend`; returns the request or NULL ("retry later"). Sizes go as `int` (v7/v8) or
+    /// `isend`; returns the request or NULL ("retry later"). Sizes go as `int` (v6-v8) or
     /// `size_t` (v9+); v10+ get the profiler handle `phandle`.
     ///
     /// # Safety
@@ -496,6 +650,8 @@ impl Table {
         let (c, d, mh, ph) = (comm, data, mhandle, phandle);
         // Safety of every arm: by the caller's contract; `r` is a valid out-pointer.
         let code = match self {
+            // SAFETY: see the comment above this match.
+            Table::V6(t) => unsafe { slot!(t, isend)(c, d, ilen, tag, mh, r) },
             // SAFETY: see the comment above this match.
             Table::V7(t) => unsafe { slot!(t, isend)(c, d, ilen, tag, mh, r) },
             // SAFETY: see the comment above this match.
@@ -549,6 +705,8 @@ impl Table {
         // outlive the call.
         let code = match self {
             // SAFETY: see the comment above this match.
+            Table::V6(t) => unsafe { slot!(t, irecv)(c, k, d, is, tg, m, req) },
+            // SAFETY: see the comment above this match.
             Table::V7(t) => unsafe { slot!(t, irecv)(c, k, d, is, tg, m, req) },
             // SAFETY: see the comment above this match.
             Table::V8(t) => unsafe { slot!(t, irecv)(c, k, d, is, tg, m, req) },
@@ -571,7 +729,7 @@ impl Table {
     /// `req` is a live request of this plugin, never tested to completion before; `sizes` has
     /// at least one entry per buffer of the request.
     pub(crate) unsafe fn test(&self, req: *mut c_void, sizes: &mut [c_int]) -> Result<bool> {
-        let f = each!(self, t => slot!(t, test));
+        let f = each!(self, t => slot!(t, test), t => slot!(t, test));
         let mut done: c_int = 0;
         // SAFETY: by the caller's contract; `done` is a valid out-pointer.
         self.check("test", unsafe { f(req, &mut done, sizes.as_mut_ptr()) })?;

@@ -14,7 +14,7 @@ use nccl_net_verbsnet::ffi::abi::{NCCL_NET_OPTIONAL_RECV_COMPLETION, NCCL_PTR_HO
 use super::fifo::{Fifo, Memory, Request};
 use super::load::{loaded_path, name_matches, open_first, Opened};
 use super::logger;
-use super::table::{symbol, Close, Exported, InitArgs, Properties, Table, V6_SYMBOL, VERSIONS};
+use super::table::{symbol, Close, Exported, InitArgs, Properties, Table, VERSIONS};
 use super::{Error, Result, HANDLE_SIZE};
 
 /// A context made by a v11+ `init(ctx, commId, config)`: one NCCL communicator's view of the
@@ -51,7 +51,7 @@ pub struct Net {
 impl Net {
     /// Loads the plugin as NCCL would for `NCCL_NET_PLUGIN=value` (see
     /// [`search_order`](super::search_order)), takes the newest table it exports (probing v12
-    /// … v7 like NCCL) and reads its `name`, which must match `wanted_name` (`NCCL_NET`) when
+    /// … v6 like NCCL) and reads its `name`, which must match `wanted_name` (`NCCL_NET`) when
     /// one is given: with `NCCL_NET` unset NCCL takes whichever plugin loaded
     /// (`src/plugin/net.cc`: `ncclNetInit` compares names only when `netName` is set). Does not
     /// call `init`: until [`Net::init`], only [`Net::name`], [`Net::version`] and [`Net::path`]
@@ -115,10 +115,10 @@ impl Net {
         })
     }
 
-    /// [`Net::load`] with a chosen ABI version (`Some(7..=12)`), or the newest (`None`).
+    /// [`Net::load`] with a chosen ABI version (`Some(6..=12)`), or the newest (`None`).
     ///
     /// # Errors
-    /// As [`Net::load`]; [`Error::Usage`] for a version outside 7..=12.
+    /// As [`Net::load`]; [`Error::Usage`] for a version outside 6..=12.
     pub fn load_version(
         value: &str,
         wanted_name: Option<&str>,
@@ -128,7 +128,7 @@ impl Net {
         if let Some(v) = version {
             if !VERSIONS.contains(&v) {
                 return Err(Error::Usage(format!(
-                    "--net-version {v}: verbsnet-perf drives ncclNet versions 7 to 12"
+                    "--net-version {v}: verbsnet-perf drives ncclNet versions 6 to 12"
                 )));
             }
         }
@@ -150,21 +150,13 @@ impl Net {
             }
         }
         let Some((v, addr)) = found else {
-            // SAFETY: only probing whether the symbol exists.
-            let has_v6 = unsafe { lib.get::<*const c_void>(V6_SYMBOL.as_bytes()) }.is_ok();
             return Err(Error::MissingSymbol {
                 path: candidate,
                 wanted: version.map_or_else(
-                    || "any of ncclNetPlugin_v12 … ncclNetPlugin_v7".into(),
+                    || "any of ncclNetPlugin_v12 … ncclNetPlugin_v6".into(),
                     symbol,
                 ),
-                detail: if has_v6 {
-                    format!(
-                        "{last_err} (it exports {V6_SYMBOL}, which verbsnet-perf does not drive)"
-                    )
-                } else {
-                    last_err
-                },
+                detail: last_err,
             });
         };
         // SAFETY: the symbol `ncclNetPlugin_v<v>` is a `ncclNet_v<v>_t` by the ABI, `v` is one
@@ -197,7 +189,7 @@ impl Net {
         &self.name
     }
 
-    /// The ABI version in use (7 … 12).
+    /// The ABI version in use (6 … 12).
     pub fn version(&self) -> u32 {
         self.version
     }
@@ -480,7 +472,7 @@ impl Net {
     }
 
     /// `isend` of the first `len` bytes of `slot`, with `tag`. `None`: the plugin cannot start
-    /// it now (retry later); the slot stays free. Sizes go as `int` (v7/v8) or `size_t` (v9+);
+    /// it now (retry later); the slot stays free. Sizes go as `int` (v6-v8) or `size_t` (v9+);
     /// v10+ get a profiler handle (the slot's, as NCCL passes one per step).
     ///
     /// # Errors
@@ -557,8 +549,8 @@ impl Net {
         let mut tags = tags.to_vec();
         let mut mhandles = vec![fifo.mhandle; n];
         let optional = NCCL_NET_OPTIONAL_RECV_COMPLETION as usize as *mut c_void;
-        // NCCL's v7/v8 shims reset the preset to NULL before calling the plugin
-        // (src/plugin/net/net_v7.cc, net_v8.cc); v9+ pass it through.
+        // NCCL's v6-v8 shims reset the preset to NULL before calling the plugin
+        // (src/plugin/net/net_v6.cc … net_v8.cc); v9+ pass it through.
         let mut req: *mut c_void = if self.version >= 9 {
             optional
         } else {
