@@ -1688,7 +1688,7 @@ fn peer_test(args: &Args, net: &Net, me: &Local) -> PeerResult<Vec<Check>> {
                         .test(&mut sfifo, r)
                         .map_err(|e| format!("bandwidth send: {e}"))?
                     {
-                        moved += b as u64;
+                        moved += b.unwrap_or(chunk) as u64;
                         done += 1;
                         *cur = None;
                     }
@@ -1720,7 +1720,7 @@ fn peer_test(args: &Args, net: &Net, me: &Local) -> PeerResult<Vec<Check>> {
                         .test(&mut rfifo, r)
                         .map_err(|e| format!("bandwidth receive: {e}"))?
                     {
-                        moved += b as u64;
+                        moved += b.unwrap_or(chunk) as u64;
                         done += 1;
                         *cur = None;
                     }

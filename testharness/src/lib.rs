@@ -8,6 +8,7 @@
 //! - [`coll`]: ring schedules for the collectives and the NCCL-style proxy that runs them.
 //! - [`doctor`]: `verbsnet-perf doctor`, the preflight checks (one verdict line per check).
 //! - [`data`]: element types, operators, deterministic data and expected results.
+//! - [`deviations`]: what a plugin did against the contract that NCCL does not depend on.
 //! - [`mesh`]: alltoall over a full mesh of connections, shared by several senders with their
 //!   own tags (NCCL_NET_SHARED_COMMS).
 //! - [`perf`]: one rank's benchmark loop; [`launcher`]: `--ranks N` local mode.
@@ -23,6 +24,7 @@ pub mod cli;
 pub mod coll;
 pub mod cputime;
 pub mod data;
+pub mod deviations;
 pub mod doctor;
 pub mod fdpass;
 pub mod launcher;

@@ -23,7 +23,9 @@ use std::time::{Duration, Instant};
 
 use nccl_net_verbsnet::engine::sim::Rng;
 
-use crate::coll::{idle_wait, pieces, segment, Result, CONNECT_TIMEOUT, SLOTS, STALL_TIMEOUT};
+use crate::coll::{
+    check_size, idle_wait, pieces, segment, Result, CONNECT_TIMEOUT, SLOTS, STALL_TIMEOUT,
+};
 use crate::plugin::{Fifo, Handle, ListenComm, Net, RecvComm, Request, SendComm, HANDLE_SIZE};
 
 /// The connections to and from one peer.
@@ -289,13 +291,9 @@ impl<'n> Mesh<'n> {
                         let s = front.step;
                         for (i, (&j, &got)) in front.members.iter().zip(&sizes).enumerate() {
                             let (off, len) = shares[j][s];
-                            if got != len {
-                                return Err(format!(
-                                    "rank {me}: step {s} from rank {p}, buffer {i} (tag {j}) \
-                                     carried {got} bytes, expected {len}"
-                                )
-                                .into());
-                            }
+                            check_size(got, len, || {
+                                format!("step {s} from rank {p}, buffer {i} (tag {j})")
+                            });
                             let slot = (s % SLOTS) * k + j;
                             let data = peer
                                 .recv_fifo

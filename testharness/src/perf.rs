@@ -17,6 +17,7 @@ use crate::cli::{Args, Baseline, Collective};
 use crate::coll::{self, Plan, Ring};
 use crate::cputime::{self, CpuUse};
 use crate::data::{count_wrong, DataType, Expected, Pattern, RedOp};
+use crate::deviations;
 use crate::mesh::{Mesh, Sharing};
 use crate::plugin::{self, Handle, Net};
 use crate::report::{self, BaselineRow, Measure, Row};
@@ -807,12 +808,16 @@ pub fn run(args: &Args) -> Result<i32> {
         }
         None => Vec::new(),
     };
-    // What the plugin logged through the logger `init` got, per rank.
-    let logs: Vec<Value> = boot
-        .allgather(plugin::logger::seen().to_json().to_string().as_bytes())?
+    // What the plugin logged through the logger `init` got, and the contract deviations seen,
+    // per rank.
+    let mine = json!({"log": plugin::logger::seen().to_json(), "deviations": deviations::all()});
+    let (logs, devs): (Vec<Value>, Vec<Value>) = boot
+        .allgather(mine.to_string().as_bytes())?
         .iter()
-        .map(|b| serde_json::from_slice(b).unwrap_or(Value::Null))
-        .collect();
+        .map(|b| serde_json::from_slice::<Value>(b).unwrap_or(Value::Null))
+        .map(|v| (v["log"].clone(), v["deviations"].clone()))
+        .unzip();
+    let devs = deviations::merge(&devs);
     boot.barrier()?;
 
     let wrong = report::total_wrong(&rows);
@@ -861,6 +866,7 @@ pub fn run(args: &Args) -> Result<i32> {
                 "avg_busbw": report::avg_busbw(args.collective, n, &rows),
                 "stats": args.stats.then(|| stats.iter().map(RankStats::to_json).collect::<Vec<_>>()),
                 "plugin_log": logs,
+                "deviations": devs,
             });
             writeln!(o, "{obj}")?;
         } else {
@@ -882,6 +888,9 @@ pub fn run(args: &Args) -> Result<i32> {
                 }
             }
             if let Some(line) = warn_summary(&logs) {
+                writeln!(o, "{line}")?;
+            }
+            for line in deviations::lines(&devs) {
                 writeln!(o, "{line}")?;
             }
             writeln!(o, "{}", report::footer(args.collective, n, &rows))?;

@@ -53,8 +53,14 @@ fn run_json(c: &mut Command) -> (Output, Value) {
     (o, v)
 }
 
-/// Exit 0, every #wrong 0, the fixture's table, its init line counted on every rank.
+/// [`assert_runs`], and no contract deviation.
 fn assert_clean(o: &Output, v: &Value, symbol: &str) {
+    assert_runs(o, v, symbol);
+    assert_eq!(v["deviations"], serde_json::json!([]), "{}", show(o));
+}
+
+/// Exit 0, every #wrong 0, the fixture's table, its init line counted on every rank.
+fn assert_runs(o: &Output, v: &Value, symbol: &str) {
     assert!(o.status.success(), "{}", show(o));
     assert_eq!(v["ok"], true, "{}", show(o));
     assert_eq!(v["out_of_bounds"], 0, "{}", show(o));
@@ -161,4 +167,31 @@ fn v6_tables_are_driven() {
         let (o, v) = run_json(&mut perf(FIXTURE, &args));
         assert_clean(&o, &v, "ncclNetPlugin_v6");
     }
+}
+
+/// A plugin whose `test` never writes the sizes still runs (NCCL does not need them for host
+/// buffers), with #wrong 0 and the deviation reported, not a failure.
+#[test]
+fn unwritten_sizes_are_reported_as_a_deviation() {
+    for coll in ["all_reduce", "alltoall"] {
+        let mut c = perf(FIXTURE, &sizes(coll, "2"));
+        let (o, v) = run_json(c.env("FIXTURE_NET_NO_SIZES", "1"));
+        assert_runs(&o, &v, "ncclNetPlugin_v8");
+        let d = &v["deviations"][0];
+        assert_eq!(d["kind"], "test left the received size unwritten", "{v}");
+        assert!(d["count"].as_u64().unwrap() > 0);
+        assert_eq!(d["ranks"], serde_json::json!([0, 1]));
+    }
+    // The text form says so.
+    let o = perf(FIXTURE, &sizes("sendrecv", "2"))
+        .env("FIXTURE_NET_NO_SIZES", "1")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", show(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout)
+            .contains("# Contract deviation (NCCL does not depend on it; reported, not failed): test left the received size unwritten"),
+        "{}",
+        show(&o)
+    );
 }

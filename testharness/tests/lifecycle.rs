@@ -98,7 +98,7 @@ fn transfer<'n>(net: &'n Net, s: &mut SendComm<'n>, r: &mut RecvComm<'n>, len: u
         }
         if !rdone {
             if let Some(n) = net.test(&mut rf, &mut rreq).unwrap() {
-                assert_eq!(n, len);
+                assert_eq!(n, Some(len));
                 rdone = true;
             }
         }

@@ -17,6 +17,9 @@ use super::logger;
 use super::table::{symbol, Close, Exported, InitArgs, Properties, Table, VERSIONS};
 use super::{Error, Result, HANDLE_SIZE};
 
+/// Entries of the sizes array `test` gets (NCCL's `NCCL_PROXY_MAX_SUBS`, `src/include/proxy.h`).
+const NCCL_PROXY_MAX_SUBS: usize = 64;
+
 /// A context made by a v11+ `init(ctx, commId, config)`: one NCCL communicator's view of the
 /// plugin. Pass it to [`Net::listen_in`]/[`Net::connect_in`]; end it with
 /// [`Net::finalize_context`].
@@ -587,24 +590,34 @@ impl Net {
         }))
     }
 
-    /// `test`: `Some(bytes)` when done (the slot becomes free again), `None` while pending.
+    /// `test`: `Some(size)` when done (the slot becomes free again), `None` while pending;
+    /// `size` is what the plugin wrote, `None` if it wrote nothing (see [`Net::test_group`]).
     ///
     /// # Errors
     /// NULL slot, a non-success return, a request already completed, or the wrong FIFO.
-    pub fn test<'n>(&'n self, fifo: &mut Fifo<'n>, req: &mut Request<'n>) -> Result<Option<usize>> {
+    pub fn test<'n>(
+        &'n self,
+        fifo: &mut Fifo<'n>,
+        req: &mut Request<'n>,
+    ) -> Result<Option<Option<usize>>> {
         Ok(self.test_group(fifo, req)?.map(|sizes| sizes[0]))
     }
 
-    /// `test` of a (grouped) request: `Some(bytes of each buffer)` when done (its slots become
-    /// free again), `None` while pending.
+    /// `test` of a (grouped) request: `Some(size of each buffer)` when done (its slots become
+    /// free again), `None` while pending. A size is `None` when the plugin left it unwritten:
+    /// the array is preset to -1, which no size can be (NCCL presets 0 and needs the sizes only
+    /// for its GPU-direct flush decision and profiler, `src/transport/net.cc`, so the caller
+    /// reports this rather than fails). The array has `NCCL_PROXY_MAX_SUBS` (64) entries, as
+    /// NCCL's does, whatever the request's buffer count.
     ///
     /// # Errors
-    /// NULL slot, a non-success return, a request already completed, or the wrong FIFO.
+    /// NULL slot, a non-success return, a request already completed, the wrong FIFO, or a
+    /// negative size other than the preset.
     pub fn test_group<'n>(
         &'n self,
         fifo: &mut Fifo<'n>,
         req: &mut Request<'n>,
-    ) -> Result<Option<Vec<usize>>> {
+    ) -> Result<Option<Vec<Option<usize>>>> {
         let table = self.table()?;
         if req.done {
             return Err(Error::Usage("test on a completed request".into()));
@@ -612,9 +625,11 @@ impl Net {
         if req.fifo != fifo.mem.ptr {
             return Err(Error::Usage("test with the FIFO of another request".into()));
         }
-        let mut sizes: Vec<c_int> = vec![0; 1 + req.more.len()];
+        const UNWRITTEN: c_int = -1;
+        let n = 1 + req.more.len();
+        let mut sizes: Vec<c_int> = vec![UNWRITTEN; NCCL_PROXY_MAX_SUBS.max(n)];
         // SAFETY: `req.ptr` is a live request (never tested to completion before); `sizes` has
-        // one entry per buffer of the request.
+        // more entries than the request has buffers.
         if !unsafe { table.test(req.ptr, &mut sizes) }? {
             return Ok(None);
         }
@@ -623,10 +638,13 @@ impl Net {
         for &s in &req.more {
             fifo.busy[s] = false;
         }
-        sizes
+        sizes[..n]
             .iter()
-            .map(|&z| {
-                usize::try_from(z).map_err(|_| Error::Contract(format!("test reported size {z}")))
+            .map(|&z| match z {
+                UNWRITTEN => Ok(None),
+                z => usize::try_from(z)
+                    .map(Some)
+                    .map_err(|_| Error::Contract(format!("test reported size {z}"))),
             })
             .collect::<Result<Vec<_>>>()
             .map(Some)
