@@ -322,6 +322,8 @@ impl Net {
     }
 
     fn listen_raw(&self, ctx: *mut c_void, dev: i32) -> Result<(Handle, ListenComm<'_>)> {
+        // What the receive comms accepted here may group (NCCL reads it per device too).
+        let max_recvs = self.properties(dev)?.max_recvs.max(1) as usize;
         let mut handle = Handle::zeroed();
         let h = handle.0.as_mut_ptr().cast();
         // SAFETY: the handle buffer is HANDLE_SIZE bytes as the ABI requires; ctx came from
@@ -337,6 +339,7 @@ impl Net {
             ListenComm {
                 ptr: comm,
                 net: self,
+                max_recvs,
             },
         ))
     }
@@ -392,6 +395,7 @@ impl Net {
         Ok((!comm.is_null()).then(|| RecvComm {
             ptr: comm,
             net: self,
+            max_recvs: listen.max_recvs,
         }))
     }
 
@@ -516,13 +520,15 @@ impl Net {
         self.irecv_group(comm, fifo, &[slot], &[capacity], &[tag])
     }
 
-    /// Grouped `irecv` (n = `slots.len()`, 1..=8, at most the device's `maxRecvs`): buffer `i`
+    /// Grouped `irecv` (n = `slots.len()`, 1..=8, at most the device's `maxRecvs`, see
+    /// [`RecvComm::max_recvs`]): buffer `i`
     /// is FIFO slot `slots[i]` with capacity `caps[i]`, expecting tag `tags[i]`, as NCCL's
     /// proxy posts one receive for the sends of several local ranks sharing the comm
     /// (`NCCL_NET_SHARED_COMMS`). `None`: not now, retry later.
     ///
     /// # Errors
-    /// NULL slot, a non-success return, mismatched lengths, or a busy/out-of-range slot.
+    /// NULL slot, a non-success return, mismatched lengths, more buffers than `maxRecvs`, or a
+    /// busy/out-of-range slot.
     pub fn irecv_group<'n>(
         &'n self,
         comm: &mut RecvComm<'n>,
@@ -538,6 +544,12 @@ impl Net {
                 "grouped irecv of {n} slots, {} capacities, {} tags",
                 caps.len(),
                 tags.len()
+            )));
+        }
+        if n > comm.max_recvs {
+            return Err(Error::Usage(format!(
+                "grouped irecv of {n} buffers on a device with maxRecvs {}: NCCL never posts more",
+                comm.max_recvs
             )));
         }
         let mut datas = Vec::with_capacity(n);
@@ -705,6 +717,8 @@ pub trait Comm<'n> {
 pub struct ListenComm<'n> {
     ptr: *mut c_void,
     net: &'n Net,
+    /// The device's `maxRecvs`.
+    max_recvs: usize,
 }
 
 /// A connected send comm (closed with [`Net::close_send`], or on drop).
@@ -717,6 +731,16 @@ pub struct SendComm<'n> {
 pub struct RecvComm<'n> {
     ptr: *mut c_void,
     net: &'n Net,
+    /// The device's `maxRecvs`: the most buffers one `irecv` may carry.
+    max_recvs: usize,
+}
+
+impl RecvComm<'_> {
+    /// The device's `maxRecvs`: [`Net::irecv_group`] refuses more buffers, as NCCL never
+    /// posts more (`src/transport/net.cc`: `recvProxyProgress` groups by `maxRecvs`).
+    pub fn max_recvs(&self) -> usize {
+        self.max_recvs
+    }
 }
 
 impl<'n> Comm<'n> for SendComm<'n> {
