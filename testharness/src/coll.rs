@@ -9,11 +9,14 @@
 //! ahead into every free receive slot; a send slot is filled ("the GPU produced it") once the
 //! data it carries is available and isend is retried while the plugin returns no request; only
 //! the oldest request of each direction is tested; a completed receive is consumed at once
-//! (copied or reduced into the work buffer), which frees its slot for the next irecv.
+//! (copied or reduced into the work buffer), which frees its slot for the next irecv. That is
+//! the default, [`Proxy::Eager`]; [`Proxy::Lazy`] calls the plugin in the least polite order
+//! NCCL may (every receive posted ahead, sends spun on, completions consumed late).
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use crate::cli::Proxy;
 use crate::data::{reduce_into, DataType, RedOp};
 use crate::deviations;
 use crate::plugin::{self, Fifo, Handle, ListenComm, Net, RecvComm, SendComm};
@@ -325,11 +328,189 @@ impl<'n> Ring<'n> {
         self.send_fifo.slot_size()
     }
 
-    /// Executes `plan`: sends read `input` or `work`, receives land in `work`.
+    /// Executes `plan` with `proxy`'s calling order: sends read `input` or `work`, receives land
+    /// in `work`.
     ///
     /// # Errors
-    /// Plugin errors, a receive of unexpected size, or no progress for [`STALL_TIMEOUT`].
+    /// Plugin errors or no progress for [`STALL_TIMEOUT`].
     pub fn run(
+        &mut self,
+        proxy: Proxy,
+        plan: &Plan,
+        input: &[u8],
+        work: &mut [u8],
+        dtype: DataType,
+        op: RedOp,
+    ) -> Result<()> {
+        match proxy {
+            Proxy::Eager => self.run_eager(plan, input, work, dtype, op),
+            Proxy::Lazy => self.run_lazy(plan, input, work, dtype, op),
+        }
+    }
+
+    /// Consumes the completed receive `idx` of `plan` from FIFO slot `slot`: copies or reduces
+    /// it into `work` ("the GPU consumed it"), which frees the slot.
+    #[allow(clippy::too_many_arguments)]
+    fn consume(
+        &self,
+        plan: &Plan,
+        idx: usize,
+        slot: usize,
+        size: Option<usize>,
+        work: &mut [u8],
+        dtype: DataType,
+        op: RedOp,
+    ) -> Result<()> {
+        let r = plan.recvs[idx];
+        check_size(size, r.len, || {
+            format!("receive {idx} from rank {} (tag {})", self.prev, self.prev)
+        });
+        let data = &self
+            .recv_fifo
+            .slot(slot)
+            .ok_or("completed receive slot still busy")?[..r.len];
+        let dst = &mut work[r.off..r.off + r.len];
+        if r.reduce {
+            reduce_into(dtype, op, dst, data);
+        } else {
+            dst.copy_from_slice(data);
+        }
+        Ok(())
+    }
+
+    /// `--proxy lazy` ([`Proxy::Lazy`]): every free receive slot posted; then every send whose
+    /// data is there isent, each retried on "retry later" without any other call; only then
+    /// the receives (consumed) and the sends tested, oldest first, as far as they are done.
+    ///
+    /// Send `k` is attempted only while `k < c + SLOTS` (`c`: receives consumed, unless all
+    /// are): a rank never spins on a piece whose receive its successor can post only after
+    /// this rank consumes more. With a plugin that takes a send once its receive is posted, a
+    /// rank spinning on its successor then has consumed more than that successor, which cannot
+    /// hold all the way round the ring, so the spins end.
+    fn run_lazy(
+        &mut self,
+        plan: &Plan,
+        input: &[u8],
+        work: &mut [u8],
+        dtype: DataType,
+        op: RedOp,
+    ) -> Result<()> {
+        let net = self.net;
+        let chunk = self.chunk();
+        let (tag, prev_tag) = (self.rank as i32, self.prev as i32);
+        let (nsends, nrecvs) = (plan.sends.len(), plan.recvs.len());
+        let mut sends_in_flight: VecDeque<plugin::Request<'n>> = VecDeque::new();
+        let (mut next_send, mut sends_done) = (0, 0);
+        let mut recvs_posted: VecDeque<(plugin::Request<'n>, usize)> = VecDeque::new();
+        let (mut next_recv, mut recvs_done) = (0, 0);
+        let mut last_progress = Instant::now();
+        let state = |what: &str, sd: usize, inflight: usize, rd: usize, posted: usize| {
+            format!(
+                "rank {}: --proxy lazy: {what}: sends {sd}/{nsends} done ({inflight} in flight), \
+                 receives {rd}/{nrecvs} done ({posted} posted)",
+                self.rank
+            )
+        };
+        while sends_done < nsends || recvs_done < nrecvs {
+            let mut progressed = false;
+            // 1. Receives posted ahead into every free slot.
+            while next_recv < nrecvs && recvs_posted.len() < SLOTS {
+                let slot = next_recv % SLOTS;
+                match net.irecv(&mut self.recv, &mut self.recv_fifo, slot, chunk, prev_tag)? {
+                    Some(req) => {
+                        recvs_posted.push_back((req, next_recv));
+                        next_recv += 1;
+                        progressed = true;
+                    }
+                    None => break,
+                }
+            }
+            // 2. Every send whose data is there, each isend retried until taken.
+            while next_send < nsends
+                && sends_in_flight.len() < SLOTS
+                && (recvs_done == nrecvs || next_send < recvs_done + SLOTS)
+                && !matches!(plan.sends[next_send].after, Some(i) if i >= recvs_done)
+            {
+                let s = plan.sends[next_send];
+                let src: &[u8] = match s.src {
+                    Src::Input => input,
+                    Src::Work => work,
+                };
+                let slot = next_send % SLOTS;
+                self.send_fifo
+                    .slot_mut(slot)
+                    .ok_or("send slot still busy")?[..s.len]
+                    .copy_from_slice(&src[s.off..s.off + s.len]);
+                let spin = Instant::now();
+                loop {
+                    if let Some(req) =
+                        net.isend(&mut self.send, &mut self.send_fifo, slot, s.len, tag)?
+                    {
+                        sends_in_flight.push_back(req);
+                        break;
+                    }
+                    if spin.elapsed() > STALL_TIMEOUT {
+                        return Err(state(
+                            &format!(
+                                "isend {next_send} answered \"retry later\" for {STALL_TIMEOUT:?} \
+                                 (the successor posts its receives ahead and tests them only after \
+                                 its own sends: the plugin must take a send whose receive is \
+                                 posted without the receiver calling it again)"
+                            ),
+                            sends_done,
+                            sends_in_flight.len(),
+                            recvs_done,
+                            recvs_posted.len(),
+                        )
+                        .into());
+                    }
+                    idle_wait(spin.elapsed());
+                }
+                next_send += 1;
+                progressed = true;
+            }
+            // 3. Completions, consumed late and in order: receives, then sends.
+            while let Some((req, idx)) = recvs_posted.front_mut() {
+                let Some(size) = net.test(&mut self.recv_fifo, req)? else {
+                    break;
+                };
+                let (slot, idx) = (req.slot(), *idx);
+                self.consume(plan, idx, slot, size, work, dtype, op)?;
+                recvs_posted.pop_front();
+                recvs_done += 1;
+                progressed = true;
+            }
+            while let Some(req) = sends_in_flight.front_mut() {
+                if net.test(&mut self.send_fifo, req)?.is_none() {
+                    break;
+                }
+                sends_in_flight.pop_front();
+                sends_done += 1;
+                progressed = true;
+            }
+            if progressed {
+                last_progress = Instant::now();
+            } else {
+                if last_progress.elapsed() > STALL_TIMEOUT {
+                    return Err(state(
+                        &format!("no progress for {STALL_TIMEOUT:?}"),
+                        sends_done,
+                        sends_in_flight.len(),
+                        recvs_done,
+                        recvs_posted.len(),
+                    )
+                    .into());
+                }
+                idle_wait(last_progress.elapsed());
+            }
+        }
+        Ok(())
+    }
+
+    /// The default proxy ([`Proxy::Eager`]): each pass posts receives into free slots, tests
+    /// the oldest receive (consumed at once), fills and isends the next send once, and tests
+    /// the oldest send.
+    fn run_eager(
         &mut self,
         plan: &Plan,
         input: &[u8],
@@ -372,20 +553,8 @@ impl<'n> Ring<'n> {
             // Test the oldest receive; consume it at once.
             if let Some((req, idx)) = recvs_posted.front_mut() {
                 if let Some(size) = net.test(&mut self.recv_fifo, req)? {
-                    let r = plan.recvs[*idx];
-                    check_size(size, r.len, || {
-                        format!("receive {idx} from rank {} (tag {prev_tag})", self.prev)
-                    });
-                    let data = &self
-                        .recv_fifo
-                        .slot(req.slot())
-                        .ok_or("completed receive slot still busy")?[..r.len];
-                    let dst = &mut work[r.off..r.off + r.len];
-                    if r.reduce {
-                        reduce_into(dtype, op, dst, data);
-                    } else {
-                        dst.copy_from_slice(data);
-                    }
+                    let (slot, idx) = (req.slot(), *idx);
+                    self.consume(plan, idx, slot, size, work, dtype, op)?;
                     recvs_posted.pop_front();
                     recvs_done += 1;
                     progressed = true;

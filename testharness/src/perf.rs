@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 
 use crate::baseline::{self as tcp_baseline, TcpRing};
 use crate::bootstrap::{self, Bootstrap};
-use crate::cli::{Args, Baseline, Collective};
+use crate::cli::{Args, Baseline, Collective, Proxy};
 use crate::coll::{self, Plan, Ring};
 use crate::cputime::{self, CpuUse};
 use crate::data::{count_wrong, DataType, Expected, Pattern, RedOp};
@@ -145,6 +145,7 @@ struct Buffers {
 /// What one rank needs to run and check a collective.
 struct Job<'a> {
     coll: Collective,
+    proxy: Proxy,
     dtype: DataType,
     op: RedOp,
     rank: usize,
@@ -226,41 +227,43 @@ impl Job<'_> {
             let block = self.layout.per * self.es();
             return if *inplace {
                 scratch.copy_from_slice(output);
-                mesh.alltoall(scratch, output, block, self.es())
+                mesh.alltoall(scratch, output, block, self.es(), self.proxy)
             } else {
-                mesh.alltoall(input, output, block, self.es())
+                mesh.alltoall(input, output, block, self.es(), self.proxy)
             };
         }
         let ring = conns.ring()?;
         match (self.coll, *inplace) {
             (Collective::AllReduce, false) => {
                 output.copy_from_slice(input);
-                ring.run(self.plan, &[], output, dtype, op)
+                ring.run(self.proxy, self.plan, &[], output, dtype, op)
             }
             (Collective::AllReduce | Collective::AllGather, true) => {
-                ring.run(self.plan, &[], output, dtype, op)
+                ring.run(self.proxy, self.plan, &[], output, dtype, op)
             }
             (Collective::AllGather, false) => {
                 output[self.my_block()].copy_from_slice(input);
-                ring.run(self.plan, &[], output, dtype, op)
+                ring.run(self.proxy, self.plan, &[], output, dtype, op)
             }
             (Collective::ReduceScatter, false) => {
                 scratch.copy_from_slice(input);
-                ring.run(self.plan, &[], scratch, dtype, op)?;
+                ring.run(self.proxy, self.plan, &[], scratch, dtype, op)?;
                 output.copy_from_slice(&scratch[self.my_block()]);
                 Ok(())
             }
             (Collective::ReduceScatter, true) => {
                 scratch.copy_from_slice(output);
-                ring.run(self.plan, &[], scratch, dtype, op)?;
+                ring.run(self.proxy, self.plan, &[], scratch, dtype, op)?;
                 let block = self.my_block();
                 output[block.clone()].copy_from_slice(&scratch[block]);
                 Ok(())
             }
-            (Collective::Sendrecv, false) => ring.run(self.plan, input, output, dtype, op),
+            (Collective::Sendrecv, false) => {
+                ring.run(self.proxy, self.plan, input, output, dtype, op)
+            }
             (Collective::Sendrecv, true) => {
                 scratch.copy_from_slice(output);
-                ring.run(self.plan, scratch, output, dtype, op)
+                ring.run(self.proxy, self.plan, scratch, output, dtype, op)
             }
             (Collective::Alltoall, _) => Err("alltoall needs the mesh".into()),
         }
@@ -471,6 +474,27 @@ impl StatsFile {
     }
 }
 
+/// How NCCL maps the shared senders onto the plugin ([`Sharing::shape`]), for the header.
+fn shape_text(sharing: &Sharing) -> String {
+    let shape = sharing.shape();
+    if sharing.senders == 1 {
+        "one connection per peer".into()
+    } else if shape.conns() > 1 {
+        format!(
+            "plugin maxRecvs {}: NCCL does not share connections then (src/transport/net.cc), \
+             so {} connections per peer, one receive per step each",
+            sharing.max_recvs,
+            shape.conns()
+        )
+    } else {
+        format!(
+            "plugin maxRecvs {}: one shared connection per peer, receives grouped by up to {}",
+            sharing.max_recvs,
+            shape.group()
+        )
+    }
+}
+
 fn hostname() -> String {
     fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
@@ -602,9 +626,16 @@ pub fn run(args: &Args) -> Result<i32> {
     let props = net.properties(args.dev)?;
     let n = place.nranks;
     let alltoall = args.collective == Collective::Alltoall;
+    let sharing = Sharing {
+        senders: args.shared_comms,
+        skew_us: args.skew_us,
+        seed: args.seed,
+        max_recvs: usize::try_from(props.max_recvs).unwrap_or(1).max(1),
+    };
     // Alltoall listens once per peer (one handle per connection, as NCCL exchanges them).
     let (handle_bytes, listen, listens) = if alltoall {
-        let (bytes, listens) = Mesh::listen(&net, args.dev, place.rank, n)?;
+        let conns = sharing.shape().conns();
+        let (bytes, listens) = Mesh::listen(&net, args.dev, place.rank, n, conns)?;
         (bytes, None, listens)
     } else {
         let (handle, listen) = net.listen(args.dev)?;
@@ -629,11 +660,6 @@ pub fn run(args: &Args) -> Result<i32> {
         .collect();
 
     let chunk = args.chunk as usize;
-    let sharing = Sharing {
-        senders: args.shared_comms,
-        skew_us: args.skew_us,
-        seed: args.seed,
-    };
     let mut conns = match listen {
         Some(listen) => {
             let handles: Vec<Handle> = all_handles
@@ -670,7 +696,7 @@ pub fn run(args: &Args) -> Result<i32> {
         writeln!(
             o,
             "#  minBytes {} maxBytes {} step: {} warmup iters: {} iters: {} validation: {} \
-             chunk: {chunk} slots: {}",
+             chunk: {chunk} slots: {} proxy: {}",
             args.min_bytes,
             args.max_bytes(),
             match (args.step_factor, args.step_bytes) {
@@ -681,16 +707,18 @@ pub fn run(args: &Args) -> Result<i32> {
             args.iters,
             args.check,
             coll::SLOTS,
+            args.proxy.name(),
         )?;
         if alltoall {
             writeln!(
                 o,
-                "#  shared comms: {} sender(s) per connection, tags 0..{}, skew up to {} us per \
-                 piece, seed {}",
+                "#  shared comms: {} sender(s) per peer, tags 0..{}, skew up to {} us per \
+                 piece, seed {}; {}",
                 sharing.senders,
                 sharing.senders - 1,
                 sharing.skew_us,
                 sharing.seed,
+                shape_text(&sharing),
             )?;
         }
         writeln!(
@@ -750,6 +778,7 @@ pub fn run(args: &Args) -> Result<i32> {
         );
         let job = Job {
             coll: args.collective,
+            proxy: args.proxy,
             dtype: args.datatype,
             op: args.op,
             rank: place.rank,
@@ -838,7 +867,11 @@ pub fn run(args: &Args) -> Result<i32> {
                     "senders": sharing.senders,
                     "skew_us": sharing.skew_us,
                     "seed": sharing.seed,
+                    "max_recvs": sharing.max_recvs,
+                    "connections_per_peer": sharing.shape().conns(),
+                    "receive_group": sharing.shape().group(),
                 })),
+                "proxy": args.proxy.name(),
                 "plugin": {
                     "name": net.name(),
                     "symbol": net.symbol(),
@@ -1026,6 +1059,7 @@ mod tests {
         let plan = Plan::default();
         let job = Job {
             coll: Collective::AllReduce,
+            proxy: Proxy::Eager,
             dtype: DataType::Float,
             op: RedOp::Sum,
             rank: 0,

@@ -89,7 +89,7 @@ fn sizes<'a>(coll: &'a str, ranks: &'a str) -> Vec<&'a str> {
 }
 
 /// Every collective through the fixture with NCCL_NET unset (NCCL takes whichever plugin
-/// loaded), data checked.
+/// loaded), data checked, with both proxies.
 #[test]
 fn every_collective_runs_through_the_fixture_plugin() {
     for coll in [
@@ -99,11 +99,14 @@ fn every_collective_runs_through_the_fixture_plugin() {
         "sendrecv",
         "alltoall",
     ] {
-        for ranks in ["2", "3"] {
-            let (o, v) = run_json(&mut perf(FIXTURE, &sizes(coll, ranks)));
+        for (ranks, proxy) in [("2", "eager"), ("3", "eager"), ("4", "lazy")] {
+            let mut args = sizes(coll, ranks);
+            args.extend(["--proxy", proxy]);
+            let (o, v) = run_json(&mut perf(FIXTURE, &args));
             assert_clean(&o, &v, "ncclNetPlugin_v8");
+            assert_eq!(v["proxy"], proxy);
             println!(
-                "{coll} --ranks {ranks}: {} rows, #wrong 0",
+                "fixture {coll} --ranks {ranks} --proxy {proxy}: {} rows, #wrong 0",
                 v["rows"].as_array().unwrap().len()
             );
         }
@@ -194,4 +197,69 @@ fn unwritten_sizes_are_reported_as_a_deviation() {
         "{}",
         show(&o)
     );
+}
+
+/// `--shared-comms K` as NCCL maps it: the fixture's maxRecvs 1 means no shared connection (K
+/// connections per peer, receives of one buffer); with maxRecvs 2 one shared connection and
+/// receives grouped by two. Both proxies, data checked.
+#[test]
+fn shared_comms_follow_the_plugins_max_recvs() {
+    for (max_recvs, k, conns, group) in [
+        ("1", 2, 2, 1),
+        ("1", 4, 4, 1),
+        ("2", 4, 1, 2),
+        ("2", 3, 1, 2),
+    ] {
+        for proxy in ["eager", "lazy"] {
+            let ks = k.to_string();
+            let mut args = sizes("alltoall", "3");
+            args.extend(["--shared-comms", &ks, "--skew-us", "200", "--proxy", proxy]);
+            let mut c = perf(FIXTURE, &args);
+            let (o, v) = run_json(c.env("FIXTURE_NET_MAX_RECVS", max_recvs));
+            assert_clean(&o, &v, "ncclNetPlugin_v8");
+            let sc = &v["shared_comms"];
+            assert_eq!(sc["senders"], k, "{sc}");
+            assert_eq!(sc["max_recvs"], max_recvs.parse::<u64>().unwrap(), "{sc}");
+            assert_eq!(sc["connections_per_peer"], conns, "{sc}");
+            assert_eq!(sc["receive_group"], group, "{sc}");
+            println!(
+                "fixture alltoall --shared-comms {k} --proxy {proxy}, maxRecvs {max_recvs}: \
+                 {conns} connection(s) per peer, receives of up to {group}, #wrong 0"
+            );
+        }
+    }
+}
+
+/// The wrapper refuses a grouped receive above the device's maxRecvs (NCCL never posts one),
+/// before the plugin sees it.
+#[test]
+fn a_grouped_receive_above_max_recvs_is_refused() {
+    use testharness::plugin::{Error, Net};
+    let net = Net::load(FIXTURE, None, None).unwrap();
+    net.init().unwrap();
+    let (mut handle, mut listen) = net.listen(0).unwrap();
+    let (mut send, mut recv) = (None, None);
+    for _ in 0..100_000 {
+        if send.is_none() {
+            send = net.connect(0, &mut handle).unwrap();
+        }
+        if recv.is_none() {
+            recv = net.accept(&mut listen).unwrap();
+        }
+        if send.is_some() && recv.is_some() {
+            break;
+        }
+    }
+    let (send, mut recv) = (send.expect("connected"), recv.expect("accepted"));
+    assert_eq!(recv.max_recvs(), 1);
+    let mut fifo = net.reg_mr(&recv, 2, 64).unwrap();
+    match net.irecv_group(&mut recv, &mut fifo, &[0, 1], &[64, 64], &[0, 1]) {
+        Err(Error::Usage(m)) => assert!(m.contains("maxRecvs 1"), "{m}"),
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("a grouped irecv of 2 reached a plugin with maxRecvs 1"),
+    }
+    net.dereg_mr(&recv, fifo).unwrap();
+    net.close_listen(listen).unwrap();
+    net.close_send(send).unwrap();
+    net.close_recv(recv).unwrap();
 }
