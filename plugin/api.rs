@@ -366,6 +366,7 @@ pub struct ListenComm {
 /// A send comm (from [`connect`]): `isend`, and `test` of its requests.
 pub struct SendComm {
     comm: Box<comm::SendComm>,
+    mrs: MrSet,
     _ctx: Arc<Context>,
 }
 
@@ -373,7 +374,21 @@ pub struct SendComm {
 /// requests.
 pub struct RecvComm {
     comm: Box<comm::RecvComm>,
+    mrs: MrSet,
     _ctx: Arc<Context>,
+}
+
+/// The registrations NCCL made through one comm and has not deregistered, by the address of
+/// the handle it holds (the C boundary owns the handles; this only remembers them), so that
+/// `closeSend`/`closeRecv` can free what a caller leaves registered. NCCL deregisters before
+/// it closes (`src/transport/net.cc`); other callers need not.
+#[derive(Default)]
+pub struct MrSet(std::sync::Mutex<Vec<usize>>);
+
+impl MrSet {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<usize>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 /// What NCCL holds as `sendComm` or `recvComm` (`regMr`/`deregMr` take either).
@@ -421,11 +436,43 @@ impl NetComm {
         MrHandle::register(&**self.device(), region).map_err(|e| e.lift(Op::RegMr))
     }
 
-    /// `closeSend`/`closeRecv`: logs the counters and releases the QP and buffers.
-    pub fn close(self) {
+    fn mrs(&self) -> &MrSet {
         match self {
-            NetComm::Send(s) => s.comm.close(),
-            NetComm::Recv(r) => r.comm.close(),
+            NetComm::Send(s) => &s.mrs,
+            NetComm::Recv(r) => &r.mrs,
+        }
+    }
+
+    /// Remembers the handle at `addr` that `regMr` gave NCCL for this comm.
+    pub fn track_mr(&self, addr: usize) {
+        self.mrs().lock().push(addr);
+    }
+
+    /// Forgets the handle at `addr` (`deregMr`); false when this comm did not register it.
+    pub fn untrack_mr(&self, addr: usize) -> bool {
+        let mut v = self.mrs().lock();
+        match v.iter().position(|&a| a == addr) {
+            Some(i) => {
+                v.swap_remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// `closeSend`/`closeRecv`: logs the counters and releases the QP and buffers (the QP
+    /// first: after it nothing writes into any buffer). Returns the handles registered
+    /// through this comm and never deregistered, for the caller to free now.
+    pub fn close(self) -> Vec<usize> {
+        match self {
+            NetComm::Send(s) => {
+                s.comm.close();
+                std::mem::take(&mut *s.mrs.lock())
+            }
+            NetComm::Recv(r) => {
+                r.comm.close();
+                std::mem::take(&mut *r.mrs.lock())
+            }
         }
     }
 }
@@ -480,7 +527,11 @@ pub fn connect(
         .map_err(|e| e.lift(Op::Connect))?;
     Ok(comm.map(|mut comm| {
         comm.set_comm_id(ctx.comm_id);
-        SendComm { comm, _ctx: ctx }
+        SendComm {
+            comm,
+            mrs: MrSet::default(),
+            _ctx: ctx,
+        }
     }))
 }
 
@@ -492,6 +543,7 @@ impl ListenComm {
             comm.set_comm_id(self.ctx.comm_id);
             RecvComm {
                 comm,
+                mrs: MrSet::default(),
                 _ctx: self.ctx.clone(),
             }
         }))

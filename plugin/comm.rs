@@ -91,6 +91,20 @@ pub struct MrHandle {
     _mr: Arc<dyn MemoryRegion>,
 }
 
+/// Start addresses of the `MrHandle`s alive now (unit tests check that close frees them).
+#[cfg(test)]
+pub(crate) static LIVE_MR_ADDRS: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+
+#[cfg(test)]
+impl Drop for MrHandle {
+    fn drop(&mut self) {
+        let mut v = LIVE_MR_ADDRS.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = v.iter().position(|&a| a == self.region.addr()) {
+            v.swap_remove(i);
+        }
+    }
+}
+
 impl MrHandle {
     /// Registers `region` on `dev`.
     pub fn register(dev: &dyn Device, region: Region) -> Result<MrHandle, Error> {
@@ -104,6 +118,11 @@ impl MrHandle {
                 .fix(enomem_hint(&e, region.len()))
                 .because(e)
         })?;
+        #[cfg(test)]
+        LIVE_MR_ADDRS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(region.addr());
         Ok(MrHandle {
             keys: mr.keys(),
             region,
@@ -544,8 +563,8 @@ impl sealed::Side for RecvSide {
     fn handle_wc(&mut self, now: u64, wc: &Wc) {
         self.engine.handle_wc(now, wc, &RecvMem(&self.bufs))
     }
-    fn after_poll(&mut self, _now: u64) {
-        self.engine.flush_credits();
+    fn after_poll(&mut self, now: u64) {
+        self.engine.after_poll(now);
     }
     fn stage(&self, addr: u64, bytes: &[u8]) -> Result<(), Error> {
         stage(&[&self.bufs.ctrl], addr, bytes)
@@ -1158,12 +1177,14 @@ impl<R: Role> Core<R> {
         Ok(n)
     }
 
-    /// Whether to ask the set-up socket about the peer now: at most once per
-    /// `VERBSNET_PEER_CHECK_INTERVAL`, and only when work is outstanding and this poll brought
-    /// no completion (a peer that completes work is alive; with nothing outstanding a dead peer
-    /// costs nothing until the next request).
+    /// Whether to ask the transport about the peer now: at most once per
+    /// `VERBSNET_PEER_CHECK_INTERVAL`, whenever this poll brought no completion (a peer that
+    /// completes work is alive). Also with nothing in flight: an `isend` answering "retry
+    /// later" (waiting for a credit or a clear-to-send) or an `irecv` on an idle comm must
+    /// learn that the peer died or closed, or NCCL would wait for ever. The ib transport reads
+    /// its set-up socket (one non-blocking `recv`); the tcp transport only looks at its state.
     fn peer_check_due(&mut self, now: u64, polled: usize) -> bool {
-        if polled > 0 || self.side.in_flight() == 0 {
+        if polled > 0 {
             return false;
         }
         if now.saturating_sub(self.watch.last_peer_check) < self.watch.peer_check_ns {

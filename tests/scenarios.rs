@@ -406,7 +406,12 @@ fn burst(credits: bool) -> Option<BurstOutcome> {
     for l in &links {
         assert_eq!(counter(&l.send, "ops"), BURST as u64);
         assert_eq!(counter(&l.recv, "ops"), BURST as u64);
-        assert_eq!(counter(&l.recv, "eager"), BURST as u64);
+        // Each message went one way: eagerly (SEND into a bounce buffer, when its receive's
+        // CTS was not read yet) or straight into its buffer (WRITE WITH IMM).
+        assert_eq!(
+            counter(&l.recv, "eager") + counter(&l.recv, "rendezvous"),
+            BURST as u64
+        );
         assert_eq!(l.send.in_flight() + l.recv.in_flight(), 0);
     }
     println!(
@@ -1367,8 +1372,9 @@ fn sequence_ring_and_generation_wraps_deliver_every_message_in_place() {
     let recv_cfg = rq(16, 4, 8);
     let l = link(&dev, kind, &send_cfg, &recv_cfg);
     let n = 1200;
-    // Sizes: eager (consumes a receive WR, carries seq in the header) and rendezvous (the
-    // immediate carries the low 29 bits of seq); with up to 4 messages in flight.
+    // Sizes: eager-sized (an early one consumes a receive WR and carries seq in the header)
+    // and larger (always written straight into its buffer: the immediate carries the low 27
+    // bits of the receive's sequence number); with up to 4 messages in flight.
     let mut f = Flow::new(&l, n, 4, 12000, |k| match k % 5 {
         0 => 12000,
         1 => 8,
@@ -1392,7 +1398,11 @@ fn sequence_ring_and_generation_wraps_deliver_every_message_in_place() {
     assert_eq!(counter(&l.send, "ops"), n as u64);
     assert_eq!(counter(&l.recv, "ops"), n as u64);
     assert_eq!(counter(&l.send, "cts"), n as u64);
-    assert_eq!(counter(&l.recv, "rendezvous"), (2 * n / 5) as u64);
+    assert!(counter(&l.recv, "rendezvous") >= (2 * n / 5) as u64);
+    assert_eq!(
+        counter(&l.recv, "eager") + counter(&l.recv, "rendezvous"),
+        n as u64
+    );
     assert_eq!(l.send.in_flight() + l.recv.in_flight(), 0);
     close(vec![l]);
 }

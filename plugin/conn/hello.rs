@@ -9,9 +9,12 @@ use crate::comm::PeerParams;
 
 const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"VNHE");
 /// Wire version of the handshake and the data protocol. 2: a rendezvous immediate names the
-/// receive it matched (`engine::wire`), and matching follows the front-group rule; a peer of
-/// version 1 is refused at connect time instead of misplacing data.
-pub const HELLO_VERSION: u16 = 2;
+/// receive it matched (`engine::wire`), and matching follows the front-group rule. 3: a send
+/// whose clear-to-send is known is one WRITE WITH IMM of its payload (size in `byte_len`), the
+/// immediate has a record bit and a starved bit, CTS entries announce zero-length receive WRs
+/// and the credit word carries where they end. A peer of another version is refused at
+/// connect time instead of misplacing data.
+pub const HELLO_VERSION: u16 = 3;
 pub(super) const READY: &[u8; 4] = b"RDY!";
 const MAX_HELLO: usize = 1024;
 

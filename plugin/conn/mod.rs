@@ -68,8 +68,10 @@ pub type Error = Failure<Stage>;
 /// checks them against the device's limits).
 pub fn qp_config(cfg: &Config) -> QpConfig {
     // Sender: data WRs (2 per rendezvous) for every request slot; receiver: CTS and credit writes.
+    // Receiver: the bounce-backed WRs of the full depth, and the zero-length ones that cover
+    // the posted receive buffers (`engine::MAX_ZERO_WRS`).
     QpConfig {
-        max_recv_wr: cfg.rq_depth,
+        max_recv_wr: cfg.rq_depth + crate::engine::MAX_ZERO_WRS,
         max_send_wr: 2 * crate::engine::MAX_SEND_REQUESTS as u32
             + crate::engine::CTRL_STAGE_SLOTS as u32,
         min_rnr_timer: cfg.rnr_timer,

@@ -18,23 +18,26 @@
 //!   form to every arrival, so both sides agree without extra messages, even for eager sends
 //!   issued before any receive was known.
 //! - Every `irecv` RDMA-writes a clear-to-send ([`wire::CtsEntry`]) into the sender's CTS ring.
-//! - **Eager** (size ≤ eager limit): the sender SENDs header + payload into a bounce buffer the
-//!   receiver pre-posted; the receiver copies it into the user buffer when matched. With the
-//!   front receive known, the send obeys the front-group rule above. With no receive known at
-//!   all it goes out at once (MPI-style eager; NCCL's IB transport would wait): the receiver
-//!   holds it in its bounce buffer until a receive with a free buffer of its tag is posted,
-//!   and the sender completes it once that receive's CTS confirmed the buffer is big enough,
-//!   so a too-large send fails on both ends.
-//! - **Rendezvous** (larger): `isend` waits for the CTS (returns "retry later" until then), then
-//!   RDMA-WRITEs straight into the user buffer (zero copy) and RDMA_WRITE_WITH_IMM's an 8-byte
-//!   completion record; the immediate names the receive and buffer it matched.
-//! - **RQ batching**: the receiver posts `rq_batch` receive WRs per post call, at start
-//!   `rq_depth`, and refills when fewer than `rq_low_water` remain posted.
+//! - **Direct** (the front receive's CTS is known; any size): one RDMA_WRITE_WITH_IMM of the
+//!   payload straight into the receive buffer (zero copy); the immediate names the receive and
+//!   buffer, the completion's `byte_len` the size.
+//! - **Eager** (no receive known at all, size ≤ eager limit): the sender SENDs header + payload
+//!   at once into a bounce buffer the receiver pre-posted (MPI-style eager; NCCL's IB transport
+//!   would wait); the receiver holds it until a receive with a free buffer of its tag is posted
+//!   and copies it, and the sender completes it once that receive's CTS confirmed the buffer is
+//!   big enough, so a too-large send fails on both ends.
+//! - **The receive queue** holds bounce-backed WRs (for eager SENDs) and zero-length WRs (only
+//!   a WRITE_WITH_IMM may consume one). Each send consumes the next WR in posting order, so
+//!   send `k` takes WR `k`. RQ batching: the receiver posts `rq_batch` bounce-backed WRs per
+//!   post call, refilling once per poll when fewer than `rq_low_water` remain.
 //! - **Credits** (optional): a credit is one posted receive WR at the peer. With gating on the
 //!   sender never issues an operation that consumes one (eager SEND, WRITE_WITH_IMM) without a
-//!   credit; the receiver returns credits as it re-posts, piggybacked on CTS entries or in an
-//!   explicit 8-byte credit write when it has no CTS to send. With gating off the sender relies
-//!   on the QP's RNR retry, as NCCL does.
+//!   credit, and `irecv` posts zero-length WRs so that the posted WRs cover every posted buffer:
+//!   a send matching a posted receive then needs nothing more from the receiver (NCCL IB posts
+//!   one receive WR per `irecv`). The CTS entries say which WRs are zero-length, so an eager
+//!   SEND never consumes one. The receiver returns credits as it posts, piggybacked on CTS
+//!   entries or in an explicit credit write ([`wire::credit_word`]). With gating off the sender
+//!   relies on the QP's RNR retry, as NCCL does.
 
 #![forbid(unsafe_code)]
 
@@ -67,6 +70,10 @@ pub const CTS_RING_ENTRIES: usize = 64;
 /// Speculative eager sends (issued before any receive is known) unmatched at a time; one more
 /// is "retry later" until a clear-to-send arrives. Bounds the CTS ring ([`CTS_RING_ENTRIES`]).
 pub const MAX_SPECULATIVE: usize = 16;
+/// Most zero-length receive WRs a receive comm has posted at a time: one per buffer of the
+/// posted receives, plus what speculative eager sends in flight may take (see
+/// `RecvEngine::irecv`). The QP's receive queue holds them beside the full depth.
+pub const MAX_ZERO_WRS: u32 = (MAX_RECV_REQUESTS * wire::MAX_RECVS + MAX_SPECULATIVE) as u32;
 /// Staging slots for CTS and credit writes on the receive side.
 pub const CTRL_STAGE_SLOTS: usize = 64;
 
@@ -162,13 +169,20 @@ pub(crate) fn wc_error(status: WcStatus, what: &str) -> ReqError {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub(crate) enum WrKind {
+    /// A SEND of header + payload into a bounce buffer (no receive known yet).
     Eager = 1,
-    RndvData = 2,
-    RndvImm = 3,
+    /// A WRITE_WITH_IMM of the payload straight into the matched receive buffer.
+    Direct = 2,
+    /// A WRITE_WITH_IMM of a refusal record (the send was too large).
     ErrNotify = 4,
+    /// A receive WR with a bounce buffer.
     Bounce = 5,
+    /// The RDMA WRITE of a clear-to-send entry.
     Cts = 6,
+    /// The RDMA WRITE of the credit word.
     Credit = 7,
+    /// A zero-length receive WR, consumed only by a WRITE_WITH_IMM.
+    Zero = 8,
 }
 
 pub(crate) fn wr_id(kind: WrKind, gen: u32, index: u32) -> u64 {
@@ -178,12 +192,12 @@ pub(crate) fn wr_id(kind: WrKind, gen: u32, index: u32) -> u64 {
 pub(crate) fn wr_parse(id: u64) -> Option<(WrKind, u32, u32)> {
     let kind = match (id >> 56) as u8 {
         1 => WrKind::Eager,
-        2 => WrKind::RndvData,
-        3 => WrKind::RndvImm,
+        2 => WrKind::Direct,
         4 => WrKind::ErrNotify,
         5 => WrKind::Bounce,
         6 => WrKind::Cts,
         7 => WrKind::Credit,
+        8 => WrKind::Zero,
         _ => return None,
     };
     Some((kind, ((id >> 32) & 0x00ff_ffff) as u32, id as u32))
@@ -197,9 +211,11 @@ pub struct Stats {
     pub ops: u64,
     /// Payload bytes of completed operations.
     pub bytes: u64,
-    /// Messages that went eagerly (SEND into a bounce buffer).
+    /// Messages that went eagerly: a SEND into a bounce buffer, issued before the receive's
+    /// clear-to-send was known (one copy at the receiver).
     pub eager: u64,
-    /// Messages that went by rendezvous (CTS, then RDMA WRITE).
+    /// Messages written straight into their receive buffer after its clear-to-send: one RDMA
+    /// WRITE WITH IMM of the payload, any size (zero copy).
     pub rendezvous: u64,
     /// `isend` answered "retry later" for want of a credit.
     pub credit_stalls: u64,
@@ -237,11 +253,14 @@ pub struct Stats {
     pub pool_exhausted: u64,
     /// Registered (pinned) bytes the comm holds now: bounce buffers and rings.
     pub pinned_bytes: u64,
+    /// Zero-length receive WRs posted so that the posted WRs cover every posted receive buffer
+    /// (receiver, credit gating on; they cost no memory).
+    pub zero_wrs: u64,
 }
 
 impl Stats {
     /// `(name, value)` pairs in a fixed order.
-    pub fn fields(&self) -> [(&'static str, u64); 20] {
+    pub fn fields(&self) -> [(&'static str, u64); 21] {
         [
             ("ops", self.ops),
             ("bytes", self.bytes),
@@ -263,6 +282,7 @@ impl Stats {
             ("rq_shrinks", self.rq_shrinks),
             ("pool_exhausted", self.pool_exhausted),
             ("pinned_bytes", self.pinned_bytes),
+            ("zero_wrs", self.zero_wrs),
         ]
     }
 }
@@ -371,10 +391,14 @@ mod tests {
 
     #[test]
     fn wr_ids_round_trip() {
-        let id = wr_id(WrKind::RndvImm, 0x0123_4567, 0xdead_beef);
+        let id = wr_id(WrKind::Direct, 0x0123_4567, 0xdead_beef);
         assert_eq!(
             wr_parse(id),
-            Some((WrKind::RndvImm, 0x0023_4567, 0xdead_beef))
+            Some((WrKind::Direct, 0x0023_4567, 0xdead_beef))
+        );
+        assert_eq!(
+            wr_parse(wr_id(WrKind::Zero, 0, 0)),
+            Some((WrKind::Zero, 0, 0))
         );
         assert_eq!(wr_parse(0), None);
     }

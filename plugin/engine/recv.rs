@@ -4,11 +4,11 @@ use std::collections::VecDeque;
 
 use super::wire::{
     self, CtsBuf, CtsEntry, EagerHeader, CTS_ENTRY_LEN, EAGER_HDR_LEN, MAX_RECVS, REC_SLOTS,
-    REC_STARVED, REC_TOO_BIG,
+    REC_TOO_BIG,
 };
 use super::{
     wc_error, wr_id, wr_parse, Action, MemRead, ReqError, ReqId, Slots, Stall, Stats, WrKind,
-    CTRL_STAGE_SLOTS, CTS_RING_ENTRIES, MAX_RECV_REQUESTS,
+    CTRL_STAGE_SLOTS, CTS_RING_ENTRIES, MAX_RECV_REQUESTS, MAX_SPECULATIVE,
 };
 use crate::transport::{RecvWr, SendOpcode, SendWr, Sge, Wc, WcOpcode, WcStatus};
 
@@ -98,7 +98,13 @@ pub struct RecvEngine {
     next_base: u64,
     next_arrival: u64,
     unexpected: VecDeque<Unexpected>,
-    posted: u32,
+    /// Bounce-backed receive WRs posted and not yet seen consumed.
+    posted_b: u32,
+    /// Zero-length receive WRs posted and not yet seen consumed.
+    posted_z: u32,
+    /// `granted` right after the last zero-length WR was posted (0: none yet): every WR from
+    /// here on is bounce-backed, so the sender may SEND into it.
+    z_end: u64,
     free_bufs: Vec<u32>,
     /// Buffers beyond the initial `rq_min`, by id − `rq_min`: (addr, lkey), `None` once
     /// released to the pool.
@@ -134,7 +140,9 @@ impl RecvEngine {
             next_base: p.first_seq,
             next_arrival: p.first_seq,
             unexpected: VecDeque::new(),
-            posted: 0,
+            posted_b: 0,
+            posted_z: 0,
+            z_end: 0,
             free_bufs: (0..p.rq_min).rev().collect(),
             extra: Vec::new(),
             spare: Vec::new(),
@@ -156,7 +164,7 @@ impl RecvEngine {
             },
             p,
         };
-        while e.posted < e.target && e.post_batch(e.batch().min(e.target - e.posted)) {}
+        while e.posted_b < e.target && e.post_batch(e.batch().min(e.target - e.posted_b)) {}
         e.last_credit_sent = e.granted;
         e.account();
         e
@@ -307,9 +315,10 @@ impl RecvEngine {
         self.p.credits
     }
 
-    /// Receive WRs posted now.
+    /// Receive WRs posted now (as far as the completions seen so far tell): bounce-backed
+    /// and zero-length.
     pub fn posted(&self) -> u32 {
-        self.posted
+        self.posted_b + self.posted_z
     }
 
     /// Counters.
@@ -357,12 +366,64 @@ impl RecvEngine {
                 }
             })
             .collect();
-        self.posted += k;
+        self.posted_b += k;
         self.granted += u64::from(k);
         self.stats.rq_post_calls += 1;
         self.stats.rq_wrs_posted += u64::from(k);
         self.actions.push(Action::PostRecv(wrs));
         true
+    }
+
+    /// Posts `k` zero-length receive WRs in one post call (no buffer: only a WRITE_WITH_IMM may
+    /// consume one; a SEND into one would fail with a length error, which the sender avoids by
+    /// never sending below `z_end`).
+    fn post_zeros(&mut self, k: u32) {
+        if k == 0 {
+            return;
+        }
+        let wrs = vec![
+            RecvWr {
+                wr_id: wr_id(WrKind::Zero, 0, 0),
+                sge: Sge::default(),
+            };
+            k as usize
+        ];
+        self.posted_z += k;
+        self.granted += u64::from(k);
+        self.z_end = self.granted;
+        self.stats.rq_post_calls += 1;
+        self.stats.rq_wrs_posted += u64::from(k);
+        self.stats.zero_wrs += u64::from(k);
+        self.actions.push(Action::PostRecv(wrs));
+    }
+
+    /// Credit gating on: makes the receive WRs posted cover every buffer of the posted
+    /// receives, so that each send matching one of them finds a WR, and a credit, without any
+    /// further call on this comm (as NCCL IB's one receive WR per `irecv`). Returns how many
+    /// zero-length WRs it posted.
+    ///
+    /// Each send consumes the next WR in posting order (one RQ, RC), so the WRs not seen
+    /// consumed yet must number at least the unmatched buffers, plus what speculative eager
+    /// sends in flight may take without filling one of them: those go only into
+    /// bounce-backed WRs (the sender knows which WRs are zero-length from the CTS entries), so
+    /// at most the bounce-backed WRs not seen consumed, and at most [`MAX_SPECULATIVE`]. What
+    /// is missing is posted as zero-length WRs (no memory). A queue at most 16 deep thus keeps
+    /// about one zero-length WR per posted buffer, like NCCL IB; a deeper one rarely needs
+    /// any.
+    fn cover_posted_receives(&mut self) -> u32 {
+        if !self.p.credits {
+            return 0;
+        }
+        let unmatched: u32 = self
+            .order
+            .iter()
+            .filter_map(|&id| self.reqs.get(id))
+            .map(|r| r.n - r.used.count_ones())
+            .sum();
+        let need = unmatched + self.posted_b.min(MAX_SPECULATIVE as u32);
+        let k = need.saturating_sub(self.posted_b + self.posted_z);
+        self.post_zeros(k);
+        k
     }
 
     /// Adapts the depth (with `now`: shrinks after idle), then, below the low-water mark,
@@ -374,15 +435,27 @@ impl RecvEngine {
             self.maybe_shrink(now);
         }
         let batch = self.batch();
-        if self.posted < self.low_water() {
-            while self.posted + batch <= self.target && self.free_bufs.len() as u32 >= batch {
+        if self.posted_b < self.low_water() {
+            while self.posted_b + batch <= self.target && self.free_bufs.len() as u32 >= batch {
                 self.post_batch(batch);
             }
         }
-        if self.posted == 0 {
+        if self.posted_b == 0 {
             self.post_batch(batch.min(self.target));
         }
         self.account();
+    }
+
+    /// After a poll's completions were fed: re-posts what they freed (whole batches, see
+    /// `refill`) and returns the credits the sender may be short of. Re-posting once per poll
+    /// rather than per completion is what lets a receiver see its queue run dry: when the
+    /// eager arrivals of one poll consumed every bounce-backed WR, the sender had more in
+    /// flight than the depth (with credits off it met RNR), and the depth grows.
+    pub fn after_poll(&mut self, now: u64) {
+        if self.failed.is_none() {
+            self.refill(Some(now));
+        }
+        self.flush_credits();
     }
 
     /// Sends an explicit credit update when the sender may be short of credits.
@@ -409,7 +482,9 @@ impl RecvEngine {
         };
         self.actions.push(Action::Stage {
             addr: stage,
-            bytes: self.granted.to_le_bytes().to_vec(),
+            bytes: wire::credit_word(self.granted, self.z_end)
+                .to_le_bytes()
+                .to_vec(),
         });
         self.actions.push(Action::PostSend(SendWr {
             wr_id: wr_id(WrKind::Credit, 0, 0),
@@ -443,7 +518,10 @@ impl RecvEngine {
     }
 
     /// Posts a (grouped) receive of `bufs` (1..=8 buffers). `Ok(None)` = "retry later" (request
-    /// slots or control staging full). Sends the clear-to-send.
+    /// slots or control staging full). Matches the eager messages held for want of a buffer,
+    /// makes the posted receive WRs cover the posted buffers (credit gating on: zero-length WRs
+    /// for what the bounce-backed ones do not cover), then sends the clear-to-send, so that
+    /// the sends matching this receive need nothing more from this comm.
     pub fn irecv(&mut self, now: u64, bufs: &[RecvBuf]) -> Result<Option<ReqId>, ReqError> {
         if let Some(e) = &self.failed {
             return Err(e.clone());
@@ -481,6 +559,27 @@ impl RecvEngine {
         self.next_r = r.wrapping_add(1);
         self.next_base = base.wrapping_add(u64::from(n));
 
+        // Eager messages held for want of a buffer with their tag, in arrival order: only this
+        // receive can have one for them (every older one had none when they arrived).
+        let mut k = 0;
+        while k < self.unexpected.len() && self.failed.is_none() {
+            let u = self.unexpected[k];
+            match self.find_buf(u.tag) {
+                Some((id, i)) => {
+                    self.unexpected.remove(k);
+                    self.deliver_eager(now, id, i, u);
+                }
+                None => k += 1,
+            }
+        }
+        // A held message too large for its buffer failed the comm: this request reports it
+        // from `test`, and every later call fails. The CTS still goes: the sender matches its
+        // speculative sends with it and fails the same way.
+        if self.failed.is_none() {
+            self.refill(Some(now));
+        }
+        let zeros = self.cover_posted_receives();
+
         let mut cb = [CtsBuf::default(); MAX_RECVS];
         for (c, u) in cb.iter_mut().zip(bufs) {
             *c = CtsBuf {
@@ -495,6 +594,7 @@ impl RecvEngine {
             credits: self.granted,
             base,
             n,
+            zeros,
             bufs: cb,
         };
         let stage = self.ctrl_slot().expect("checked above");
@@ -522,23 +622,6 @@ impl RecvEngine {
         }));
         self.last_credit_sent = self.granted;
         self.stats.cts += 1;
-
-        // Eager messages held for want of a buffer with their tag, in arrival order: only this
-        // receive can have one for them (every older one had none when they arrived).
-        let mut k = 0;
-        while k < self.unexpected.len() && self.failed.is_none() {
-            let u = self.unexpected[k];
-            match self.find_buf(u.tag) {
-                Some((id, i)) => {
-                    self.unexpected.remove(k);
-                    self.deliver_eager(now, id, i, u);
-                }
-                None => k += 1,
-            }
-        }
-        // A held message too large for its buffer failed the comm: this request reports it
-        // from `test`, and every later call fails.
-        self.refill(Some(now));
         Ok(Some(id))
     }
 
@@ -594,7 +677,8 @@ impl RecvEngine {
         }
     }
 
-    /// Feeds one completion of our QP. `mem` reads bounce headers and records.
+    /// Feeds one completion of our QP. `mem` reads bounce headers and records. Re-posting
+    /// what it frees waits for [`RecvEngine::after_poll`].
     pub fn handle_wc(&mut self, now: u64, wc: &Wc, mem: &dyn MemRead) {
         let Some((kind, _, index)) = wr_parse(wc.wr_id) else {
             self.fail(ReqError::Local(format!(
@@ -603,16 +687,19 @@ impl RecvEngine {
             )));
             return;
         };
-        if matches!(kind, WrKind::Cts | WrKind::Credit) {
-            self.ctrl_outstanding = self.ctrl_outstanding.saturating_sub(1);
+        match kind {
+            WrKind::Cts | WrKind::Credit => {
+                self.ctrl_outstanding = self.ctrl_outstanding.saturating_sub(1)
+            }
+            WrKind::Bounce => self.posted_b = self.posted_b.saturating_sub(1),
+            WrKind::Zero => self.posted_z = self.posted_z.saturating_sub(1),
+            _ => {}
         }
         if wc.status != WcStatus::Success {
             self.stats.error_completions += 1;
-            if kind == WrKind::Bounce {
-                self.posted = self.posted.saturating_sub(1);
-            }
             let what = match kind {
                 WrKind::Bounce => "receive WR",
+                WrKind::Zero => "zero-length receive WR",
                 WrKind::Cts => "clear-to-send RDMA WRITE",
                 _ => "credit RDMA WRITE",
             };
@@ -621,127 +708,174 @@ impl RecvEngine {
             }
             return;
         }
-        if kind != WrKind::Bounce {
+        if !matches!(kind, WrKind::Bounce | WrKind::Zero) {
             return;
         }
-        let Some((at, _)) = self.buf(index) else {
-            self.fail(ReqError::Local(format!(
-                "receive completion for bounce buffer {index}"
+        self.consumed += 1;
+        self.stats.rq_min_level = self.stats.rq_min_level.min(u64::from(self.posted_b));
+        if self.posted_b + self.posted_z == 0 {
+            // This poll's arrivals took every posted WR: the sender had more in flight than
+            // the queue holds (credits off: it met RNR), so the queue grows. Re-posting waits
+            // for `after_poll`, so a receiver that polls rarely sees this too.
+            self.grow(now);
+        }
+        // The buffer this arrival consumed, when it was bounce-backed.
+        let bounce = if kind == WrKind::Bounce {
+            match self.buf(index) {
+                Some((at, _)) => Some(at),
+                None => {
+                    self.fail(ReqError::Local(format!(
+                        "receive completion for bounce buffer {index}"
+                    )));
+                    return;
+                }
+            }
+        } else {
+            None
+        };
+        let s = self.next_arrival;
+        match (wc.opcode, bounce) {
+            (WcOpcode::Recv, Some(at)) => self.eager_arrival(now, s, index, at, wc, mem),
+            (WcOpcode::RecvRdmaWithImm, _) => {
+                if bounce.is_some() {
+                    self.free_bounce(index);
+                }
+                self.write_arrival(now, s, wc, mem);
+            }
+            (op, _) => {
+                if bounce.is_some() {
+                    self.free_bounce(index);
+                }
+                self.fail(ReqError::Protocol(format!(
+                    "a {op:?} completion consumed a {} receive WR",
+                    if bounce.is_some() {
+                        "bounce-backed"
+                    } else {
+                        "zero-length"
+                    }
+                )));
+            }
+        }
+    }
+
+    /// An eager SEND landed in bounce buffer `index` (at `at`): match it, or hold it until a
+    /// receive with a free buffer of its tag is posted.
+    fn eager_arrival(&mut self, now: u64, s: u64, index: u32, at: u64, wc: &Wc, mem: &dyn MemRead) {
+        let mut hb = [0u8; EAGER_HDR_LEN];
+        let hdr = if mem.read(at, &mut hb) {
+            EagerHeader::decode(&hb)
+        } else {
+            None
+        };
+        let Some(h) = hdr else {
+            self.free_bounce(index);
+            self.fail(ReqError::Protocol("malformed eager header".into()));
+            return;
+        };
+        if h.seq != s || u64::from(wc.byte_len) != EAGER_HDR_LEN as u64 + h.size {
+            self.free_bounce(index);
+            self.fail(ReqError::Protocol(format!(
+                "eager message {} of {} bytes (WC {} bytes) arrived, expected send {s}",
+                h.seq, h.size, wc.byte_len
+            )));
+            return;
+        }
+        self.next_arrival = s.wrapping_add(1);
+        if h.starved {
+            self.grow(now);
+        }
+        let u = Unexpected {
+            s,
+            tag: h.tag,
+            size: h.size,
+            bounce: index,
+        };
+        match self.find_buf(h.tag) {
+            Some((id, i)) => self.deliver_eager(now, id, i, u),
+            None => {
+                self.stats.unexpected += 1;
+                self.unexpected.push_back(u);
+            }
+        }
+    }
+
+    /// A WRITE_WITH_IMM landed: a direct write of send `s`'s payload into the buffer its
+    /// immediate names (size: `byte_len`), or a refusal record.
+    fn write_arrival(&mut self, now: u64, s: u64, wc: &Wc, mem: &dyn MemRead) {
+        let Some(imm) = wc.imm.map(wire::imm_decode) else {
+            self.fail(ReqError::Protocol(format!(
+                "a WRITE WITH IMM (send {s}) arrived without an immediate"
             )));
             return;
         };
-        self.posted = self.posted.saturating_sub(1);
-        self.consumed += 1;
-        self.stats.rq_min_level = self.stats.rq_min_level.min(u64::from(self.posted));
-        if self.posted == 0 {
+        let i = imm.buf;
+        // The immediate names the receive and buffer the sender matched; it must be the buffer
+        // our own matching gives the next send with that buffer's tag.
+        let named = self.order.iter().copied().find(|&id| {
+            self.reqs
+                .get(id)
+                .is_some_and(|r| wire::imm_matches(imm.r_low, r.r))
+        });
+        let tag = named
+            .and_then(|id| self.reqs.get(id))
+            .filter(|r| i < r.n as usize)
+            .map(|r| r.bufs[i].tag);
+        let ok = named.is_some() && tag.and_then(|t| self.find_buf(t)) == named.map(|id| (id, i));
+        let Some(id) = named.filter(|_| ok) else {
+            self.fail(ReqError::Protocol(format!(
+                "{} (imm {:#x}: receive {} mod 2^27, buffer {i}) for send {s} names no \
+                 unmatched buffer this receiver would give it",
+                if imm.record {
+                    "a refusal record"
+                } else {
+                    "a direct write"
+                },
+                wc.imm.unwrap_or(0),
+                imm.r_low
+            )));
+            return;
+        };
+        self.next_arrival = s.wrapping_add(1);
+        if imm.starved {
             self.grow(now);
         }
-        let s = self.next_arrival;
-        match wc.opcode {
-            WcOpcode::Recv => {
-                let mut hb = [0u8; EAGER_HDR_LEN];
-                let hdr = if mem.read(at, &mut hb) {
-                    EagerHeader::decode(&hb)
-                } else {
-                    None
-                };
-                let Some(h) = hdr else {
-                    self.free_bounce(index);
-                    self.fail(ReqError::Protocol("malformed eager header".into()));
-                    return;
-                };
-                if h.seq != s || u64::from(wc.byte_len) != EAGER_HDR_LEN as u64 + h.size {
-                    self.free_bounce(index);
-                    self.fail(ReqError::Protocol(format!(
-                        "eager message {} of {} bytes (WC {} bytes) arrived, expected send {s}",
-                        h.seq, h.size, wc.byte_len
-                    )));
-                    return;
-                }
-                self.next_arrival = s.wrapping_add(1);
-                if h.starved {
-                    self.grow(now);
-                }
-                let u = Unexpected {
-                    s,
-                    tag: h.tag,
-                    size: h.size,
-                    bounce: index,
-                };
-                match self.find_buf(h.tag) {
-                    Some((id, i)) => self.deliver_eager(now, id, i, u),
-                    None => {
-                        self.stats.unexpected += 1;
-                        self.unexpected.push_back(u);
-                    }
-                }
+        let rec_ring = self.p.rec_ring;
+        let req = self.reqs.get_mut(id).expect("found above");
+        req.progress_ns = now;
+        req.used |= 1 << i;
+        req.arrived += 1;
+        let cap = req.bufs[i].cap;
+        if !imm.record {
+            if u64::from(wc.byte_len) > cap {
+                let e = ReqError::Protocol(format!(
+                    "send {s} wrote {} bytes into a receive buffer of {cap} bytes (receive {}, \
+                     buffer {i})",
+                    wc.byte_len, req.r
+                ));
+                req.error = Some(e.clone());
+                self.fail(e);
+                return;
             }
-            WcOpcode::RecvRdmaWithImm => {
-                self.free_bounce(index);
-                let (low, i) = wire::imm_decode(wc.imm.unwrap_or(0));
-                // The immediate names the receive and buffer the sender matched; it must be
-                // the buffer our own matching gives the next send with that buffer's tag.
-                let named = self.order.iter().copied().find(|&id| {
-                    self.reqs
-                        .get(id)
-                        .is_some_and(|r| wire::imm_matches(low, r.r))
-                });
-                let tag = named
-                    .and_then(|id| self.reqs.get(id))
-                    .filter(|r| i < r.n as usize)
-                    .map(|r| r.bufs[i].tag);
-                let ok = wc.imm.is_some()
-                    && named.is_some()
-                    && tag.and_then(|t| self.find_buf(t)) == named.map(|id| (id, i));
-                let Some(id) = named.filter(|_| ok) else {
-                    self.fail(ReqError::Protocol(format!(
-                        "rendezvous completion (imm {:?}: receive {low} mod 2^29, buffer {i}) \
-                         for send {s} names no unmatched buffer this receiver would give it",
-                        wc.imm
-                    )));
-                    return;
-                };
-                self.next_arrival = s.wrapping_add(1);
-                let rec_ring = self.p.rec_ring;
-                let req = self.reqs.get_mut(id).expect("found above");
-                req.progress_ns = now;
-                req.used |= 1 << i;
-                req.arrived += 1;
-                let slot = (req.r % REC_SLOTS as u64) as usize * MAX_RECVS + i;
-                let mut rb = [0u8; 8];
-                let rec = mem
-                    .read(rec_ring + slot as u64 * 8, &mut rb)
-                    .then(|| u64::from_le_bytes(rb));
-                let starved = rec.is_some_and(|v| v & REC_TOO_BIG == 0 && v & REC_STARVED != 0);
-                let rec = rec.map(|v| if starved { v & !REC_STARVED } else { v });
-                match rec {
-                    Some(v) if v & REC_TOO_BIG != 0 => {
-                        let size = v & !REC_TOO_BIG;
-                        let e = ReqError::Usage(format!(
-                            "the peer tried to send {size} bytes (send {s}) into a receive buffer \
-                             of {} bytes (receive {}, buffer {i}); nothing was written",
-                            req.bufs[i].cap, req.r
-                        ));
-                        req.error = Some(e.clone());
-                        self.fail(e);
-                        return;
-                    }
-                    Some(v) if v <= req.bufs[i].cap => {
-                        req.sizes[i] = v;
-                        self.stats.rendezvous += 1;
-                        if starved {
-                            self.grow(now);
-                        }
-                    }
-                    _ => {
-                        self.fail(ReqError::Protocol(format!("bad rendezvous record {rec:?}")));
-                        return;
-                    }
-                }
-            }
-            _ => {}
+            req.sizes[i] = u64::from(wc.byte_len);
+            self.stats.rendezvous += 1;
+            return;
         }
-        self.refill(Some(now));
+        let slot = (req.r % REC_SLOTS as u64) as usize * MAX_RECVS + i;
+        let mut rb = [0u8; 8];
+        let rec = mem
+            .read(rec_ring + slot as u64 * 8, &mut rb)
+            .then(|| u64::from_le_bytes(rb));
+        let e = match rec {
+            Some(v) if v & REC_TOO_BIG != 0 => ReqError::Usage(format!(
+                "the peer tried to send {} bytes (send {s}) into a receive buffer of {cap} bytes \
+                 (receive {}, buffer {i}); nothing was written",
+                v & !REC_TOO_BIG,
+                req.r
+            )),
+            _ => ReqError::Protocol(format!("bad refusal record {rec:?}")),
+        };
+        req.error = Some(e.clone());
+        self.fail(e);
     }
 
     /// Marks the comm failed; every outstanding request reports `e`.

@@ -4,7 +4,7 @@ use std::collections::VecDeque;
 
 use super::wire::{
     self, CtsBuf, CtsEntry, EagerHeader, CTS_ENTRY_LEN, EAGER_HDR_LEN, MAX_RECVS, REC_SLOTS,
-    REC_STARVED, REC_TOO_BIG,
+    REC_TOO_BIG,
 };
 use super::{
     wc_error, wr_id, wr_parse, Action, MemRead, ReqError, ReqId, Slots, Stall, Stats, WrKind,
@@ -102,8 +102,21 @@ pub struct SendEngine {
     groups: VecDeque<Group>,
     /// Speculative eager sends (issued when no receive was known) not yet matched, in send order.
     unassigned: VecDeque<ReqId>,
+    /// Receive WRs the receiver has posted so far (cumulative, both kinds), as far as we know.
     credits_granted: u64,
+    /// Receive WRs our sends consumed so far: send `k` (counted from the first) consumes the
+    /// receiver's WR `k`, in posting order (RC: one RQ, consumed in order).
     credits_used: u64,
+    /// The zero-length receive WRs the receiver announced in CTS entries and that our sends
+    /// have not consumed yet, as `[start, end)` WR index ranges in posting order. A SEND must
+    /// never consume one.
+    zeros: VecDeque<(u64, u64)>,
+    /// What we know of each receive WR below this index is exact: the CTS entries read so far
+    /// announced every zero-length WR below the highest `credits` they carried.
+    exact_below: u64,
+    /// From the credit word: every WR from this index on (below the credits granted) is
+    /// bounce-backed.
+    z_end: u64,
     failed: Option<ReqError>,
     actions: Vec<Action>,
     stats: Stats,
@@ -122,6 +135,9 @@ impl SendEngine {
             next_base: p.first_seq,
             credits_granted: p.initial_credits,
             credits_used: 0,
+            zeros: VecDeque::new(),
+            exact_below: p.initial_credits,
+            z_end: 0,
             reqs: Slots::with_first_gen(MAX_SEND_REQUESTS, p.first_gen),
             groups: VecDeque::new(),
             unassigned: VecDeque::new(),
@@ -150,6 +166,10 @@ impl SendEngine {
     /// or out-of-sequence one fails the comm. Returns whether a CTS arrived.
     pub fn poll_peer_writes(&mut self, now: u64, mem: &dyn MemRead) -> bool {
         let mut got = false;
+        let mut w = [0u8; 8];
+        let word = mem
+            .read(self.p.credit_word, &mut w)
+            .then(|| u64::from_le_bytes(w));
         let mut b = [0u8; CTS_ENTRY_LEN];
         while self.failed.is_none() {
             let r = self.next_r;
@@ -174,9 +194,8 @@ impl SendEngine {
                 }
             }
         }
-        let mut w = [0u8; 8];
-        if mem.read(self.p.credit_word, &mut w) {
-            self.handle_credit(u64::from_le_bytes(w));
+        if let Some(word) = word.filter(|&w| w != 0) {
+            self.handle_credit(word);
         }
         got
     }
@@ -184,6 +203,24 @@ impl SendEngine {
     /// Credits available now (granted minus used); meaningful with gating on.
     pub fn credits_available(&self) -> u64 {
         self.credits_granted.saturating_sub(self.credits_used)
+    }
+
+    /// The credit and matching state in one line, for test failures and debugging: the next
+    /// receive WR a send consumes (`k`), the credits granted, what is known of zero-length
+    /// WRs, the known groups, unmatched speculative sends and the current refusal.
+    pub fn debug_state(&self) -> String {
+        format!(
+            "k={} granted={} exact_below={} z_end={} zeros={:?} groups={} unassigned={} \
+             refusing={:?}",
+            self.credits_used,
+            self.credits_granted,
+            self.exact_below,
+            self.z_end,
+            self.zeros,
+            self.groups.len(),
+            self.unassigned.len(),
+            self.refusing
+        )
     }
 
     /// Counters.
@@ -211,13 +248,23 @@ impl SendEngine {
     /// Matching follows NCCL's IB transport (`src/transport/net_ib/p2p.cc`, `ncclIbIsend`):
     /// receive groups form a FIFO in posting order and a send may only take the first unmatched
     /// buffer with its tag in the **front** group (the oldest not fully matched). Answers:
-    /// - `Ok(None)` = "retry later", never an error (ext-net README): no request slot; no credit;
-    ///   the front group has no unmatched buffer with this tag (its tag is used, or the group
-    ///   holding it is not at the front yet); or, for rendezvous, no receive is known at all.
-    /// - With no receive known at all, an eager-sized send goes out at once (MPI-style eager)
-    ///   and is matched when its receive's clear-to-send arrives, by the same rule the receiver
-    ///   applies to it on arrival: the k-th send with tag `t` takes the k-th buffer with tag `t`
-    ///   in posting order. Where a group is known this is the front-group rule itself.
+    /// - With the front group's clear-to-send read, the send is written straight into its
+    ///   buffer: one RDMA_WRITE_WITH_IMM of the payload (any size, zero copy, no bounce
+    ///   buffer), which consumes one receive WR at the peer. The receiver posts a zero-length
+    ///   receive WR in `irecv` for every buffer its posted WRs do not cover already, so such a
+    ///   send needs nothing more from the receiver, as in NCCL IB where `ncclIbIrecv` posts one
+    ///   receive WR per `irecv`.
+    /// - With no receive known at all, an eager-sized send goes out at once (MPI-style eager: a
+    ///   SEND into a bounce buffer) when the receive WR it would consume is known to be
+    ///   bounce-backed, and is matched when its receive's clear-to-send arrives, by the same
+    ///   rule the receiver applies on arrival: the k-th send with tag `t` takes the k-th buffer
+    ///   with tag `t` in posting order. Where a group is known this is the front-group rule.
+    /// - `Ok(None)` = "retry later", never an error (ext-net README): no request slot; no credit
+    ///   (credit gating on: the receive WR this send would consume is not posted yet); the
+    ///   front group has no unmatched buffer with this tag (its tag is used, or the group
+    ///   holding it is not at the front yet); or no receive is known and the send is too large
+    ///   for a bounce buffer, too many speculative sends are unmatched, or the next receive WR
+    ///   is a zero-length one (a receive is posted whose clear-to-send is on its way).
     /// - `Err(Usage)` when the matched buffer is smaller than the send: nothing is written, the
     ///   receiver is told, and the comm is failed (every later call returns the error).
     pub fn isend(
@@ -234,7 +281,8 @@ impl SendEngine {
         if self.reqs.in_use() == MAX_SEND_REQUESTS {
             return Ok(self.refuse(now, Refusal::Slots));
         }
-        let eager = size <= self.p.eager_limit;
+        // The receive WR this send consumes (counted from the connection's first).
+        let k = self.credits_used;
         // The buffer of the front group this send takes, or None: no group known (speculative
         // eager send, matched when its clear-to-send arrives).
         let dest = match self.groups.front() {
@@ -242,10 +290,15 @@ impl SendEngine {
                 Some(i) => Some(i),
                 None => return Ok(self.refuse(now, Refusal::Tag(tag))),
             },
-            None if eager && self.unassigned.len() < MAX_SPECULATIVE => None,
+            None if size <= self.p.eager_limit
+                && self.unassigned.len() < MAX_SPECULATIVE
+                && self.bounce_backed(k) =>
+            {
+                None
+            }
             None => return Ok(self.refuse(now, Refusal::Cts)),
         };
-        if self.p.credits && self.credits_available() == 0 {
+        if self.p.credits && k >= self.credits_granted {
             return Ok(self.refuse(now, Refusal::Credit));
         }
         self.refusing = None;
@@ -265,6 +318,14 @@ impl SendEngine {
         };
         self.next_s = s.wrapping_add(1);
         self.credits_used += 1;
+        while self
+            .zeros
+            .front()
+            .is_some_and(|&(_, end)| end <= self.credits_used)
+        {
+            self.zeros.pop_front();
+        }
+        let starved = std::mem::take(&mut self.starved);
         let target = dest.map(|i| self.take(0, i));
         match target {
             Some((r, i, buf)) if size > buf.cap => {
@@ -274,15 +335,15 @@ impl SendEngine {
                     buf.cap
                 ));
                 // Tell the receiver, so its request fails too instead of waiting forever.
-                self.post_record(id, r, i, REC_TOO_BIG | size, WrKind::ErrNotify);
+                self.post_record(id, r, i, REC_TOO_BIG | size, starved);
                 self.reqs.remove(id);
                 self.fail(e.clone());
                 Err(e)
             }
-            Some((r, i, buf)) if !eager => {
+            Some((r, i, buf)) => {
                 self.stats.rendezvous += 1;
                 self.actions.push(Action::PostSend(SendWr {
-                    wr_id: wr_id(WrKind::RndvData, id.gen, id.slot),
+                    wr_id: wr_id(WrKind::Direct, id.gen, id.slot),
                     sgl: [
                         Sge {
                             addr,
@@ -291,25 +352,18 @@ impl SendEngine {
                         },
                         Sge::default(),
                     ],
-                    num_sge: 1,
-                    opcode: SendOpcode::RdmaWrite {
+                    num_sge: u8::from(size > 0),
+                    opcode: SendOpcode::RdmaWriteWithImm {
                         remote_addr: buf.addr,
                         rkey: buf.rkey,
+                        imm: wire::imm_encode(r, i, false, starved),
                     },
-                    signaled: false,
+                    signaled: true,
                 }));
-                let starved = if std::mem::take(&mut self.starved) {
-                    REC_STARVED
-                } else {
-                    0
-                };
-                self.post_record(id, r, i, size | starved, WrKind::RndvImm);
                 Ok(Some(id))
             }
-            _ => {
-                if dest.is_none() {
-                    self.unassigned.push_back(id);
-                }
+            None => {
+                self.unassigned.push_back(id);
                 self.stats.eager += 1;
                 let hdr_addr = self.p.hdr_stage.0 + u64::from(id.slot) * EAGER_HDR_LEN as u64;
                 self.actions.push(Action::Stage {
@@ -318,7 +372,7 @@ impl SendEngine {
                         tag,
                         seq: s,
                         size,
-                        starved: std::mem::take(&mut self.starved),
+                        starved,
                     }
                     .encode()
                     .to_vec(),
@@ -346,6 +400,19 @@ impl SendEngine {
         }
     }
 
+    /// Whether receive WR `k` (counted from the connection's first) is known to be
+    /// bounce-backed, so that a SEND may consume it. Below `exact_below` the CTS entries read
+    /// so far tell exactly; above it, the credit word's mark does (the zero-length WRs of CTS
+    /// entries not read yet are all below the mark of a later credit word). Anything else is
+    /// unknown: no SEND.
+    fn bounce_backed(&self, k: u64) -> bool {
+        if k < self.exact_below {
+            !self.zeros.iter().any(|&(a, b)| a <= k && k < b)
+        } else {
+            k >= self.z_end
+        }
+    }
+
     fn refuse(&mut self, now: u64, why: Refusal) -> Option<ReqId> {
         match why {
             Refusal::Credit => {
@@ -363,9 +430,10 @@ impl SendEngine {
         None
     }
 
-    /// Stages the 8-byte record `value` for buffer `buf_idx` of receive `r` and posts the
-    /// WRITE_WITH_IMM that delivers it (immediate: `r`, `buf_idx`).
-    fn post_record(&mut self, id: ReqId, r: u64, buf_idx: usize, value: u64, kind: WrKind) {
+    /// Stages the 8-byte refusal record `value` for buffer `buf_idx` of receive `r` and posts
+    /// the WRITE_WITH_IMM that delivers it into the receiver's record ring (immediate: `r`,
+    /// `buf_idx`, the record bit). Unsignaled: the comm fails with the refusal anyway.
+    fn post_record(&mut self, id: ReqId, r: u64, buf_idx: usize, value: u64, starved: bool) {
         let stage = self.p.rec_stage.0 + u64::from(id.slot) * 8;
         let slot = (r % REC_SLOTS as u64) as usize * MAX_RECVS + buf_idx;
         self.actions.push(Action::Stage {
@@ -373,7 +441,7 @@ impl SendEngine {
             bytes: value.to_le_bytes().to_vec(),
         });
         self.actions.push(Action::PostSend(SendWr {
-            wr_id: wr_id(kind, id.gen, id.slot),
+            wr_id: wr_id(WrKind::ErrNotify, id.gen, id.slot),
             sgl: [
                 Sge {
                     addr: stage,
@@ -386,9 +454,9 @@ impl SendEngine {
             opcode: SendOpcode::RdmaWriteWithImm {
                 remote_addr: self.p.peer_rec_ring.0 + slot as u64 * 8,
                 rkey: self.p.peer_rec_ring.1,
-                imm: wire::imm_encode(r, buf_idx),
+                imm: wire::imm_encode(r, buf_idx, true, starved),
             },
-            signaled: kind == WrKind::RndvImm,
+            signaled: false,
         }));
     }
 
@@ -422,6 +490,12 @@ impl SendEngine {
         self.next_r = self.next_r.wrapping_add(1);
         self.next_base = self.next_base.wrapping_add(u64::from(e.n));
         self.credits_granted = self.credits_granted.max(e.credits);
+        if e.zeros > 0 {
+            // This irecv's zero-length WRs are the last `zeros` of `credits`.
+            let start = e.credits.saturating_sub(u64::from(e.zeros));
+            self.zeros.push_back((start, e.credits));
+        }
+        self.exact_below = self.exact_below.max(e.credits);
         self.groups.push_back(Group {
             r: e.r,
             n: e.n,
@@ -472,9 +546,12 @@ impl SendEngine {
             .find_map(|(g, grp)| grp.find(tag).map(|i| (g, i)))
     }
 
-    /// Feeds the credit word (cumulative credits granted) read from our memory.
-    pub fn handle_credit(&mut self, granted: u64) {
+    /// Feeds the credit word read from our memory ([`wire::credit_word`]: the credits granted
+    /// so far and where the zero-length receive WRs end).
+    pub fn handle_credit(&mut self, word: u64) {
+        let (granted, z_end) = wire::credit_word_decode(word, self.credits_granted);
         self.credits_granted = self.credits_granted.max(granted);
+        self.z_end = self.z_end.max(z_end);
     }
 
     /// Feeds one completion of our QP.
@@ -490,8 +567,8 @@ impl SendEngine {
             self.stats.error_completions += 1;
             let what = match kind {
                 WrKind::Eager => "eager SEND",
-                WrKind::RndvData => "rendezvous RDMA WRITE",
-                WrKind::RndvImm => "rendezvous RDMA WRITE WITH IMM",
+                WrKind::Direct => "RDMA WRITE WITH IMM of the payload",
+                WrKind::ErrNotify => "RDMA WRITE WITH IMM of a refusal record",
                 _ => "send-side WR",
             };
             if wc.status != WcStatus::WrFlush || self.failed.is_none() {
@@ -500,7 +577,7 @@ impl SendEngine {
             return;
         }
         if let Some((_, req)) = self.reqs.by_wr_mut(slot, gen) {
-            if matches!(kind, WrKind::Eager | WrKind::RndvImm) {
+            if matches!(kind, WrKind::Eager | WrKind::Direct) {
                 req.wc_done = true;
                 req.progress_ns = now;
             }
@@ -581,8 +658,10 @@ impl SendEngine {
                                         is not calling irecv/test, or VERBSNET_RQ_DEPTH is too \
                                         small)"
                         .to_string(),
-                    Refusal::Cts => "a clear-to-send for the next rendezvous send: the peer has \
-                                     not posted the matching irecv"
+                    Refusal::Cts => "a clear-to-send: the peer has not posted the matching irecv \
+                                     (a send waits for it when it is larger than the eager \
+                                     limit, when 16 eager sends are unmatched already, or \
+                                     when the peer's next receive WR is a zero-length one)"
                         .to_string(),
                     Refusal::Tag(tag) => format!(
                         "a receive buffer with tag {tag} in the oldest posted receive: its \
@@ -644,6 +723,7 @@ mod tests {
             credits,
             base,
             n: bufs.len() as u32,
+            zeros: 0,
             bufs: b,
         }
     }
@@ -655,7 +735,7 @@ mod tests {
         assert!(e.isend(0, 0x1000, 5, 8, 0).unwrap().is_some());
         assert_eq!(e.isend(0, 0x1000, 5, 8, 0).unwrap(), None);
         assert_eq!(e.stats().credit_stalls, 1);
-        e.handle_credit(3);
+        e.handle_credit(wire::credit_word(3, 0));
         assert!(e.isend(0, 0x1000, 5, 8, 0).unwrap().is_some());
         assert_eq!(e.credits_available(), 0);
     }
@@ -670,62 +750,91 @@ mod tests {
     }
 
     #[test]
-    fn rendezvous_waits_for_cts_then_writes_data_and_record() {
+    fn a_send_whose_cts_is_known_is_one_write_with_imm_into_its_buffer() {
         let mut e = SendEngine::new(params(true, 8));
         assert_eq!(e.isend(0, 0x1000, 5, 1000, 9).unwrap(), None);
         assert_eq!(e.stats().cts_waits, 1);
-        e.handle_cts(1, cts(0, 0, 8, &[(4096, 9)])).unwrap();
-        let id = e.isend(2, 0x1000, 5, 1000, 9).unwrap().unwrap();
-        let acts = e.drain_actions();
-        assert_eq!(acts.len(), 3, "{acts:?}");
-        match &acts[0] {
-            Action::PostSend(wr) => {
-                assert_eq!(
-                    wr.opcode,
-                    SendOpcode::RdmaWrite {
-                        remote_addr: 0x4000_0000,
-                        rkey: 77
-                    }
-                );
-                assert_eq!(wr.sges()[0].length, 1000);
-                assert!(!wr.signaled);
+        e.handle_cts(1, cts(0, 0, 8, &[(4096, 9), (64, 9)]))
+            .unwrap();
+        for (k, size) in [1000u64, 0].into_iter().enumerate() {
+            let id = e.isend(2, 0x1000, 5, size, 9).unwrap().unwrap();
+            let acts = e.drain_actions();
+            assert_eq!(acts.len(), 1, "{acts:?}");
+            match &acts[0] {
+                Action::PostSend(wr) => {
+                    assert_eq!(
+                        wr.opcode,
+                        SendOpcode::RdmaWriteWithImm {
+                            remote_addr: 0x4000_0000 + k as u64 * 0x1000,
+                            rkey: 77,
+                            imm: wire::imm_encode(0, k, false, false)
+                        }
+                    );
+                    assert_eq!(wr.byte_len(), size);
+                    assert_eq!(wr.num_sge, u8::from(size > 0));
+                    assert!(wr.signaled);
+                }
+                a => panic!("{a:?}"),
             }
-            a => panic!("{a:?}"),
+            assert_eq!(e.test(id).unwrap(), None);
+            e.handle_wc(
+                3,
+                &Wc {
+                    wr_id: wr_id(WrKind::Direct, id.gen, id.slot),
+                    status: WcStatus::Success,
+                    opcode: crate::transport::WcOpcode::RdmaWrite,
+                    byte_len: 0,
+                    imm: None,
+                },
+            );
+            assert_eq!(e.test(id).unwrap(), Some(size));
         }
-        assert_eq!(
-            acts[1],
-            Action::Stage {
-                addr: 0x20_0000 + 8 * u64::from(id.slot),
-                bytes: 1000u64.to_le_bytes().to_vec()
-            }
-        );
-        match &acts[2] {
-            Action::PostSend(wr) => {
-                assert_eq!(
-                    wr.opcode,
-                    SendOpcode::RdmaWriteWithImm {
-                        remote_addr: 0x30_0000,
-                        rkey: 3,
-                        imm: wire::imm_encode(0, 0)
-                    }
-                );
-                assert!(wr.signaled);
-            }
-            a => panic!("{a:?}"),
-        }
-        assert_eq!(e.test(id).unwrap(), None);
-        e.handle_wc(
-            3,
-            &Wc {
-                wr_id: wr_id(WrKind::RndvImm, id.gen, id.slot),
-                status: WcStatus::Success,
-                opcode: crate::transport::WcOpcode::RdmaWrite,
-                byte_len: 0,
-                imm: None,
+        assert_eq!((e.stats().rendezvous, e.stats().eager), (2, 0));
+    }
+
+    #[test]
+    fn a_speculative_send_never_consumes_a_zero_length_receive_wr() {
+        // Two bounce-backed WRs at first; the receiver then posted receive 0 with 3 zero-length
+        // WRs (credits 5, the zeros are WRs 2..5), and the sender matched all of receive 0.
+        let mut e = SendEngine::new(params(true, 2));
+        e.handle_cts(
+            0,
+            CtsEntry {
+                zeros: 3,
+                ..cts(0, 0, 5, &[(64, 1); 3])
             },
-        );
-        assert_eq!(e.test(id).unwrap(), Some(1000));
-        assert_eq!(e.stats().rendezvous, 1);
+        )
+        .unwrap();
+        for _ in 0..3 {
+            assert!(e.isend(0, 0x1000, 5, 8, 1).unwrap().is_some());
+        }
+        // WR 3 is zero-length: no speculative SEND, although a credit is there.
+        assert_eq!(e.credits_available(), 2);
+        assert_eq!(e.isend(1, 0x1000, 5, 8, 1).unwrap(), None);
+        assert_eq!(e.stats().cts_waits, 1);
+        // The receiver re-posted 3 bounce-backed WRs (5..8): still WR 3 and 4 first.
+        e.handle_credit(wire::credit_word(8, 5));
+        assert_eq!(e.isend(2, 0x1000, 5, 8, 1).unwrap(), None);
+        // A CTS: the next sends go direct and consume WRs 3 and 4; then WR 5 may take a SEND.
+        e.handle_cts(3, cts(1, 3, 8, &[(64, 1); 2])).unwrap();
+        for _ in 0..2 {
+            assert!(e.isend(4, 0x1000, 5, 8, 1).unwrap().is_some());
+        }
+        assert!(e.isend(5, 0x1000, 5, 8, 1).unwrap().is_some());
+        let sends = e
+            .drain_actions()
+            .into_iter()
+            .filter_map(|a| match a {
+                Action::PostSend(wr) => Some(wr.opcode),
+                _ => None,
+            })
+            .collect::<Vec<_>>();
+        assert_eq!(sends.len(), 6);
+        assert!(sends[..5]
+            .iter()
+            .all(|o| matches!(o, SendOpcode::RdmaWriteWithImm { .. })));
+        assert_eq!(sends[5], SendOpcode::Send);
+        assert_eq!(e.stats().eager, 1);
     }
 
     #[test]

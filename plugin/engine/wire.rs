@@ -24,23 +24,38 @@
 //! | off | size | field |
 //! |----:|-----:|-------|
 //! | 0 | 8 | `r + 1` (head sequence word, never 0) |
-//! | 8 | 8 | credits granted so far (cumulative receive WRs posted) |
+//! | 8 | 8 | credits granted so far (cumulative receive WRs posted, of both kinds) |
 //! | 16 | 8 | `base`: sequence number of the first send this receive takes |
 //! | 24 | 4 | `n`: buffers in this (grouped) receive, 1..=8 |
-//! | 28 | 4 | reserved |
+//! | 28 | 4 | `zeros`: zero-length receive WRs this `irecv` posted; they are the last `zeros` of the `credits` WRs |
 //! | 32 | 24×8 | per buffer: addr u64, capacity u64, rkey u32, tag i32 |
 //! | 224 | 24 | reserved |
 //! | 248 | 8 | `r + 1` (tail sequence word) |
 //!
-//! **Rendezvous completion record** — 8 bytes written by the sender's RDMA_WRITE_WITH_IMM into
-//! slot `(r % REC_SLOTS) * MAX_RECVS + i` of the receiver's record ring, right after the data
-//! WRITE on the same QP (RC keeps them in order): the bytes actually sent, with bit 63 set when
-//! the send was refused because it was larger than the receive buffer (nothing was written).
+//! **Credit word** — 8 bytes the receiver RDMA-writes into the sender's credit word when it
+//! re-posts receive WRs and the sender may be short of credits: bits 39..0 = the low 40 bits of
+//! the credits granted so far, bits 63..40 = how many of the most recently posted WRs are
+//! bounce-backed, counted back from the last one to the last zero-length one (saturating at
+//! 2^24 − 1). One aligned 8-byte word, so the two fields are never seen torn apart
+//! ([`credit_word`], [`credit_word_decode`]).
 //!
-//! **Immediate data** of that WRITE_WITH_IMM: bits 31..3 = low 29 bits of the receive
-//! sequence number `r` (the group the send matched), bits 2..0 = buffer index `i`. At most
-//! `MAX_RECV_REQUESTS` (32) receives are outstanding, so 29 bits name the group unambiguously;
-//! the receiver checks that `(r, i)` is the buffer its own matching gives the send.
+//! **Direct write** — once the sender has read the CTS of the receive its send matches, it
+//! writes the payload straight into the receive buffer with one RDMA_WRITE_WITH_IMM (any size,
+//! 0 included); the receiver takes the size from the completion's `byte_len`
+//! (`ibv_poll_cq(3)`: "relevant for … RDMA Write with immediate") and the buffer from the
+//! immediate.
+//!
+//! **Refusal record** — 8 bytes written by the sender's RDMA_WRITE_WITH_IMM into slot
+//! `(r % REC_SLOTS) * MAX_RECVS + i` of the receiver's record ring when it refuses a send that
+//! is larger than its matching buffer: the size with bit 63 set (nothing was written).
+//!
+//! **Immediate data** of a WRITE_WITH_IMM: bit 31 = record (1: a refusal record into the record
+//! ring; 0: a direct write of the payload), bit 30 = the sender waited for a credit since its
+//! last credit-consuming send (the receiver grows its queue), bits 29..3 = low 27 bits of the
+//! receive sequence number `r` (the group the send matched), bits 2..0 = buffer index `i`. At
+//! most `MAX_RECV_REQUESTS` (32) receives are outstanding, so 27 bits name the group
+//! unambiguously; the receiver checks that `(r, i)` is the buffer its own matching gives the
+//! send.
 
 /// Most buffers in one grouped receive (reported as `maxRecvs`).
 pub const MAX_RECVS: usize = 8;
@@ -53,9 +68,6 @@ pub const CTS_ENTRY_LEN: usize = 256;
 pub const REC_SLOTS: usize = 32;
 /// Bit 63 of a record: the send was larger than the receive buffer and was refused.
 pub const REC_TOO_BIG: u64 = 1 << 63;
-/// Bit 62 of a record: the sender waited for a credit since its last credit-consuming send
-/// (the receiver grows its queue); not part of the size.
-pub const REC_STARVED: u64 = 1 << 62;
 
 /// The registered buffers of a send comm, in bytes, in the order the comm allocates them:
 /// eager-header staging (one header per send slot), record staging (one 8-byte record per send
@@ -160,6 +172,9 @@ pub struct CtsEntry {
     pub base: u64,
     /// Number of valid entries in `bufs`.
     pub n: u32,
+    /// Zero-length receive WRs this receive's `irecv` posted: the last `zeros` of the
+    /// `credits` WRs granted (a SEND must never consume one).
+    pub zeros: u32,
     /// The buffers.
     pub bufs: [CtsBuf; MAX_RECVS],
 }
@@ -173,6 +188,7 @@ impl CtsEntry {
         b[8..16].copy_from_slice(&self.credits.to_le_bytes());
         b[16..24].copy_from_slice(&self.base.to_le_bytes());
         b[24..28].copy_from_slice(&self.n.to_le_bytes());
+        b[28..32].copy_from_slice(&self.zeros.to_le_bytes());
         for (k, buf) in self.bufs.iter().enumerate() {
             let o = 32 + 24 * k;
             b[o..o + 8].copy_from_slice(&buf.addr.to_le_bytes());
@@ -232,24 +248,82 @@ impl CtsEntry {
             credits: u64::from_le_bytes(b[8..16].try_into().unwrap_or_default()),
             base: u64::from_le_bytes(b[16..24].try_into().unwrap_or_default()),
             n,
+            zeros: u32::from_le_bytes(b[28..32].try_into().unwrap_or_default()),
             bufs,
         }))
     }
 }
 
-/// Packs the immediate of a rendezvous WRITE_WITH_IMM: receive `r` (low 29 bits), buffer `buf_idx`.
-pub fn imm_encode(r: u64, buf_idx: usize) -> u32 {
-    (((r & 0x1fff_ffff) as u32) << 3) | (buf_idx as u32 & 7)
+/// Immediate bit 31: the WRITE_WITH_IMM carries a refusal record, not a payload.
+pub const IMM_RECORD: u32 = 1 << 31;
+/// Immediate bit 30: the sender waited for a credit since its last credit-consuming send.
+pub const IMM_STARVED: u32 = 1 << 30;
+const IMM_R_BITS: u32 = 27;
+const IMM_R_MASK: u64 = (1 << IMM_R_BITS) - 1;
+
+/// What a WRITE_WITH_IMM's immediate says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Imm {
+    /// Low 27 bits of the receive sequence number the send matched.
+    pub r_low: u32,
+    /// Buffer index inside that receive.
+    pub buf: usize,
+    /// A refusal record (true) or a direct write of the payload (false).
+    pub record: bool,
+    /// The sender waited for a credit since its last credit-consuming send.
+    pub starved: bool,
 }
 
-/// Unpacks an immediate into (low 29 bits of `r`, buffer index).
-pub fn imm_decode(imm: u32) -> (u32, usize) {
-    (imm >> 3, (imm & 7) as usize)
+/// Packs the immediate of a WRITE_WITH_IMM for buffer `buf_idx` of receive `r`.
+pub fn imm_encode(r: u64, buf_idx: usize, record: bool, starved: bool) -> u32 {
+    let mut v = (((r & IMM_R_MASK) as u32) << 3) | (buf_idx as u32 & 7);
+    if record {
+        v |= IMM_RECORD;
+    }
+    if starved {
+        v |= IMM_STARVED;
+    }
+    v
 }
 
-/// True when the 29-bit `low` matches sequence number `seq`.
+/// Unpacks an immediate.
+pub fn imm_decode(imm: u32) -> Imm {
+    Imm {
+        r_low: (imm >> 3) & IMM_R_MASK as u32,
+        buf: (imm & 7) as usize,
+        record: imm & IMM_RECORD != 0,
+        starved: imm & IMM_STARVED != 0,
+    }
+}
+
+/// True when the 27-bit `low` matches sequence number `seq`.
 pub fn imm_matches(low: u32, seq: u64) -> bool {
-    u64::from(low) == seq & 0x1fff_ffff
+    u64::from(low) == seq & IMM_R_MASK
+}
+
+const CREDIT_LOW_BITS: u32 = 40;
+const CREDIT_LOW_MASK: u64 = (1 << CREDIT_LOW_BITS) - 1;
+const CREDIT_TAIL_MAX: u64 = (1 << (64 - CREDIT_LOW_BITS)) - 1;
+
+/// The credit word for `granted` WRs posted so far, the last zero-length one being WR
+/// `z_end − 1` (`z_end` = 0: none yet). See the module docs.
+pub fn credit_word(granted: u64, z_end: u64) -> u64 {
+    let tail = granted.saturating_sub(z_end).min(CREDIT_TAIL_MAX);
+    (granted & CREDIT_LOW_MASK) | (tail << CREDIT_LOW_BITS)
+}
+
+/// Reads a credit word against the credits known so far (`known`, which the word's 40-bit
+/// count extends: counts only grow, by far less than 2^39 between two reads). Returns
+/// `(granted, z_end)` where every WR in `z_end..granted` is bounce-backed (a lower bound when
+/// the tail saturated).
+pub fn credit_word_decode(word: u64, known: u64) -> (u64, u64) {
+    let low = word & CREDIT_LOW_MASK;
+    let tail = word >> CREDIT_LOW_BITS;
+    let mut g = (known & !CREDIT_LOW_MASK) | low;
+    if g < known && known - g > (1 << (CREDIT_LOW_BITS - 1)) {
+        g += 1 << CREDIT_LOW_BITS;
+    }
+    (g, g.saturating_sub(tail))
 }
 
 #[cfg(test)]
@@ -286,6 +360,7 @@ mod tests {
             credits: 300,
             base: 90,
             n: 2,
+            zeros: 3,
             bufs,
         };
         let b = e.encode();
@@ -311,6 +386,7 @@ mod tests {
             credits: 1,
             base: 0,
             n: 1,
+            zeros: 0,
             bufs: [CtsBuf::default(); 8],
         };
         assert_eq!(CtsEntry::decode(&e.encode(), u64::MAX - 1), Ok(Some(e)));
@@ -323,11 +399,40 @@ mod tests {
 
     #[test]
     fn imm_packs_and_wraps() {
-        let imm = imm_encode(0x2000_0005, 7);
-        let (low, i) = imm_decode(imm);
-        assert_eq!((low, i), (5, 7));
-        assert!(imm_matches(low, 0x2000_0005));
-        assert!(imm_matches(low, 5));
-        assert!(!imm_matches(low, 6));
+        let d = imm_decode(imm_encode(0x0800_0005, 7, false, true));
+        assert_eq!(
+            d,
+            Imm {
+                r_low: 5,
+                buf: 7,
+                record: false,
+                starved: true
+            }
+        );
+        assert!(imm_matches(d.r_low, 0x0800_0005));
+        assert!(imm_matches(d.r_low, 5));
+        assert!(!imm_matches(d.r_low, 6));
+        let d = imm_decode(imm_encode(u64::MAX, 0, true, false));
+        assert_eq!(
+            (d.r_low, d.buf, d.record, d.starved),
+            ((1 << 27) - 1, 0, true, false)
+        );
+    }
+
+    #[test]
+    fn credit_words_carry_count_and_zero_mark_and_extend_across_the_40_bit_wrap() {
+        assert_eq!(credit_word_decode(credit_word(34, 34), 2), (34, 34));
+        assert_eq!(credit_word_decode(credit_word(40, 34), 34), (40, 34));
+        assert_eq!(credit_word_decode(credit_word(7, 0), 0), (7, 0));
+        // A count past 2^40 read against a known count just below it.
+        let g = (1u64 << 40) + 5;
+        assert_eq!(
+            credit_word_decode(credit_word(g, g - 3), g - 20),
+            (g, g - 3)
+        );
+        // A saturated tail gives a conservative mark: at most the last 2^24 - 1 are known.
+        let g = 1u64 << 30;
+        let (got, z) = credit_word_decode(credit_word(g, 0), g - 1);
+        assert_eq!((got, z), (g, g - CREDIT_TAIL_MAX));
     }
 }

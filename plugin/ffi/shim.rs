@@ -21,7 +21,9 @@ use super::abi::{
     ncclDebugLogger_t, ncclNetCommConfig_v10_t, ncclNetDeviceHandle_v8_t, ncclProfilerCallback_t,
     ncclResult_t, NCCL_NET_OPTIONAL_RECV_COMPLETION, NCCL_PTR_HOST,
 };
-use super::boundary::{arc_into_raw, arg, array, entry, handle, into_raw, optional, out};
+use super::boundary::{
+    arc_into_raw, arg, array, entry, from_raw, handle, into_raw, opaque_ref, optional, out,
+};
 use crate::api::{
     self, Class, CommPtr, Context, Error, InitArgs, ListenComm, MrHandle, NetComm, Op, ReqHandle,
     SendComm,
@@ -299,14 +301,21 @@ entry! {
         // SAFETY: NCCL guarantees [data, data+size) stays valid until deregMr (ext-net README);
         // deregMr drops the MrHandle and with it every Region clone of this range.
         let region = unsafe { Region::from_raw(data as u64, size) };
-        *mhandle = into_raw(c.reg_mr(region)?);
+        let mh = into_raw(c.reg_mr(region)?);
+        c.track_mr(mh as usize);
+        *mhandle = mh;
     }
 }
 
 entry! {
     /// `deregMr(comm, mhandle)` (every version).
-    fn dereg_mr(_comm: *mut c_void, mhandle: *mut c_void) as "deregMr", Op::RegMr {
+    fn dereg_mr(comm: *mut c_void, mhandle: *mut c_void) as "deregMr", Op::RegMr {
         let mh: Box<MrHandle> = arg!(take mhandle, "mhandle");
+        // SAFETY: comm is NULL or the comm this plugin handed out that mhandle was registered
+        // through, still open (NCCL deregisters before it closes).
+        if let Some(c) = unsafe { opaque_ref::<NetComm>(comm) } {
+            c.untrack_mr(&*mh as *const MrHandle as usize);
+        }
         drop(mh);
     }
 }
@@ -466,11 +475,22 @@ entry! {
 
 // ---- close ----
 
+/// Frees the registrations a closed comm's caller never deregistered (NCCL deregisters first;
+/// other callers may not), now that the comm and its QP are gone.
+fn free_leaked(leaked: Vec<usize>) {
+    for mh in leaked {
+        // SAFETY: each came from `into_raw` in regMr on this comm and was not deregistered
+        // (deregMr forgets it); the caller may not use it after the close.
+        drop(unsafe { from_raw::<MrHandle>(mh as *mut c_void) });
+    }
+}
+
 entry! {
-    /// `closeSend(sendComm)`: logs the counters and releases the QP and buffers.
+    /// `closeSend(sendComm)`: logs the counters and releases the QP and buffers, then the
+    /// registrations made through it and not deregistered.
     fn close_send(send_comm: *mut c_void) as "closeSend", Op::Close {
         let c: Box<NetComm> = arg!(take send_comm, "sendComm");
-        c.close();
+        free_leaked(c.close());
     }
 }
 
@@ -478,7 +498,7 @@ entry! {
     /// `closeRecv(recvComm)`: logs the counters and releases the QP and buffers.
     fn close_recv(recv_comm: *mut c_void) as "closeRecv", Op::Close {
         let c: Box<NetComm> = arg!(take recv_comm, "recvComm");
-        c.close();
+        free_leaked(c.close());
     }
 }
 

@@ -63,6 +63,58 @@ fn setup() -> Pair {
 }
 
 #[test]
+fn close_frees_the_registrations_a_caller_left_behind() {
+    let t = table();
+    let p = setup();
+    let bufs: Vec<Vec<u8>> = (0..5).map(|_| vec![0u8; 4096]).collect();
+    let live = |b: &Vec<u8>| {
+        crate::comm::LIVE_MR_ADDRS
+            .lock()
+            .unwrap()
+            .contains(&(b.as_ptr() as u64))
+    };
+    // SAFETY: valid comms from setup; the buffers outlive their registrations.
+    unsafe {
+        let mut mhs = Vec::new();
+        for (k, b) in bufs.iter().enumerate() {
+            let comm = if k < 3 { p.send } else { p.recv };
+            let mut mh: *mut c_void = ptr::null_mut();
+            assert_eq!(
+                t.regMr.unwrap()(
+                    comm,
+                    b.as_ptr() as *mut c_void,
+                    4096,
+                    NCCL_PTR_HOST as c_int,
+                    &mut mh
+                ),
+                ncclResult_t::ncclSuccess
+            );
+            mhs.push((comm, mh));
+        }
+        assert!(bufs.iter().all(live));
+        // Deregistered ones go at once; the rest stay until their comm closes.
+        assert_eq!(
+            t.deregMr.unwrap()(mhs[1].0, mhs[1].1),
+            ncclResult_t::ncclSuccess
+        );
+        assert_eq!(
+            t.deregMr.unwrap()(mhs[4].0, mhs[4].1),
+            ncclResult_t::ncclSuccess
+        );
+        assert!(!live(&bufs[1]) && !live(&bufs[4]));
+        assert!(live(&bufs[0]) && live(&bufs[2]) && live(&bufs[3]));
+        assert_eq!(t.closeSend.unwrap()(p.send), ncclResult_t::ncclSuccess);
+        assert!(
+            !live(&bufs[0]) && !live(&bufs[2]),
+            "closeSend freed its registrations"
+        );
+        assert!(live(&bufs[3]), "the receive comm's registration is its own");
+        assert_eq!(t.closeRecv.unwrap()(p.recv), ncclResult_t::ncclSuccess);
+        assert!(!bufs.iter().any(live), "closeRecv freed the last one");
+    }
+}
+
+#[test]
 fn table_is_named_and_optional_slots_are_null() {
     let t = table();
     // SAFETY: name points to a static C string.
