@@ -40,9 +40,7 @@
 #                        Each: exit 0, #wrong 0, the symbol used, and the log names rxe0, the
 #                        GID index and the MTU (when the harness exists); with --proxy lazy
 #                        (receives posted ahead, sends spun on, completions consumed late):
-#                        all_reduce --ranks 4, and alltoall --ranks 4 --shared-comms 4 (a known
-#                        issue until the plugin returns credits without being called again:
-#                        reported KNOWN, not counted, until then)
+#                        all_reduce --ranks 4, and alltoall --ranks 4 --shared-comms 4
 # A test binary that prints SKIP in the VM (no device found) counts as a failure. Each step
 # prints one summary line, the run ends with "vm-suite: N passed, M failed"; the exit status is
 # 0 only when every step passed (255: the VM failed, 124: timeout). Full logs of every step are
@@ -188,20 +186,7 @@ if [ "${1:-}" = --guest ]; then
         # --proxy lazy: every receive posted ahead, sends spun on, completions consumed late
         # (the least polite order NCCL may call in)
         perf_step perf_allreduce_4_lazy all_reduce --ranks 4 --proxy lazy "${small[@]}" -T 100
-        # known_issue_step WHY NAME ARGS...: perf_step, but a failure is reported as KNOWN (not
-        # counted) and a pass says the mark can go
-        known_issue_step() {
-            local why=$1 name=$2 before=$failed; shift
-            perf_step "$@" > "$logs/$name.step" 2>&1
-            if [ "$failed" != "$before" ]; then
-                failed=$before; unset 'failures[${#failures[@]}-1]'
-                printf 'vm-suite: KNOWN %-18s %s (see %s.log)\n' "$name" "$why" "$name"
-            else
-                cat "$logs/$name.step"
-                echo "vm-suite: $name passes now: drop its known-issue mark ($why)"
-            fi
-        }
-        known_issue_step "needs the issue-19 plugin fix" perf_alltoall_4_shared4_lazy \
+        perf_step perf_alltoall_4_shared4_lazy \
             alltoall --ranks 4 --shared-comms 4 --proxy lazy "${shared[@]}"
     else
         echo "vm-suite: ----  perf_*             verbsnet-perf not in this tree (testharness)"
