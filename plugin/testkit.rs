@@ -210,7 +210,7 @@ pub fn isend_retry<'a>(
 /// Ends `comm` the way the death of its process would (`kill -9`, an abort): the comm is
 /// dropped without [`NetComm::close`], so no orderly goodbye reaches the peer; the drop closes
 /// its descriptors and destroys its QP, as the kernel does for a dead process. Test support for
-/// the peer-death checks of `tests/explorer` and `tests/liveness.rs`.
+/// the peer-death checks of `tests/explorer.rs` and `tests/liveness.rs`.
 ///
 /// `closeSend`/`closeRecv` (which call [`NetComm::close`]) are the orderly path; whatever an
 /// orderly close tells the peer must stay out of the comm's `Drop`, or this stops being a

@@ -33,7 +33,7 @@
 #                        on the host, 400 cycles over tcp);
 #                        two v11 communicators finalized in turn (the one with trafficClass 106
 #                        shows "traffic class 106" in its connections' INFO lines)
-#      explorer          tests/explorer over ib: the contract explorer through the v12 table
+#      explorer          tests/explorer.rs over ib: the contract explorer through the v12 table
 #                        (VM_EXPLORER_CASES sequences, default 40); its "explorer[...]: N
 #                        sequences, M calls ... transport ib" line
 #      liveness          tests/liveness.rs over ib: issue 19's receive-all-then-spin-sends
@@ -249,7 +249,7 @@ t0=$(date +%s)
 tests=(transport_conformance ib_transport plugin_pair rnr)
 [ -f tests/scenarios.rs ] && tests+=(scenarios)
 [ -f testharness/tests/lifecycle.rs ] && tests+=(lifecycle)
-[ -f tests/explorer/main.rs ] && tests+=(explorer)
+[ -f tests/explorer.rs ] && tests+=(explorer)
 [ -f tests/liveness.rs ] && tests+=(liveness)
 # The workspace-wide commands CI runs before (testharness/run-tests.sh), so that nothing is
 # rebuilt: per-package builds unify dependency features differently and rebuild the plugin.

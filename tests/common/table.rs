@@ -1,6 +1,6 @@
 //! The plugin as NCCL 2.30+ drives it: through the function pointers of the exported
 //! `ncclNetPlugin_v12` table, in-process (the shims, the API and the comms below them all run).
-//! Used by the contract explorer (`tests/explorer/`) and the liveness tests
+//! Used by the contract explorer (`tests/explorer.rs`) and the liveness tests
 //! (`tests/liveness.rs`).
 //!
 //! `VERBSNET_*` knobs are read from the environment by `init`; [`set_env`] sets the suite's
