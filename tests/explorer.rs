@@ -246,6 +246,6 @@ fn explorer_peer_death() {
             liveness: false,
             death: true,
         },
-        100,
+        60,
     );
 }
