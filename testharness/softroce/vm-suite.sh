@@ -168,7 +168,7 @@ if [ "${1:-}" = --guest ]; then
     if [ -n "${BIN_explorer:-}" ]; then
         test_step explorer "$BIN_explorer" RUST_TEST_THREADS=1 VERBSNET_TEST_TRANSPORT=ib \
             VERBSNET_EXPLORER_CASES="${VM_EXPLORER_CASES:-40}"
-        grep -qE '^explorer\[[a-z]+\]: [0-9]+ sequences, [0-9]+ calls .*transport ib' "$logs/explorer.log" \
+        grep -qE 'explorer\[[a-z]+\]: [0-9]+ sequences, [0-9]+ calls .*transport ib' "$logs/explorer.log" \
             || fail explorer "no 'explorer[...]: N sequences, M calls ... transport ib' line in explorer.log"
     fi
     # issue 19's pattern (receives, then sends spun without receiver calls) and peer death bounds
