@@ -790,8 +790,8 @@ impl Conn {
     ) -> Result<(), String> {
         let mut last = Instant::now();
         let mut calls_at = self.calls;
-        let start = Instant::now();
         for r in 1u64.. {
+            let before = self.calls;
             if self.round(send, recv)? {
                 last = Instant::now();
                 calls_at = self.calls;
@@ -809,7 +809,9 @@ impl Conn {
             let idle = last.elapsed();
             let idle_calls = self.calls - calls_at;
             let bound_calls = if send && recv { 0 } else { self.bounds.calls };
-            if (idle >= wall && idle_calls >= bound_calls) || start.elapsed() >= wall * 20 {
+            // (A round that made no call cannot progress: the bound's calls never come.)
+            let stuck = self.calls == before;
+            if idle >= wall && (idle_calls >= bound_calls || stuck) {
                 let who = match (send, recv) {
                     (true, false) => "only the send comm was called",
                     (false, true) => "only the receive comm was called",
