@@ -17,6 +17,7 @@
 //! Rules taken from NCCL (ext-net README `plugins/net/README.md`, `src/include/plugin/net/net_v*.h`,
 //! `src/transport/net.cc`) are cited where they apply.
 
+use std::collections::BTreeMap;
 use std::ffi::{c_char, CStr, CString};
 use std::sync::{Arc, Mutex};
 
@@ -366,7 +367,6 @@ pub struct ListenComm {
 /// A send comm (from [`connect`]): `isend`, and `test` of its requests.
 pub struct SendComm {
     comm: Box<comm::SendComm>,
-    mrs: MrSet,
     _ctx: Arc<Context>,
 }
 
@@ -374,21 +374,45 @@ pub struct SendComm {
 /// requests.
 pub struct RecvComm {
     comm: Box<comm::RecvComm>,
-    mrs: MrSet,
     _ctx: Arc<Context>,
 }
 
-/// The registrations NCCL made through one comm and has not deregistered, by the address of
-/// the handle it holds (the C boundary owns the handles; this only remembers them), so that
-/// `closeSend`/`closeRecv` can free what a caller leaves registered. NCCL deregisters before
-/// it closes (`src/transport/net.cc`); other callers need not.
-#[derive(Default)]
-pub struct MrSet(std::sync::Mutex<Vec<usize>>);
+/// The memory registrations alive now, process-wide: the address of each handle `regMr` gave
+/// out (the C boundary owns the handles; this only remembers them) → the address of the comm
+/// it was registered through. `deregMr` takes a handle only if it is here, so a handle freed
+/// twice, or after its comm was closed, is a clear error and never a double free; and
+/// `closeSend`/`closeRecv` free what a caller leaves registered. NCCL deregisters before it
+/// closes (`src/transport/net.cc`); other callers need not.
+static LIVE_MRS: std::sync::Mutex<BTreeMap<usize, usize>> = std::sync::Mutex::new(BTreeMap::new());
 
-impl MrSet {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<usize>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+fn live_mrs() -> std::sync::MutexGuard<'static, BTreeMap<usize, usize>> {
+    LIVE_MRS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Remembers the registration handle at `handle`, made through the comm at `comm`.
+pub fn mr_given(handle: usize, comm: usize) {
+    live_mrs().insert(handle, comm);
+}
+
+/// Forgets the registration handle at `handle` (`deregMr`): false when it is not alive (freed
+/// already, or its comm was closed).
+pub fn mr_taken(handle: usize) -> bool {
+    live_mrs().remove(&handle).is_some()
+}
+
+/// Forgets and returns the registration handles made through the comm at `comm`, once it is
+/// closed: the caller frees them.
+pub fn mrs_left_by(comm: usize) -> Vec<usize> {
+    let mut m = live_mrs();
+    let left: Vec<usize> = m
+        .iter()
+        .filter(|&(_, &c)| c == comm)
+        .map(|(&h, _)| h)
+        .collect();
+    for h in &left {
+        m.remove(h);
     }
+    left
 }
 
 /// What NCCL holds as `sendComm` or `recvComm` (`regMr`/`deregMr` take either).
@@ -436,43 +460,13 @@ impl NetComm {
         MrHandle::register(&**self.device(), region).map_err(|e| e.lift(Op::RegMr))
     }
 
-    fn mrs(&self) -> &MrSet {
+    /// `closeSend`/`closeRecv`: logs the counters and releases the QP and buffers (after
+    /// it nothing writes into any buffer; the registrations left behind are freed next, see
+    /// [`mrs_left_by`]).
+    pub fn close(self) {
         match self {
-            NetComm::Send(s) => &s.mrs,
-            NetComm::Recv(r) => &r.mrs,
-        }
-    }
-
-    /// Remembers the handle at `addr` that `regMr` gave NCCL for this comm.
-    pub fn track_mr(&self, addr: usize) {
-        self.mrs().lock().push(addr);
-    }
-
-    /// Forgets the handle at `addr` (`deregMr`); false when this comm did not register it.
-    pub fn untrack_mr(&self, addr: usize) -> bool {
-        let mut v = self.mrs().lock();
-        match v.iter().position(|&a| a == addr) {
-            Some(i) => {
-                v.swap_remove(i);
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// `closeSend`/`closeRecv`: logs the counters and releases the QP and buffers (the QP
-    /// first: after it nothing writes into any buffer). Returns the handles registered
-    /// through this comm and never deregistered, for the caller to free now.
-    pub fn close(self) -> Vec<usize> {
-        match self {
-            NetComm::Send(s) => {
-                s.comm.close();
-                std::mem::take(&mut *s.mrs.lock())
-            }
-            NetComm::Recv(r) => {
-                r.comm.close();
-                std::mem::take(&mut *r.mrs.lock())
-            }
+            NetComm::Send(s) => s.comm.close(),
+            NetComm::Recv(r) => r.comm.close(),
         }
     }
 }
@@ -527,11 +521,7 @@ pub fn connect(
         .map_err(|e| e.lift(Op::Connect))?;
     Ok(comm.map(|mut comm| {
         comm.set_comm_id(ctx.comm_id);
-        SendComm {
-            comm,
-            mrs: MrSet::default(),
-            _ctx: ctx,
-        }
+        SendComm { comm, _ctx: ctx }
     }))
 }
 
@@ -543,7 +533,6 @@ impl ListenComm {
             comm.set_comm_id(self.ctx.comm_id);
             RecvComm {
                 comm,
-                mrs: MrSet::default(),
                 _ctx: self.ctx.clone(),
             }
         }))

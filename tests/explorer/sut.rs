@@ -382,7 +382,8 @@ impl Conn {
         Ok(())
     }
 
-    /// Deregisters every region (the comms may be closed already: deregMr does not use them).
+    /// Deregisters every region still registered (a comm that died without closing left its
+    /// registrations alive; deregMr does not use the comm).
     fn dereg_all(&mut self) -> Result<(), String> {
         for side in [Side::Send, Side::Recv] {
             let list = std::mem::take(&mut self.arenas[si(side)]);
@@ -870,6 +871,20 @@ impl Conn {
             Side::Recv => self.recv.take(),
         };
         let Some(p) = p else { return Ok(()) };
+        // NCCL deregisters before it closes (src/transport/net.cc); another caller may leave
+        // its registrations for close to free. Both, alternately.
+        let nccl_order = self.calls % 2 == 0;
+        let arenas = std::mem::take(&mut self.arenas[si(side)]);
+        if nccl_order {
+            for a in arenas.iter().flatten() {
+                self.calls += 1;
+                let rc = t::dereg_mr(p, a.mh);
+                self.trace.push(format!("deregMr({side:?}) -> {rc:?}"));
+                if rc != OK {
+                    return Err(self.fail(format!("deregMr returned {}", rc_name(rc))));
+                }
+            }
+        }
         self.calls += 1;
         let rc = match side {
             Side::Send => t::close_send(p),
@@ -879,6 +894,22 @@ impl Conn {
         self.forget(side);
         if rc != OK {
             return Err(self.fail(format!("close{side:?} returned {}", rc_name(rc))));
+        }
+        if !nccl_order {
+            // Close freed them: a late deregMr is refused, never a double free.
+            if let Some(a) = arenas.iter().flatten().next() {
+                self.calls += 1;
+                let rc = t::dereg_mr(Ptr::null(), a.mh);
+                self.trace
+                    .push(format!("deregMr({side:?}) after close -> {rc:?}"));
+                if rc != ncclResult_t::ncclInvalidArgument {
+                    return Err(self.fail(format!(
+                        "deregMr of a registration its closed comm freed returned {}; expected \
+                         ncclInvalidArgument",
+                        rc_name(rc)
+                    )));
+                }
+            }
         }
         Ok(())
     }
