@@ -3,9 +3,10 @@
 //!   signature that `init` gets (stable Rust cannot define one);
 //! - `fixtures/fixture_net.c`, two shared libraries for the tests (`tests/fixture.rs`): a
 //!   plugin that behaves like other NCCL net plugins where the contract allows
-//!   (`libnccl-net-fixture.so`, ncclNetPlugin_v8 and _v6) and the same with only the v6 table
-//!   (`libnccl-net-fixture6.so`). Their paths reach the tests as `FIXTURE_NET_SO` and
-//!   `FIXTURE_NET_V6_SO`.
+//!   (`libnccl-net-fixture.so`, ncclNetPlugin_v8 and _v6), the same with only the v6 table
+//!   (`libnccl-net-fixture6.so`) and with a v11 table too, whose `init` leaves the context
+//!   NULL (`libnccl-net-fixture11.so`). Their paths reach the tests as `FIXTURE_NET_SO`,
+//!   `FIXTURE_NET_V6_SO` and `FIXTURE_NET_V11_SO`.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -28,6 +29,11 @@ fn main() {
             "FIXTURE_NET_V6_SO",
             "libnccl-net-fixture6.so",
             &["-DFIXTURE_V6_ONLY"][..],
+        ),
+        (
+            "FIXTURE_NET_V11_SO",
+            "libnccl-net-fixture11.so",
+            &["-DFIXTURE_V11"][..],
         ),
     ] {
         let so = out.join(file);

@@ -18,6 +18,10 @@ const FIXTURE: &str = env!("FIXTURE_NET_SO");
 /// `libnccl-net-fixture6.so` (ncclNetPlugin_v6 only).
 const FIXTURE_V6: &str = env!("FIXTURE_NET_V6_SO");
 
+/// `libnccl-net-fixture11.so` (ncclNetPlugin_v11, _v8 and _v6; its v11 `init` leaves the
+/// context NULL, as NCCL's own socket transport does).
+const FIXTURE_V11: &str = env!("FIXTURE_NET_V11_SO");
+
 /// A `verbsnet-perf` command loading `so`, with no other NCCL or verbsnet variable set.
 fn perf(so: &str, args: &[&str]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_verbsnet-perf"));
@@ -262,4 +266,54 @@ fn a_grouped_receive_above_max_recvs_is_refused() {
     net.close_listen(listen).unwrap();
     net.close_send(send).unwrap();
     net.close_recv(recv).unwrap();
+}
+
+/// [`perf`] with the plugin's INFO lines of INIT and NET on stderr.
+fn perf_info(so: &str, args: &[&str]) -> Command {
+    let mut c = perf(so, args);
+    c.env("NCCL_DEBUG", "INFO")
+        .env("NCCL_DEBUG_SUBSYS", "INIT,NET");
+    c
+}
+
+/// A v11 `init` that leaves its context NULL is driven, as NCCL drives its own socket transport
+/// (`src/transport/net_socket.cc` never sets it; `src/plugin/net.cc` only passes it back to
+/// `listen`, `connect` and `finalize`), and that NULL context is finalized once.
+#[test]
+fn a_null_context_from_init_is_passed_back_as_nccl_does() {
+    for coll in ["all_reduce", "sendrecv", "alltoall"] {
+        let (o, v) = run_json(&mut perf_info(FIXTURE_V11, &sizes(coll, "2")));
+        assert_clean(&o, &v, "ncclNetPlugin_v11");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("finalize((nil)): 0 context(s) left"),
+            "{}",
+            show(&o)
+        );
+        assert!(!err.contains("without a matching init"), "{}", show(&o));
+    }
+}
+
+/// A plugin whose `devices` reports none is not driven, with NCCL's reason and no claim of a
+/// contract violation (NCCL disables it: `src/plugin/net.cc`), and its context is finalized
+/// as NCCL finalizes it.
+#[test]
+fn a_plugin_without_devices_is_not_used_as_in_nccl() {
+    let o = perf_info(FIXTURE_V11, &sizes("sendrecv", "2"))
+        .env("FIXTURE_NET_NDEV", "0")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("devices reports 0 devices") && err.contains("NCCL disables a plugin"),
+        "{}",
+        show(&o)
+    );
+    assert!(!err.contains("contract violation"), "{}", show(&o));
+    assert!(
+        err.contains("finalize((nil)): 0 context(s) left"),
+        "{}",
+        show(&o)
+    );
 }

@@ -88,6 +88,14 @@ pub enum Error {
         /// Name wanted (`NCCL_NET`).
         wanted: String,
     },
+    /// `init` succeeded but `devices` reported no device: NCCL disables such a plugin
+    /// (`src/plugin/net.cc`: `ncclNetPluginInit`). Not a contract violation.
+    NoDevice {
+        /// File that was loaded.
+        path: String,
+        /// What `devices` reported.
+        count: i32,
+    },
     /// A table slot the harness needs is NULL.
     NullSlot(&'static str),
     /// A call returned something other than `ncclSuccess`.
@@ -150,6 +158,13 @@ impl fmt::Display for Error {
                 }
                 Ok(())
             }
+            Error::NoDevice { path, count } => write!(
+                f,
+                "{path}: devices reports {count} devices, so there is nothing to drive: NCCL \
+                 disables a plugin without any and uses the next NCCL_NET_PLUGIN entry or its \
+                 internal IB/socket transport (is the plugin's hardware or interface there? \
+                 see its INFO lines with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET)"
+            ),
             Error::NullSlot(slot) => write!(f, "the ncclNet table's {slot} is NULL"),
             Error::Call {
                 version,

@@ -43,8 +43,11 @@ pub struct Net {
     /// The table as copied after the last successful `init`; `None` before it.
     table: Cell<Option<Table>>,
     version: u32,
-    /// The context of [`Net::init`] (v11+), NULL before it and for older versions.
-    ctx: Cell<*mut c_void>,
+    /// The context of [`Net::init`] from it until [`Net::finalize`] (v11+; `None` before,
+    /// after, and for older versions). The pointer may be NULL: NCCL's own socket transport
+    /// leaves it unset (`src/transport/net_socket.cc`: `ncclNetSocketInit`), and NCCL passes it
+    /// back to `listen`, `connect` and `finalize` as it is (`src/plugin/net.cc`).
+    ctx: Cell<Option<*mut c_void>>,
     name: String,
     path: PathBuf,
     // Keeps the library mapped; declared last so it is dropped after everything else.
@@ -96,9 +99,11 @@ impl Net {
                 net.init()?;
                 match net.devices()? {
                     n if n > 0 => Ok(net),
-                    n => Err(Error::Contract(format!(
-                        "devices reports {n} devices; NCCL disables a plugin without any"
-                    ))),
+                    // Dropping `net` finalizes its context, as NCCL does here.
+                    n => Err(Error::NoDevice {
+                        path: net.path().display().to_string(),
+                        count: n,
+                    }),
                 }
             });
             match attempt {
@@ -180,7 +185,7 @@ impl Net {
             exported,
             table: Cell::new(None),
             version: v,
-            ctx: Cell::new(ptr::null_mut()),
+            ctx: Cell::new(None),
             name,
             path,
             _lib: lib,
@@ -238,7 +243,7 @@ impl Net {
     /// NULL slot or a non-success return.
     pub fn init(&self) -> Result<()> {
         let ctx = self.init_raw(u64::from(std::process::id()), -1)?;
-        self.ctx.set(ctx);
+        self.ctx.set((self.version >= 11).then_some(ctx));
         Ok(())
     }
 
@@ -271,16 +276,15 @@ impl Net {
         unsafe { self.table()?.finalize(ctx.ptr) }
     }
 
-    /// Ends the context of [`Net::init`] (v11+: `finalize`; older versions have no finalize,
-    /// so this does nothing).
+    /// Ends the context of [`Net::init`] (v11+: `finalize`, also of a NULL context, as NCCL
+    /// calls it; older versions have no finalize, and a second call does nothing).
     ///
     /// # Errors
     /// NULL slot or a non-success return.
     pub fn finalize(&self) -> Result<()> {
-        let p = self.ctx.replace(ptr::null_mut());
-        if p.is_null() {
+        let Some(p) = self.ctx.take() else {
             return Ok(());
-        }
+        };
         self.finalize_context(Context {
             ptr: p,
             comm_id: 0,
@@ -310,7 +314,7 @@ impl Net {
     /// # Errors
     /// NULL slot, a non-success return, or success with a NULL comm.
     pub fn listen(&self, dev: i32) -> Result<(Handle, ListenComm<'_>)> {
-        self.listen_raw(self.ctx.get(), dev)
+        self.listen_raw(self.ctx.get().unwrap_or(ptr::null_mut()), dev)
     }
 
     /// `listen(ctx, dev)` in context `ctx` (v11+).
@@ -351,7 +355,7 @@ impl Net {
     /// # Errors
     /// NULL slot or a non-success return.
     pub fn connect(&self, dev: i32, handle: &mut Handle) -> Result<Option<SendComm<'_>>> {
-        self.connect_raw(self.ctx.get(), dev, handle)
+        self.connect_raw(self.ctx.get().unwrap_or(ptr::null_mut()), dev, handle)
     }
 
     /// [`Net::connect`] in context `ctx` (v11+).
