@@ -488,6 +488,7 @@ entry! {
 
 /// Closes `c`, then frees the registrations its caller never deregistered (NCCL deregisters
 /// first; other callers may not): the QP is gone, so nothing writes into them any more.
+#[allow(clippy::boxed_local)] // the box's address is the key regMr recorded the handles under
 fn close_and_free(c: Box<NetComm>) {
     let at = &*c as *const NetComm as usize;
     c.close();
