@@ -873,7 +873,7 @@ impl Conn {
         let Some(p) = p else { return Ok(()) };
         // NCCL deregisters before it closes (src/transport/net.cc); another caller may leave
         // its registrations for close to free. Both, alternately.
-        let nccl_order = self.calls % 2 == 0;
+        let nccl_order = self.calls.is_multiple_of(2);
         let arenas = std::mem::take(&mut self.arenas[si(side)]);
         if nccl_order {
             for a in arenas.iter().flatten() {
