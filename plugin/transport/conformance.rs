@@ -132,7 +132,8 @@ pub fn ib(test: &str) -> Option<Transport> {
 
 /// The QP settings of the suite: 1024-deep queues, RNR timer 0.01 ms (rxe rounds it up to one
 /// jiffy), RNR retries forever, ACK timeout 4.096 us * 2^12 (16.8 ms) and 3 transport retries
-/// (not 7: rxe retries for ever when `retry_cnt` is 7, so a dead peer would never fail a WR).
+/// (not 7: rxe retries for ever when `retry_cnt` is 7, so a dead peer would never fail a WR),
+/// set-up socket keepalive 20 s (the plugin's default).
 pub fn qp_cfg() -> QpConfig {
     QpConfig {
         max_recv_wr: 1024,
@@ -143,6 +144,7 @@ pub fn qp_cfg() -> QpConfig {
         retry_cnt: 3,
         traffic_class: 0,
         service_level: 0,
+        oob_keepalive: Some(Duration::from_secs(20)),
     }
 }
 

@@ -22,6 +22,7 @@
 use std::fmt;
 use std::net::TcpStream;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::mem::Region;
 
@@ -256,6 +257,11 @@ pub struct QpConfig {
     pub traffic_class: u8,
     /// Service level (`VERBSNET_IB_SL`, 0..=15).
     pub service_level: u8,
+    /// TCP keepalive bound on the connection's set-up ("oob") socket (`VERBSNET_SOCKET_KEEPALIVE`;
+    /// `None` = off): the ib transport turns keepalive on in `establish` so that a peer host
+    /// that goes silent makes [`QueuePair::peer_closed`] true within it. The tcp transport
+    /// ignores it (its data stream is that socket; a silent host shows as a socket error).
+    pub oob_keepalive: Option<Duration>,
 }
 
 /// Counters a transport keeps per QP (the engine keeps its own).

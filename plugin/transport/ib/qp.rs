@@ -4,7 +4,6 @@ use std::cell::Cell;
 use std::io::{self, Read};
 use std::net::{Ipv6Addr, TcpStream};
 use std::ptr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,8 +14,8 @@ use rdma_sys::{
 };
 use tracing::{debug, info, warn};
 
+use super::context::{PortInfo, ProtectionDomain, LINK_LAYER_ETHERNET, LINK_LAYER_INFINIBAND};
 use super::convert;
-use super::device::{PortInfo, ProtectionDomain, LINK_LAYER_ETHERNET, LINK_LAYER_INFINIBAND};
 use crate::transport::{
     QpConfig, QpCounters, QueuePair, RecvWr, SendOpcode, SendWr, TransportError, Wc, WcStatus,
     MAX_SEND_SGE,
@@ -402,9 +401,8 @@ impl QueuePair for IbQueuePair {
         if let Err(e) = oob.set_nonblocking(true) {
             debug!("oob set_nonblocking: {e}");
         }
-        let ka_ms = OOB_KEEPALIVE_MS.load(Ordering::Relaxed);
-        if ka_ms > 0 {
-            if let Err(e) = set_keepalive(&oob, Duration::from_millis(ka_ms)) {
+        if let Some(bound) = self.cfg.oob_keepalive {
+            if let Err(e) = set_keepalive(&oob, bound) {
                 warn!(qp_num = self.qpn, "TCP keepalive on the set-up socket: {e}");
             }
         }
@@ -662,17 +660,6 @@ impl QueuePair for IbQueuePair {
 const PEER_SILENT: &str = "the peer host stopped answering (no TCP keepalive reply on the set-up \
                            connection within VERBSNET_SOCKET_KEEPALIVE): it lost power, or its \
                            link or the path to it is down";
-
-/// `VERBSNET_SOCKET_KEEPALIVE` in milliseconds (0 = off), set by `open_devices`.
-static OOB_KEEPALIVE_MS: AtomicU64 = AtomicU64::new(20_000);
-
-/// Sets the keepalive bound of the set-up sockets of QPs connected from now on (`None`: off).
-pub(crate) fn set_oob_keepalive(bound: Option<Duration>) {
-    let ms = bound.map_or(0, |d| {
-        u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
-    });
-    OOB_KEEPALIVE_MS.store(ms, Ordering::Relaxed);
-}
 
 /// Turns on TCP keepalive on a connection's set-up socket so that a peer HOST that goes silent
 /// (power loss, cut link: no FIN, no RST) makes [`QueuePair::peer_closed`] true within

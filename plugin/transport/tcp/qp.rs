@@ -448,6 +448,7 @@ mod tests {
             retry_cnt: 7,
             traffic_class: 0,
             service_level: 0,
+            oob_keepalive: None,
         };
         let mut qp = TcpQp::new(1, 100, cfg, Arc::clone(&registry));
         qp.doorbell = false;
