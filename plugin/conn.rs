@@ -949,11 +949,16 @@ impl Listen {
                     "bad ready message".into(),
                 ));
             }
-            let AcceptStage::Reply { qp, bufs, engine } =
-                std::mem::replace(&mut a.stage, AcceptStage::Done)
+            let AcceptStage::Reply {
+                mut qp,
+                bufs,
+                engine,
+            } = std::mem::replace(&mut a.stage, AcceptStage::Done)
             else {
                 unreachable!()
             };
+            // The stream is the QP's from here (tcp: its progress thread may read it).
+            qp.handshake_complete();
             let label = format!(
                 "recv comm {} <- {} ({})",
                 self.handle.addr, a.peer, self.dev_name
@@ -1264,7 +1269,7 @@ impl Connecting {
                 return Ok(None);
             }
             let ConnectStage::Ready {
-                qp,
+                mut qp,
                 bufs,
                 peer,
                 wire,
@@ -1272,6 +1277,7 @@ impl Connecting {
             else {
                 unreachable!()
             };
+            qp.handshake_complete();
             let local = wire
                 .stream
                 .local_addr()
