@@ -734,7 +734,8 @@ pub const KNOBS: &[Knob] = &[
         default: "20",
         kind: Kind::Seconds { zero: Some("off") },
         group: Group::Devices,
-        doc: "TCP keepalive on the set-up socket of every ib connection, so that a peer **host** \
+        doc: "TCP keepalive on the set-up socket of every connection (ib; tcp: its data stream, \
+             while idle), so that a peer **host** \
              that goes silent (power loss, cut link: no FIN) fails the comm's requests with \
              `ncclRemoteError` within this bound even when no WR is in flight for the transport's \
              retry budget to expire (a receive never times out; a sender waiting for a CTS posts \
