@@ -517,7 +517,11 @@ fn run(worker: &Worker, waker: &UnixStream) {
                     flags |= PollFlags::POLLOUT;
                 }
                 if let Some(d) = i.deadline {
-                    earliest(d);
+                    // A timer already out with bytes still waiting for room: the socket's
+                    // room (POLLOUT) is what lets it resend, not the clock (no spinning).
+                    if !i.write || d > Instant::now() {
+                        earliest(d);
+                    }
                 }
                 waits.push((i.stream, flags));
                 qp.watched.store(true, Ordering::Relaxed);

@@ -582,7 +582,11 @@ impl TcpQp {
         Some(Interest {
             stream: Arc::clone(stream),
             write: !self.tx_buf.is_empty() || self.tx_payload.is_some(),
-            deadline: self.rnr_wait_until,
+            // Only while it can resend: after goodbye or in the error state the timer never
+            // clears (nothing is staged), and waking for it would spin.
+            deadline: self
+                .rnr_wait_until
+                .filter(|_| self.state == QpState::Ready && self.closing == Closing::Open),
         })
     }
 
@@ -609,7 +613,7 @@ pub(super) struct Interest {
     pub(super) stream: Arc<TcpStream>,
     /// Staged bytes wait for room in the socket.
     pub(super) write: bool,
-    /// The RNR timer runs out then.
+    /// The RNR timer runs out then (while the QP may resend).
     pub(super) deadline: Option<Instant>,
 }
 

@@ -1366,3 +1366,31 @@ fn the_thread_never_services_a_qp_inside_its_owners_batch() {
     assert_eq!(wb, [ok(0xb1, WcOpcode::Recv, 64, None)]);
     assert_eq!(dst.bytes(), src.bytes());
 }
+
+/// An RNR timer that ran out on a QP that may no longer resend (it said goodbye) is no reason
+/// to wake: the idle QP's thread does not spin on it. (The raw peer keeps the connection open
+/// and answers nothing, so only the timer could wake the thread.)
+#[test]
+fn a_spent_rnr_timer_after_goodbye_does_not_make_the_thread_spin() {
+    let mut raw = Raw::new();
+    let psn0 = raw.initial_psn();
+    assert_eq!(raw.read_header(), Frame::Send { psn: psn0, len: 16 });
+    raw.read_exact(16);
+    // RNR NAK with the shortest timer (10 µs), then goodbye before the QP resends.
+    raw.inject(&header(Frame::RnrNak {
+        psn: psn0,
+        timer: 1,
+    }));
+    while raw.qp.counters().rnr_naks_received == 0 {
+        raw.qp.poll_cq(&mut raw.wc, 16).expect("poll");
+    }
+    raw.qp.goodbye();
+    assert_eq!(raw.read_header(), Frame::Bye);
+    let nic = raw.dev.nic.clone().expect("a NIC");
+    // The owner stops calling: the QP turns idle within a few ms; then count the wakeups.
+    std::thread::sleep(Duration::from_millis(50));
+    let w0 = nic.wakeups().expect("running");
+    std::thread::sleep(Duration::from_millis(100));
+    let w1 = nic.wakeups().expect("running");
+    assert!(w1 - w0 <= 2, "{} wakeups in 100 ms for an idle QP", w1 - w0);
+}
