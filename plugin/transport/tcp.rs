@@ -33,8 +33,8 @@
 //!   acknowledges it; an unsignaled one completes only on error. Completions appear in posting
 //!   order. The peer acknowledges after carrying a message out (ACKs are cumulative and
 //!   coalesced), inside its owner's `poll_cq` or, while its owner does not poll, in its
-//!   device's thread within 1-2 ms: a send completes whether or not the peer's owner ever
-//!   calls again. Inside a caller's batch (`begin_batch` … `end_batch`: one comm entry) those
+//!   device's thread (1-2 ms after the owner's last poll; at most 16 ms after a long run of
+//!   polling): a send completes whether or not the peer's owner ever calls again. Inside a caller's batch (`begin_batch` … `end_batch`: one comm entry) those
 //!   ACKs wait for the batch's next `post_send`, and leave in its `sendmsg`, or for the batch's
 //!   end; the thread never services a QP inside its owner's batch.
 //! - **Receiving.** A SEND or RDMA WRITE with immediate consumes the oldest posted receive WR.

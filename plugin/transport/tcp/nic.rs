@@ -4,8 +4,8 @@
 //!
 //! **Sharing.** A QP's state ([`TcpQp`]) sits behind a mutex that the owner's handle and the
 //! NIC thread share. The owner takes it on every call with `try_lock`, which, with the thread
-//! away, is one uncontended atomic: the hot path gains nothing else but a counter store and a
-//! flag load. The thread only ever `try_lock`s, and services a QP only while its owner is
+//! away, is one uncontended atomic: the hot path gains nothing else but a plain store (the
+//! time its poll read anyway) and a flag load. The thread only ever `try_lock`s, and services a QP only while its owner is
 //! away: while the owner waits for the lock it sets `preempt`, and the thread's socket loops
 //! stop before their next call ([`TcpQp::yielding`]), so an owner waits for at most one
 //! non-blocking socket call of the thread.
@@ -22,7 +22,7 @@
 //! timers, notice EOF; completions queue for the owner). 1 ms because an owner that polls at
 //! all polls far more often (NCCL's proxy: about 1 µs per poll and comm; even a sweep of a
 //! thousand comms comes back within it), so a busy QP is never contended, while a peer waiting
-//! on a QP whose owner went away waits 1-2 ms, not for ever. Mistaking a slow poller for an
+//! on a QP whose owner went away waits milliseconds (below), not for ever. Mistaking a slow poller for an
 //! idle one only costs a shared read.
 //!
 //! **How it waits.** Between rounds the thread sleeps in one `poll(2)` on a waker socket and
@@ -32,17 +32,19 @@
 //! active, at most [`MAX_CHECK`] (16 ms; [`check_after`]). So a QP whose owner stops polling
 //! is taken over 1-2 ms after its last poll when the owner had polled briefly (a receive
 //! posted, then never called again), and at most 16 ms after a long run of polling; with
-//! owners polling steadily the thread wakes about 60 times a second (1,000 with a fixed 1 ms
-//! look: measured about 3 % of a core under load, so the look backs off), and with every QP
-//! idle and quiet it does not wake at all until a frame arrives or a timer runs out. An
+//! owners polling steadily the thread looks about 60 times a second, plus one wake per owner
+//! that comes back to a QP the thread had taken (a fixed 1 ms look woke it 1,100 times a
+//! second, about 3 % of a core under load; backed off: 200-500 wakeups a second and under
+//! 1.5 % on the loaded 2-core machine, `docs/performance.md`), and with every QP idle and quiet
+//! it does not wake at all until a frame arrives or a timer runs out. An
 //! owner's call on a QP the thread waits on wakes it (once per return of the owner), so that
 //! it stops waiting on that socket and sees what the owner changed.
 //!
 //! **Lifetime.** The thread holds QPs weakly ([`Weak`]): a dropped QP is gone. Its handle's
 //! drop takes the socket out of the state and shuts it down (the peer sees the close at once,
 //! exactly as at a process death; the thread's own reference, held only across one `poll(2)`,
-//! is woken by the shutdown and let go). Each device starts its thread with its first
-//! established QP and stops it, joining it, when its last QP is dropped, so no thread outlives
+//! is woken by the shutdown and let go). Each device starts its thread with the first
+//! QP handed to it and stops it, joining it, when its last QP is dropped, so no thread outlives
 //! the QPs (nothing runs when NCCL unloads the plugin after closing every comm); at process
 //! exit a running thread just ends with the process.
 //!
