@@ -1372,25 +1372,51 @@ fn the_thread_never_services_a_qp_inside_its_owners_batch() {
 /// and answers nothing, so only the timer could wake the thread.)
 #[test]
 fn a_spent_rnr_timer_after_goodbye_does_not_make_the_thread_spin() {
-    let mut raw = Raw::new();
-    let psn0 = raw.initial_psn();
-    assert_eq!(raw.read_header(), Frame::Send { psn: psn0, len: 16 });
-    raw.read_exact(16);
-    // RNR NAK with the shortest timer (10 µs), then goodbye before the QP resends.
-    raw.inject(&header(Frame::RnrNak {
-        psn: psn0,
-        timer: 1,
-    }));
-    while raw.qp.counters().rnr_naks_received == 0 {
-        raw.qp.poll_cq(&mut raw.wc, 16).expect("poll");
+    let dev = TcpDevice::new(11);
+    let nic = dev.nic.clone().expect("a NIC");
+    let src = Buf::filled(&dev, 64, 44);
+    let mut qp = TcpQueuePair::new(
+        TcpQp::new(0x51, 500, qp_cfg(), Arc::clone(&dev.registry)),
+        dev.nic.clone(),
+    );
+    let (s, mut peer) = stream_pair();
+    let info = ConnInfo {
+        qp_num: 0x52,
+        initial_psn: RAW_PSN,
     }
-    raw.qp.goodbye();
-    assert_eq!(raw.read_header(), Frame::Bye);
-    let nic = raw.dev.nic.clone().expect("a NIC");
-    // The owner stops calling: the QP turns idle within a few ms; then count the wakeups.
-    std::thread::sleep(Duration::from_millis(50));
+    .encode();
+    qp.establish(&info, s).expect("establish");
+    qp.handshake_complete();
+    qp.post_send(&[send(1, &[src.sge(0, 16)])])
+        .expect("post_send");
+    peer.set_nonblocking(false).expect("blocking");
+    peer.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let mut h = [0u8; HEADER_LEN];
+    let mut read_frame = |peer: &mut TcpStream| {
+        peer.read_exact(&mut h).expect("a header");
+        let f = Frame::decode(&h).expect("valid");
+        if let Frame::Send { len, .. } = f {
+            let mut payload = vec![0u8; len as usize];
+            peer.read_exact(&mut payload).expect("the payload");
+        }
+        f
+    };
+    assert_eq!(read_frame(&mut peer), Frame::Send { psn: 500, len: 16 });
+    // RNR NAK with the shortest timer (10 µs), then goodbye before the QP resends.
+    peer.write_all(&header(Frame::RnrNak { psn: 500, timer: 1 }))
+        .expect("inject");
+    let mut wc = Vec::new();
+    while qp.counters().rnr_naks_received == 0 {
+        qp.poll_cq(&mut wc, 16).expect("poll");
+    }
+    qp.goodbye();
+    assert_eq!(read_frame(&mut peer), Frame::Bye);
+    // The owner stops calling: once the thread has taken the QP (it waits on its socket),
+    // count its wakeups.
+    wait_for("the QP to be idle and watched", || qp.watched());
     let w0 = nic.wakeups().expect("running");
     std::thread::sleep(Duration::from_millis(100));
     let w1 = nic.wakeups().expect("running");
-    assert!(w1 - w0 <= 2, "{} wakeups in 100 ms for an idle QP", w1 - w0);
+    assert!(w1 - w0 <= 1, "{} wakeups in 100 ms for an idle QP", w1 - w0);
 }
