@@ -851,6 +851,12 @@ fn rnr_nak_during_own_payload_finishes_the_frame_then_resends_it() {
         raw.read_exact(UNBUFFERABLE) == big.bytes(),
         "resent from memory"
     );
+    // The RNR NAK acknowledged 0x51 (the owner or the progress thread took it in; the
+    // completion waits for the owner's poll), and only it.
+    raw.poll_until(1);
+    for _ in 0..50 {
+        raw.qp.poll_cq(&mut raw.wc, 16).expect("poll");
+    }
     assert_eq!(raw.wc, [ok(0x51, WcOpcode::Send, 0, None)]);
     raw.inject(&header(Frame::Ack { psn: psn0 + 1 }));
     raw.poll_until(2);
