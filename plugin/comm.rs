@@ -72,12 +72,22 @@ impl Error {
     }
 }
 
-/// The error of a comm whose peer closed.
+/// The error of a comm whose peer went without closing its comm.
 const PEER_CLOSED: &str = "the peer closed the connection (its process exited or died)";
 
-/// How the peer of `qp` went: the transport's reason when it knows more, else "closed".
-fn peer_gone(qp: &dyn QueuePair) -> &'static str {
-    qp.peer_gone_reason().unwrap_or(PEER_CLOSED)
+/// How the peer of `qp`, the other end of a comm of kind `mine` ("send" or "recv"), went: an
+/// orderly close (its `closeSend`/`closeRecv`: the transport saw its goodbye), or the
+/// transport's reason for a death when it knows more, else "closed".
+fn peer_gone(qp: &dyn QueuePair, mine: &str) -> String {
+    if qp.peer_closed_orderly() {
+        let theirs = if mine == "send" { "receive" } else { "send" };
+        format!(
+            "the peer closed its {theirs} comm (an orderly close, not a failure of the peer): \
+             this comm can carry nothing more; close it"
+        )
+    } else {
+        qp.peer_gone_reason().unwrap_or(PEER_CLOSED).to_string()
+    }
 }
 
 /// Most CQ polls (of up to 64 completions each) that drain the CQ before a peer's close is
@@ -862,7 +872,10 @@ impl<R: Role> Comm<R> {
 
     /// Logs the counters and appends them to `VERBSNET_STATS_FILE` if set; called on close.
     pub fn close(self) {
-        if let Ok(g) = self.core.lock() {
+        if let Ok(mut g) = self.core.lock() {
+            // Tell the peer this is an orderly close, not a death (a comm dropped without
+            // `close`, as in a process's death, says nothing).
+            g.qp.goodbye();
             let line = g.stats_line();
             info!(target: "verbsnet::init", "closing {}: {line}", self.label);
             if let Some(path) = &self.cfg.stats_file {
@@ -1147,9 +1160,9 @@ impl<R: Role> Core<R> {
     /// Fails the comm because its peer went, with one WARN.
     fn report_peer_gone(&mut self) {
         self.watch.warned_peer = true;
-        let why = peer_gone(&*self.qp);
+        let why = peer_gone(&*self.qp, R::NAME);
         warn!("{why}; outstanding requests fail");
-        self.side.fail(ReqError::Remote(why.into()));
+        self.side.fail(ReqError::Remote(why));
     }
 
     /// Polls the CQ once and feeds the completions, the CTS ring and the credit word to the

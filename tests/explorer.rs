@@ -223,7 +223,6 @@ fn explorer_data_sizes_and_results() {
 /// On tcp, L2 and L3 (a send or receive completing with only its own end called) also need
 /// the transport to make progress without the peer's calls (its "NIC" thread).
 #[test]
-#[ignore = "issue 19: on tcp, L2/L3 need the transport's NIC thread (lands next)"]
 fn explorer_liveness() {
     explore(
         "liveness",
@@ -238,7 +237,6 @@ fn explorer_liveness() {
 /// Peers that die or close at random points: the survivor's calls fail with
 /// `ncclRemoteError` within the bound.
 #[test]
-#[ignore = "issue 19: on tcp, the EOF behind the last frame needs the transport's NIC thread (lands next)"]
 fn explorer_peer_death() {
     explore(
         "death",

@@ -285,8 +285,9 @@ impl TcpQp {
         if self.state == QpState::Error {
             return;
         }
-        if self.peer_orderly {
-            // The peer's goodbye: an expected end, not a failure worth a warning.
+        if self.peer_orderly || self.closing != Closing::Open {
+            // The peer's goodbye, or our own close: an expected end, not a failure worth a
+            // warning.
             debug!(
                 qp_num = self.qp_num,
                 remote_qp_num = self.remote_qp_num,
