@@ -1191,15 +1191,14 @@ impl<R: Role> Core<R> {
     }
 
     /// Whether to ask the transport about the peer now: at most once per
-    /// `VERBSNET_PEER_CHECK_INTERVAL`, whenever this poll brought no completion (a peer that
-    /// completes work is alive). Also with nothing in flight: an `isend` answering "retry
-    /// later" (waiting for a credit or a clear-to-send) or an `irecv` on an idle comm must
-    /// learn that the peer died or closed, or NCCL would wait for ever. The ib transport reads
-    /// its set-up socket (one non-blocking `recv`); the tcp transport only looks at its state.
-    fn peer_check_due(&mut self, now: u64, polled: usize) -> bool {
-        if polled > 0 {
-            return false;
-        }
+    /// `VERBSNET_PEER_CHECK_INTERVAL`, on every kind of call. Also with nothing in flight: an
+    /// `isend` answering "retry later" (waiting for a credit or a clear-to-send) or an `irecv`
+    /// on an idle comm must learn that the peer died or closed, or NCCL would wait for ever.
+    /// And also when this poll brought completions: they may have waited in the CQ since long
+    /// before the peer went (the tcp transport's progress thread, a NIC, completes work while
+    /// nobody calls). The ib transport reads its set-up socket (one non-blocking `recv` per
+    /// interval); the tcp transport only looks at its state.
+    fn peer_check_due(&mut self, now: u64) -> bool {
         if now.saturating_sub(self.watch.last_peer_check) < self.watch.peer_check_ns {
             return false;
         }
@@ -1210,8 +1209,8 @@ impl<R: Role> Core<R> {
     /// Polls the CQ, reads the CTS ring and credit word, feeds the engine, executes actions,
     /// and runs the watchdog.
     fn progress(&mut self, now: u64) -> Result<(), Error> {
-        let polled = self.poll_and_feed(now)?;
-        if !self.watch.warned_peer && self.peer_check_due(now, polled) && self.qp.peer_closed() {
+        self.poll_and_feed(now)?;
+        if !self.watch.warned_peer && self.peer_check_due(now) && self.qp.peer_closed() {
             // Completions the CQ holds already are delivered before the close is reported.
             for _ in 0..MAX_DRAIN_POLLS {
                 if self.poll_and_feed(now)? == 0 {
