@@ -7,7 +7,7 @@
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
-use crate::api::{Error, Op};
+use crate::api::{Error, NetComm, Op};
 use crate::comm::{Class, Comm, Mr, RecvComm, Role, SendComm};
 use crate::config::{Config, TransportChoice};
 use crate::conn::{Connects, Listen, HANDLE_SIZE};
@@ -197,4 +197,17 @@ pub fn isend_retry(
         Class::Internal,
         format!("isend did not start after {max_polls} polls"),
     ))
+}
+
+/// Ends `comm` the way the death of its process would (`kill -9`, an abort): the comm is
+/// dropped without [`NetComm::close`], so no orderly goodbye reaches the peer; the drop closes
+/// its descriptors and destroys its QP, as the kernel does for a dead process. Test support for
+/// the peer-death checks of `tests/explorer.rs` and `tests/liveness.rs`.
+///
+/// `closeSend`/`closeRecv` (which call [`NetComm::close`]) are the orderly path; whatever an
+/// orderly close tells the peer must stay out of the comm's `Drop`, or this stops being a
+/// crash. A test holding the pointer `connect`/`accept` returned through the ffi table gets
+/// the `Box<NetComm>` back with `Box::from_raw` (`plugin/ffi/shim.rs` boxes every comm so).
+pub fn crash(comm: Box<NetComm>) {
+    drop(comm);
 }

@@ -1,22 +1,26 @@
-//! RNR ("receiver not ready") at plugin level, on a real verbs device: a connected comm pair
-//! (testkit) whose receiver has a tiny receive queue (depth 2, batch 1, low-water 1) and a burst
-//! of eager messages the receiver is slow to pick up.
+//! RNR ("receiver not ready") at plugin level: a connected comm pair (testkit) whose receiver
+//! has a tiny receive queue (depth 2, batch 1, low-water 1) and a burst of eager messages the
+//! receiver is slow to pick up (its owner does not call it at all meanwhile: the NIC, or the
+//! tcp transport's progress thread, answers for it).
 //!
 //! - credits off: the sender posts the whole burst at once; the SENDs beyond the two posted
 //!   receive WRs are answered with RNR NAKs and retried by the QP (`rnr_retry` 7 = forever)
-//!   until the receiver catches up. Everything arrives, and the device's RNR counters
-//!   (rxe: sysfs `hw_counters/rcvd_rnr_err`, `send_rnr_err`) move.
-//! - credits on: the sender stalls on credits instead; the device's RNR counters stay exactly
-//!   where they were.
+//!   until the receiver catches up. Everything arrives, and the RNR counters move.
+//! - credits on: the sender stalls on credits instead; the RNR counters stay exactly where
+//!   they were.
 //! - a receive comm that closes while the sender has a send pending (waiting for its
-//!   clear-to-send, or stuck in RNR retry) makes the sender's `test` fail with a remote error
-//!   within a bounded number of polls instead of hanging.
+//!   clear-to-send, or stuck in RNR retry, which the counters must show before the close)
+//!   makes the sender's `test` fail with a remote error instead of hanging.
 //!
-//! Transport ib only. Run in the soft-RoCE VM (`testharness/softroce/vm-suite.sh`); on a host
-//! without a verbs device every test prints `SKIP` and passes. The device counters are
-//! device-wide, so the tests here serialize on one lock, and nothing else may use the device
-//! while they run (the VM suite runs one test binary at a time).
-//! `VERBSNET_TEST_IB_HCA` picks the device (default: the first usable verbs port).
+//! Every test runs on both transports. RNR NAKs are counted where the transport counts them:
+//! tcp per QP (the comms' `rnr_naks_received` / `rnr_naks_sent`), verbs per device (rxe: sysfs
+//! `hw_counters/rcvd_rnr_err`, `send_rnr_err`); a device without counters skips a test rather
+//! than take time for proof. The ib half runs in the soft-RoCE VM
+//! (`testharness/softroce/vm-suite.sh`); on a host without a verbs device its tests print
+//! `SKIP` and pass. The device counters are device-wide, so the tests here serialize on one
+//! lock, and nothing else may use the device while they run (the VM suite runs one test
+//! binary at a time). `VERBSNET_TEST_IB_HCA` picks the device (default: the first usable
+//! verbs port).
 
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -26,7 +30,7 @@ use nccl_net_verbsnet::config::{Config, TransportChoice};
 use nccl_net_verbsnet::engine::sim::pattern;
 use nccl_net_verbsnet::engine::ReqId;
 use nccl_net_verbsnet::testkit::{connect, open_device, Buf, Link};
-use nccl_net_verbsnet::transport::DeviceRnrCounters;
+use nccl_net_verbsnet::transport::Kind;
 
 /// Messages in a burst: far more than the receiver's 2 receive WRs.
 const BURST: usize = 16;
@@ -42,9 +46,12 @@ fn serialize() -> MutexGuard<'static, ()> {
     DEVICE.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn base_cfg() -> Config {
+fn base_cfg(transport: Kind) -> Config {
     Config {
-        transport: TransportChoice::Ib,
+        transport: match transport {
+            Kind::Ib => TransportChoice::Ib,
+            Kind::Tcp => TransportChoice::Tcp,
+        },
         ib_hca: std::env::var("VERBSNET_TEST_IB_HCA")
             .ok()
             .map(|h| format!("={h}")),
@@ -53,25 +60,26 @@ fn base_cfg() -> Config {
 }
 
 /// The receiver: a receive queue of 2, refilled one WR at a time when it runs empty.
-fn recv_cfg() -> Config {
+fn recv_cfg(transport: Kind) -> Config {
     Config {
         rq_depth: 2,
         rq_min_depth: 2,
         rq_batch: 1,
         rq_low_water: 1,
-        ..base_cfg()
+        ..base_cfg(transport)
     }
 }
 
-fn send_cfg(credits: bool) -> Config {
+fn send_cfg(transport: Kind, credits: bool) -> Config {
     Config {
         credits,
-        ..base_cfg()
+        ..base_cfg(transport)
     }
 }
 
-/// A connected pair, or `None` after a SKIP line on hosts without a verbs device.
-fn link(test: &str, send: &Config, recv: &Config) -> Option<Link> {
+/// A connected pair and its transport, or `None` after a SKIP line on hosts without a verbs
+/// device (ib).
+fn link(test: &str, send: &Config, recv: &Config) -> Option<(Link, Kind)> {
     let (dev, kind) = match open_device(send) {
         Ok(d) => d,
         Err(e) => {
@@ -79,16 +87,33 @@ fn link(test: &str, send: &Config, recv: &Config) -> Option<Link> {
             return None;
         }
     };
-    Some(connect(&dev, kind, send, recv, 1_000_000).expect("connect"))
+    Some((
+        connect(&dev, kind, send, recv, 1_000_000).expect("connect"),
+        kind,
+    ))
 }
 
-fn counters(l: &Link) -> DeviceRnrCounters {
-    l.dev.rnr_counters()
+fn counter(v: &[(&'static str, u64)], name: &str) -> u64 {
+    v.iter()
+        .find(|(k, _)| *k == name)
+        .unwrap_or_else(|| panic!("no counter {name} in {v:?}"))
+        .1
 }
 
-/// Both RNR counters, or a SKIP when the device exposes none (not rxe).
-fn rnr_pair(c: DeviceRnrCounters) -> Option<(u64, u64)> {
-    Some((c.rcvd_rnr_err?, c.send_rnr_err?))
+/// RNR NAKs so far, (received by the sender, sent by the receiver): per QP on tcp (the comms'
+/// own counters), device-wide on verbs (rxe's `hw_counters`); `None` when the device has no
+/// such counters (not rxe).
+fn rnr_of(l: &Link, kind: Kind) -> Option<(u64, u64)> {
+    match kind {
+        Kind::Tcp => Some((
+            counter(&l.send.counters(), "rnr_naks_received"),
+            counter(&l.recv.counters(), "rnr_naks_sent"),
+        )),
+        Kind::Ib => {
+            let c = l.dev.rnr_counters();
+            Some((c.rcvd_rnr_err?, c.send_rnr_err?))
+        }
+    }
 }
 
 fn size_of(i: usize) -> usize {
@@ -146,6 +171,7 @@ fn stat(file: &str, side: &str, key: &str) -> u64 {
 }
 
 struct Outcome {
+    kind: Kind,
     before: (u64, u64),
     after: (u64, u64),
     stats_file: String,
@@ -154,16 +180,16 @@ struct Outcome {
 /// The burst: the sender posts what it can while the receiver does nothing (long enough for
 /// SENDs beyond the receive queue to be NAKed when nothing holds them back), then the receiver
 /// posts one irecv at a time and waits for it while the sender keeps posting and testing.
-fn burst(test: &'static str, credits: bool) -> Option<Outcome> {
+fn burst(test: &'static str, kind: Kind, credits: bool) -> Option<Outcome> {
     let _lock = serialize();
     let stats_file = format!("/tmp/verbsnet-rnr-{}-{test}.jsonl", std::process::id());
     let _ = std::fs::remove_file(&stats_file);
-    let mut s_cfg = send_cfg(credits);
-    let mut r_cfg = recv_cfg();
+    let mut s_cfg = send_cfg(kind, credits);
+    let mut r_cfg = recv_cfg(kind);
     s_cfg.stats_file = Some(stats_file.clone());
     r_cfg.stats_file = Some(stats_file.clone());
-    let l = link(test, &s_cfg, &r_cfg)?;
-    let Some(before) = rnr_pair(counters(&l)) else {
+    let (l, kind) = link(test, &s_cfg, &r_cfg)?;
+    let Some(before) = rnr_of(&l, kind) else {
         println!("SKIP {test}: the device has no RNR counters");
         return None;
     };
@@ -210,7 +236,7 @@ fn burst(test: &'static str, credits: bool) -> Option<Outcome> {
             "without credits every isend starts at once"
         );
         // Until the device has NAKed at least one SEND (the receive queue holds 2 of 16).
-        while rnr_pair(counters(&l)).unwrap().0 == before.0 {
+        while rnr_of(&l, kind).unwrap().0 == before.0 {
             g.check("the first RNR NAK");
             pump_sends(&l.send, &ids, &mut done, &sizes);
             std::thread::sleep(Duration::from_millis(1));
@@ -259,48 +285,68 @@ fn burst(test: &'static str, credits: bool) -> Option<Outcome> {
         g.check("the sends");
         pump_sends(&l.send, &ids, &mut done, &sizes);
     }
-    let after = rnr_pair(counters(&l)).unwrap();
+    let after = rnr_of(&l, kind).unwrap();
     l.send.close();
     l.recv.close();
     Some(Outcome {
+        kind,
         before,
         after,
         stats_file,
     })
 }
 
-#[test]
-fn credits_off_burst_completes_through_rnr_retry_and_device_counters_move() {
-    let Some(o) = burst("credits_off", false) else {
+fn credits_off_burst_completes_through_rnr_retry_and_the_counters_move(kind: Kind) {
+    let test = match kind {
+        Kind::Tcp => "tcp_credits_off",
+        Kind::Ib => "ib_credits_off",
+    };
+    let Some(o) = burst(test, kind, false) else {
         return;
     };
     println!(
-        "credits off: rcvd_rnr_err {} -> {}, send_rnr_err {} -> {}",
-        o.before.0, o.after.0, o.before.1, o.after.1
+        "credits off ({}): RNR NAKs received {} -> {}, sent {} -> {}",
+        kind.as_str(),
+        o.before.0,
+        o.after.0,
+        o.before.1,
+        o.after.1
     );
-    assert!(o.after.0 > o.before.0, "rcvd_rnr_err did not move");
-    assert!(o.after.1 > o.before.1, "send_rnr_err did not move");
+    assert!(o.after.0 > o.before.0, "no RNR NAK received");
+    assert!(o.after.1 > o.before.1, "no RNR NAK sent");
     // The comms' own view, from VERBSNET_STATS_FILE.
     assert_eq!(stat(&o.stats_file, "send", "credit_stalls"), 0);
     assert_eq!(stat(&o.stats_file, "send", "ops"), BURST as u64);
     assert_eq!(stat(&o.stats_file, "recv", "ops"), BURST as u64);
     assert_eq!(stat(&o.stats_file, "recv", "rq_min_level"), 0);
-    // The comms report the device counters as moved during their life, which holds the burst.
-    let moved = stat(&o.stats_file, "send", "dev_rcvd_rnr_err");
+    // The comms report the counters as moved during their life, which holds the burst:
+    // verbs the device's, tcp the QP's own.
+    let (received, sent) = match o.kind {
+        Kind::Ib => ("dev_rcvd_rnr_err", "dev_send_rnr_err"),
+        Kind::Tcp => ("rnr_naks_received", "rnr_naks_sent"),
+    };
+    let moved = stat(&o.stats_file, "send", received);
     assert!(moved >= o.after.0 - o.before.0 && moved > 0, "{moved}");
-    let sent = stat(&o.stats_file, "recv", "dev_send_rnr_err");
+    let sent = stat(&o.stats_file, "recv", sent);
     assert!(sent >= o.after.1 - o.before.1 && sent > 0, "{sent}");
     let _ = std::fs::remove_file(&o.stats_file);
 }
 
-#[test]
-fn credits_on_burst_never_draws_an_rnr_nak() {
-    let Some(o) = burst("credits_on", true) else {
+fn credits_on_burst_never_draws_an_rnr_nak(kind: Kind) {
+    let test = match kind {
+        Kind::Tcp => "tcp_credits_on",
+        Kind::Ib => "ib_credits_on",
+    };
+    let Some(o) = burst(test, kind, true) else {
         return;
     };
     println!(
-        "credits on: rcvd_rnr_err {} -> {}, send_rnr_err {} -> {}",
-        o.before.0, o.after.0, o.before.1, o.after.1
+        "credits on ({}): RNR NAKs received {} -> {}, sent {} -> {}",
+        kind.as_str(),
+        o.before.0,
+        o.after.0,
+        o.before.1,
+        o.after.1
     );
     assert_eq!(
         o.after, o.before,
@@ -312,22 +358,26 @@ fn credits_on_burst_never_draws_an_rnr_nak() {
     let _ = std::fs::remove_file(&o.stats_file);
 }
 
-/// Polls at most this often after the receiver closed.
-const CLOSE_POLLS: u64 = 1_000_000;
-
 /// Closes the receive comm under a pending send and expects the sender's `test` to report a
-/// remote error within `CLOSE_POLLS` polls. `stuck_in_rnr`: credits off and more sends than
-/// receive WRs, so that the last one is in RNR retry when the receiver goes; otherwise one
-/// eager send that arrived but waits for the clear-to-send the receiver never sends.
-fn close_under_pending_send(test: &'static str, stuck_in_rnr: bool) {
+/// remote error, never a hang (at the latest at the comm's next peer check,
+/// `VERBSNET_PEER_CHECK_INTERVAL`, when no WR of the sender is outstanding at the QP: an eager
+/// SEND the receiver's NIC acknowledged that waits for its clear-to-send). `stuck_in_rnr`: credits off and more sends than
+/// receive WRs, so that the last one is in RNR retry when the receiver goes (the RNR counters
+/// must show it first: a device without counters skips the test); otherwise one eager send
+/// that arrived but waits for the clear-to-send the receiver never sends.
+fn close_under_pending_send(test: &'static str, kind: Kind, stuck_in_rnr: bool) {
     let _lock = serialize();
-    let Some(l) = link(test, &send_cfg(!stuck_in_rnr), &recv_cfg()) else {
+    let Some((l, kind)) = link(test, &send_cfg(kind, !stuck_in_rnr), &recv_cfg(kind)) else {
         return;
     };
+    let before = rnr_of(&l, kind);
+    if stuck_in_rnr && before.is_none() {
+        println!("SKIP {test}: the device has no RNR counters to show the send is in RNR retry");
+        return;
+    }
     let g = Guard(Instant::now(), test);
     let sb = Buf::new(&l.dev, 4 * STRIDE).unwrap();
     let n = if stuck_in_rnr { 4 } else { 1 };
-    let before = counters(&l).rcvd_rnr_err;
     let mut ids = Vec::new();
     for i in 0..n {
         let h = l
@@ -337,7 +387,8 @@ fn close_under_pending_send(test: &'static str, stuck_in_rnr: bool) {
             .expect("isend starts (credits or none needed)");
         ids.push(h);
     }
-    // Let the sends reach the receiver (and, with RNR, draw a NAK) before it goes.
+    // Let the sends reach the receiver (with RNR: until it has NAKed one, by the counters)
+    // before it goes.
     let t = Instant::now();
     loop {
         for id in &ids {
@@ -347,11 +398,15 @@ fn close_under_pending_send(test: &'static str, stuck_in_rnr: bool) {
                 "a send finished without a receive"
             );
         }
-        let nak = match (before, counters(&l).rcvd_rnr_err) {
-            (Some(b), Some(a)) => a > b,
-            _ => true, // no counters: time alone
+        let nak = match (before, rnr_of(&l, kind)) {
+            (Some(b), Some(a)) => a.0 > b.0 && a.1 > b.1,
+            _ => false,
         };
-        if t.elapsed() > Duration::from_millis(50) && (!stuck_in_rnr || nak) {
+        if if stuck_in_rnr {
+            nak
+        } else {
+            t.elapsed() > Duration::from_millis(50)
+        } {
             break;
         }
         g.check("the first sends");
@@ -361,13 +416,17 @@ fn close_under_pending_send(test: &'static str, stuck_in_rnr: bool) {
     recv.close();
     let mut err = None;
     let mut first = 0;
-    'poll: for polls in 0..CLOSE_POLLS {
+    let closed = Instant::now();
+    'poll: for polls in 0u64.. {
         for (k, id) in ids.iter().enumerate() {
             match send.test(*id) {
                 Ok(None) => {}
                 Ok(Some(s)) => panic!("send completed after the receiver closed: {s:?}"),
                 Err(e) => {
-                    println!("{test}: send {k} failed after {polls} polls: {e}");
+                    println!(
+                        "{test}: send {k} failed after {polls} polls, {:?}: {e}",
+                        closed.elapsed()
+                    );
                     err = Some(e);
                     first = k;
                     break 'poll;
@@ -381,7 +440,7 @@ fn close_under_pending_send(test: &'static str, stuck_in_rnr: bool) {
             let m = e.to_string();
             assert!(m.contains("closed"), "{m}")
         }
-        other => panic!("expected a remote error within {CLOSE_POLLS} polls, got {other:?}"),
+        other => panic!("expected a remote error, got {other:?}"),
     }
     // The other pending sends and every later isend fail the same way; close does not hang.
     for id in ids.iter().skip(first + 1) {
@@ -395,11 +454,41 @@ fn close_under_pending_send(test: &'static str, stuck_in_rnr: bool) {
 }
 
 #[test]
-fn receiver_closing_under_a_send_waiting_for_its_cts_fails_the_send_remotely() {
-    close_under_pending_send("close_waiting_cts", false);
+fn tcp_credits_off_burst_completes_through_rnr_retry_and_the_counters_move() {
+    credits_off_burst_completes_through_rnr_retry_and_the_counters_move(Kind::Tcp);
 }
 
 #[test]
-fn receiver_closing_under_a_send_in_rnr_retry_fails_the_send_remotely() {
-    close_under_pending_send("close_in_rnr", true);
+fn ib_credits_off_burst_completes_through_rnr_retry_and_the_counters_move() {
+    credits_off_burst_completes_through_rnr_retry_and_the_counters_move(Kind::Ib);
+}
+
+#[test]
+fn tcp_credits_on_burst_never_draws_an_rnr_nak() {
+    credits_on_burst_never_draws_an_rnr_nak(Kind::Tcp);
+}
+
+#[test]
+fn ib_credits_on_burst_never_draws_an_rnr_nak() {
+    credits_on_burst_never_draws_an_rnr_nak(Kind::Ib);
+}
+
+#[test]
+fn tcp_receiver_closing_under_a_send_waiting_for_its_cts_fails_the_send_remotely() {
+    close_under_pending_send("tcp_close_waiting_cts", Kind::Tcp, false);
+}
+
+#[test]
+fn ib_receiver_closing_under_a_send_waiting_for_its_cts_fails_the_send_remotely() {
+    close_under_pending_send("ib_close_waiting_cts", Kind::Ib, false);
+}
+
+#[test]
+fn tcp_receiver_closing_under_a_send_in_rnr_retry_fails_the_send_remotely() {
+    close_under_pending_send("tcp_close_in_rnr", Kind::Tcp, true);
+}
+
+#[test]
+fn ib_receiver_closing_under_a_send_in_rnr_retry_fails_the_send_remotely() {
+    close_under_pending_send("ib_close_in_rnr", Kind::Ib, true);
 }

@@ -8,6 +8,7 @@
 //! ffi → [`test`] → the comm's `test` → the engine, and back, with no pointer cast but the
 //! C boundary's one from `void*` to `&ReqHandle`.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -21,7 +22,6 @@ pub struct SendComm {
     comm: Arc<comm::SendComm>,
     /// One handle per request slot (what `isend` hands NCCL); each holds the comm too.
     reqs: Box<[ReqHandle]>,
-    mrs: MrSet,
     _ctx: Arc<Context>,
 }
 
@@ -31,7 +31,6 @@ pub struct RecvComm {
     comm: Arc<comm::RecvComm>,
     /// One handle per request slot (what `irecv` hands NCCL); each holds the comm too.
     reqs: Box<[ReqHandle]>,
-    mrs: MrSet,
     _ctx: Arc<Context>,
 }
 
@@ -116,7 +115,6 @@ impl SendComm {
         SendComm {
             reqs: ReqHandle::array(comm::SendComm::MAX_REQUESTS, || Owner::Send(comm.clone())),
             comm,
-            mrs: MrSet::default(),
             _ctx: ctx,
         }
     }
@@ -130,7 +128,6 @@ impl RecvComm {
         RecvComm {
             reqs: ReqHandle::array(comm::RecvComm::MAX_REQUESTS, || Owner::Recv(comm.clone())),
             comm,
-            mrs: MrSet::default(),
             _ctx: ctx,
         }
     }
@@ -150,17 +147,38 @@ fn handle(reqs: &[ReqHandle], id: ReqId, op: Op) -> Result<&ReqHandle, Error> {
     Ok(h)
 }
 
-/// The registrations NCCL made through one comm and has not deregistered, by the address of
-/// the handle it holds (the C boundary owns the handles; this only remembers them), so that
-/// `closeSend`/`closeRecv` can free what a caller leaves registered. NCCL deregisters before
-/// it closes (`src/transport/net.cc`); other callers need not.
-#[derive(Default)]
-pub struct MrSet(Mutex<Vec<usize>>);
+/// The memory registrations alive now, process-wide: the address of each handle `regMr` gave
+/// out (the C boundary owns the handles; this only remembers them) → the address of the comm
+/// it was registered through. `deregMr` takes a handle only if it is here, so a handle freed
+/// twice, or after its comm was closed, is a clear error and never a double free; and
+/// `closeSend`/`closeRecv` free what a caller leaves registered. NCCL deregisters before it
+/// closes (`src/transport/net.cc`); other callers need not.
+static LIVE_MRS: Mutex<BTreeMap<usize, usize>> = Mutex::new(BTreeMap::new());
 
-impl MrSet {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<usize>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+/// Remembers the registration handle at `handle`, made through the comm at `comm`.
+pub fn mr_given(handle: usize, comm: usize) {
+    super::lock(&LIVE_MRS).insert(handle, comm);
+}
+
+/// Forgets the registration handle at `handle` (`deregMr`): false when it is not alive (freed
+/// already, or its comm was closed).
+pub fn mr_taken(handle: usize) -> bool {
+    super::lock(&LIVE_MRS).remove(&handle).is_some()
+}
+
+/// Forgets and returns the registration handles made through the comm at `comm`, once it is
+/// closed: the caller frees them.
+pub fn mrs_left_by(comm: usize) -> Vec<usize> {
+    let mut m = super::lock(&LIVE_MRS);
+    let left: Vec<usize> = m
+        .iter()
+        .filter(|&(_, &c)| c == comm)
+        .map(|(&h, _)| h)
+        .collect();
+    for h in &left {
+        m.remove(h);
     }
+    left
 }
 
 /// What NCCL holds as `sendComm` or `recvComm` (`regMr`/`deregMr` take either).
@@ -210,43 +228,22 @@ impl NetComm {
             .map_err(|e| e.lift(Op::RegMr))
     }
 
-    fn mrs(&self) -> &MrSet {
-        match self {
-            NetComm::Send(s) => &s.mrs,
-            NetComm::Recv(r) => &r.mrs,
-        }
-    }
-
-    /// Remembers the handle at `addr` that `regMr` gave NCCL for this comm.
-    pub fn track_mr(&self, addr: usize) {
-        self.mrs().lock().push(addr);
-    }
-
-    /// Forgets the handle at `addr` (`deregMr`); false when this comm did not register it.
-    pub fn untrack_mr(&self, addr: usize) -> bool {
-        let mut v = self.mrs().lock();
-        match v.iter().position(|&a| a == addr) {
-            Some(i) => {
-                v.swap_remove(i);
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// `closeSend`/`closeRecv`: logs the counters and releases the request handles, the QP
-    /// and the buffers (the QP first: after it nothing writes into any buffer). Returns the
-    /// registrations made through this comm and never deregistered, for the caller to free
-    /// now that the comm is gone.
-    pub fn close(self) -> Vec<usize> {
-        let leaked = std::mem::take(&mut *self.mrs().lock());
+    /// `closeSend`/`closeRecv`: tells the peer (an orderly close), logs the counters and
+    /// releases the request handles, the QP and the buffers (after it nothing writes into any
+    /// buffer; the registrations left behind are freed next, see [`mrs_left_by`]).
+    pub fn close(self) {
         match &self {
-            NetComm::Send(s) => s.comm.report_close(),
-            NetComm::Recv(r) => r.comm.report_close(),
+            NetComm::Send(s) => {
+                s.comm.goodbye();
+                s.comm.report_close();
+            }
+            NetComm::Recv(r) => {
+                r.comm.goodbye();
+                r.comm.report_close();
+            }
         }
         // The comm's last references: its own and its request handles'.
         drop(self);
-        leaked
     }
 }
 

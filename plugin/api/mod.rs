@@ -36,7 +36,10 @@ mod handles;
 
 #[cfg(test)]
 pub(crate) use self::handles::LIVE_MR_ADDRS;
-pub use self::handles::{test, MrHandle, MrSet, NetComm, RecvComm, ReqHandle, Request, SendComm};
+pub use self::handles::{
+    mr_given, mr_taken, mrs_left_by, test, MrHandle, NetComm, RecvComm, ReqHandle, Request,
+    SendComm,
+};
 
 /// The plugin API call that failed (one per table slot family).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

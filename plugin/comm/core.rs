@@ -15,16 +15,26 @@ use crate::config::Config;
 use crate::engine::{Executor, ReqError, ReqId};
 use crate::transport::{Device, DeviceRnrCounters, QueuePair, Wc, WcStatus};
 
-/// The error of a comm whose peer closed.
+/// The error of a comm whose peer went without closing its comm.
 const PEER_CLOSED: &str = "the peer closed the connection (its process exited or died)";
 
 /// Most CQ polls (of up to 64 completions each) that drain the CQ before a peer's close is
 /// reported.
 const MAX_DRAIN_POLLS: usize = 1024;
 
-/// How the peer of `qp` went: the transport's reason when it knows more, else "closed".
-fn peer_gone(qp: &dyn QueuePair) -> &'static str {
-    qp.peer_gone_reason().unwrap_or(PEER_CLOSED)
+/// How the peer of `qp`, the other end of a comm of kind `mine` ("send" or "recv"), went: an
+/// orderly close (its `closeSend`/`closeRecv`: the transport saw its goodbye), or the
+/// transport's reason for a death when it knows more, else "closed".
+fn peer_gone(qp: &dyn QueuePair, mine: &str) -> String {
+    if qp.peer_closed_orderly() {
+        let theirs = if mine == "send" { "receive" } else { "send" };
+        format!(
+            "the peer closed its {theirs} comm (an orderly close, not a failure of the peer): \
+             this comm can carry nothing more; close it"
+        )
+    } else {
+        qp.peer_gone_reason().unwrap_or(PEER_CLOSED).to_string()
+    }
 }
 
 /// Bounce buffers to give back to the pool once the QP that may still have them posted is
@@ -175,12 +185,17 @@ impl<R: Role> Core<R> {
         true
     }
 
+    /// Tells the peer this is an orderly close ([`QueuePair::goodbye`]).
+    pub(super) fn goodbye(&mut self) {
+        self.qp.goodbye();
+    }
+
     /// Fails the comm because its peer went, with one WARN.
     fn report_peer_gone(&mut self) {
         self.watch.warned_peer = true;
-        let why = peer_gone(&*self.qp);
+        let why = peer_gone(&*self.qp, R::NAME);
         warn!("{why}; outstanding requests fail");
-        self.side.fail(ReqError::Remote(why.into()));
+        self.side.fail(ReqError::Remote(why));
     }
 
     /// Polls the CQ once and feeds the completions, the CTS ring and the credit word to the
@@ -211,8 +226,8 @@ impl<R: Role> Core<R> {
     /// Polls the CQ, reads the CTS ring and credit word, feeds the engine, executes actions,
     /// and runs the watchdog.
     pub(super) fn progress(&mut self, now: u64) -> Result<(), Error> {
-        let polled = self.poll_and_feed(now);
-        if self.watch.peer_check_due(now, polled) && self.qp.peer_closed() {
+        self.poll_and_feed(now);
+        if self.watch.peer_check_due(now) && self.qp.peer_closed() {
             // Completions the CQ holds already are delivered before the close is reported.
             for _ in 0..MAX_DRAIN_POLLS {
                 if self.poll_and_feed(now) == 0 {

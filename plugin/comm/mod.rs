@@ -216,9 +216,18 @@ impl<R: Role> Comm<R> {
         }
     }
 
-    /// `close`: [`Comm::report_close`], then the QP and the buffers go (the QP first: after it
-    /// nothing writes into any buffer).
+    /// Tells the peer this is an orderly close, not a death ([`QueuePair::goodbye`]): a comm
+    /// dropped without it, as in a process's death, says nothing.
+    pub fn goodbye(&self) {
+        if let Ok(mut g) = self.core.lock() {
+            g.goodbye();
+        }
+    }
+
+    /// `close`: [`Comm::goodbye`], [`Comm::report_close`], then the QP and the buffers go (the
+    /// QP first: after it nothing writes into any buffer).
     pub fn close(self) {
+        self.goodbye();
         self.report_close();
     }
 }

@@ -43,13 +43,16 @@ impl Watch {
     }
 
     /// Whether to ask the transport about the peer now: at most once per
-    /// `VERBSNET_PEER_CHECK_INTERVAL`, whenever this poll brought no completion (a peer that
-    /// completes work is alive). Also with nothing in flight: an `isend` answering "retry
-    /// later" (waiting for a credit or a clear-to-send) or an `irecv` on an idle comm must
-    /// learn that the peer died or closed, or NCCL would wait for ever. The ib transport reads
-    /// its set-up socket (one non-blocking `recv`); the tcp transport only looks at its state.
-    pub(super) fn peer_check_due(&mut self, now: u64, polled: usize) -> bool {
-        if self.warned_peer || polled > 0 {
+    /// `VERBSNET_PEER_CHECK_INTERVAL`, on every kind of call, until the peer was reported
+    /// gone. Also with nothing in flight: an `isend` answering "retry later" (waiting for a
+    /// credit or a clear-to-send) or an `irecv` on an idle comm must learn that the peer died
+    /// or closed, or NCCL would wait for ever. And also when the poll brought completions:
+    /// they may have waited in the CQ since long before the peer went (the tcp transport's
+    /// progress thread, like a NIC, completes work while nobody calls). The ib transport reads
+    /// its set-up socket (one non-blocking `recv` per interval); the tcp transport only looks
+    /// at its state.
+    pub(super) fn peer_check_due(&mut self, now: u64) -> bool {
+        if self.warned_peer {
             return false;
         }
         if now.saturating_sub(self.last_peer_check) < self.peer_check_ns {

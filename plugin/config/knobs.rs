@@ -379,7 +379,8 @@ knobs! {
         default: Some(Duration::from_secs(20)), "20",
         parse: |v| v.seconds()?,
         show: |d| show_duration(*d),
-        doc: "TCP keepalive on the set-up socket of every ib connection, so that a peer **host** \
+        doc: "TCP keepalive on the set-up socket of every connection (ib; tcp: its data stream, \
+             while idle), so that a peer **host** \
              that goes silent (power loss, cut link: no FIN) fails the comm's requests with \
              `ncclRemoteError` within this bound even when no WR is in flight for the transport's \
              retry budget to expire (a receive never times out; a sender waiting for a CTS posts \

@@ -390,7 +390,7 @@ impl Connecting {
                 return Ok(None);
             }
             let ConnectStage::Ready {
-                qp,
+                mut qp,
                 bufs,
                 peer,
                 wire,
@@ -398,6 +398,8 @@ impl Connecting {
             else {
                 unreachable!()
             };
+            // The stream is the QP's from here (tcp: its progress thread may read it).
+            qp.handshake_complete();
             let local = wire
                 .stream
                 .local_addr()

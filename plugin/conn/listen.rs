@@ -465,11 +465,16 @@ impl Listen {
                     "bad ready message".into(),
                 ));
             }
-            let AcceptStage::Reply { qp, bufs, engine } =
-                std::mem::replace(&mut a.stage, AcceptStage::Done)
+            let AcceptStage::Reply {
+                mut qp,
+                bufs,
+                engine,
+            } = std::mem::replace(&mut a.stage, AcceptStage::Done)
             else {
                 unreachable!()
             };
+            // The stream is the QP's from here (tcp: its progress thread may read it).
+            qp.handshake_complete();
             let label = format!(
                 "recv comm {} <- {} ({})",
                 self.handle.addr, a.peer, self.dev_name

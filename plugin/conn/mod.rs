@@ -80,5 +80,6 @@ pub fn qp_config(cfg: &Config) -> QpConfig {
         retry_cnt: cfg.ib_retry_cnt,
         traffic_class: cfg.ib_tc,
         service_level: cfg.ib_sl,
+        oob_keepalive: cfg.socket_keepalive,
     }
 }

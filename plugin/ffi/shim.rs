@@ -22,7 +22,7 @@ use super::abi::{
     ncclResult_t, NCCL_NET_OPTIONAL_RECV_COMPLETION, NCCL_PTR_HOST,
 };
 use super::boundary::{
-    arc_into_raw, arg, array, entry, from_raw, handle, into_raw, opaque_ref, optional, out,
+    self, arc_into_raw, arg, array, entry, from_raw, handle, into_raw, optional, out,
 };
 use crate::api::{
     self, Class, Context, Error, InitArgs, ListenComm, MrHandle, NetComm, Op, ReqHandle, SendComm,
@@ -301,20 +301,31 @@ entry! {
         // deregMr drops the MrHandle and with it every Region clone of this range.
         let region = unsafe { Region::from_raw(data as u64, size) };
         let mh = into_raw(c.reg_mr(region)?);
-        c.track_mr(mh as usize);
+        api::mr_given(mh as usize, c as *const NetComm as usize);
         *mhandle = mh;
     }
 }
 
 entry! {
-    /// `deregMr(comm, mhandle)` (every version).
-    fn dereg_mr(comm: *mut c_void, mhandle: *mut c_void) as "deregMr", Op::RegMr {
-        let mh: Box<MrHandle> = arg!(take mhandle, "mhandle");
-        // SAFETY: comm is NULL or the comm this plugin handed out that mhandle was registered
-        // through, still open (NCCL deregisters before it closes).
-        if let Some(c) = unsafe { opaque_ref::<NetComm>(comm) } {
-            c.untrack_mr(&*mh as *const MrHandle as usize);
+    /// `deregMr(comm, mhandle)` (every version). `comm` is not used (it may be NULL); a
+    /// handle that is not a live registration (freed twice, or after its comm was closed,
+    /// which frees what was left registered) is refused, never freed twice.
+    fn dereg_mr(_comm: *mut c_void, mhandle: *mut c_void) as "deregMr", Op::RegMr {
+        if mhandle.is_null() {
+            return Err(boundary::null_arg(OP, "mhandle"));
         }
+        if !api::mr_taken(mhandle as usize) {
+            return Err(Error::new(
+                OP,
+                Class::InvalidArgument,
+                format!(
+                    "deregMr of {mhandle:p}, which is not a live registration: it was \
+                     deregistered already, or its comm was closed (closeSend/closeRecv free \
+                     what is left registered; NCCL deregisters first)"
+                ),
+            ));
+        }
+        let mh: Box<MrHandle> = arg!(take mhandle, "mhandle");
         drop(mh);
     }
 }
@@ -463,12 +474,15 @@ entry! {
 
 // ---- close ----
 
-/// Frees the registrations a closed comm's caller never deregistered (NCCL deregisters first;
-/// other callers may not), now that the comm and its QP are gone.
-fn free_leaked(leaked: Vec<usize>) {
-    for mh in leaked {
-        // SAFETY: each came from `into_raw` in regMr on this comm and was not deregistered
-        // (deregMr forgets it); the caller may not use it after the close.
+/// Closes `c`, then frees the registrations its caller never deregistered (NCCL deregisters
+/// first; other callers may not): the QP is gone, so nothing writes into them any more.
+#[allow(clippy::boxed_local)] // the box's address is the key regMr recorded the handles under
+fn close_and_free(c: Box<NetComm>) {
+    let at = &*c as *const NetComm as usize;
+    c.close();
+    for mh in api::mrs_left_by(at) {
+        // SAFETY: each came from `into_raw` in regMr through this comm and was not
+        // deregistered (deregMr forgets it); the caller may not use it after the close.
         drop(unsafe { from_raw::<MrHandle>(mh as *mut c_void) });
     }
 }
@@ -478,7 +492,7 @@ entry! {
     /// registrations made through it and not deregistered.
     fn close_send(send_comm: *mut c_void) as "closeSend", Op::Close {
         let c: Box<NetComm> = arg!(take send_comm, "sendComm");
-        free_leaked(c.close());
+        close_and_free(c);
     }
 }
 
@@ -486,7 +500,7 @@ entry! {
     /// `closeRecv(recvComm)`: logs the counters and releases the QP and buffers.
     fn close_recv(recv_comm: *mut c_void) as "closeRecv", Op::Close {
         let c: Box<NetComm> = arg!(take recv_comm, "recvComm");
-        free_leaked(c.close());
+        close_and_free(c);
     }
 }
 

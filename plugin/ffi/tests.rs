@@ -111,6 +111,16 @@ fn close_frees_the_registrations_a_caller_left_behind() {
         assert!(live(&bufs[3]), "the receive comm's registration is its own");
         assert_eq!(t.closeRecv.unwrap()(p.recv), ncclResult_t::ncclSuccess);
         assert!(!bufs.iter().any(live), "closeRecv freed the last one");
+        // A handle deregistered twice, or after its comm's close freed it, is refused; it is
+        // never freed twice.
+        assert_eq!(
+            t.deregMr.unwrap()(ptr::null_mut(), mhs[1].1),
+            ncclResult_t::ncclInvalidArgument
+        );
+        assert_eq!(
+            t.deregMr.unwrap()(ptr::null_mut(), mhs[0].1),
+            ncclResult_t::ncclInvalidArgument
+        );
     }
 }
 

@@ -27,17 +27,6 @@ use crate::transport::{
     SendOpcode, SendWr, Sge, TransportError, Wc, WcOpcode, WcStatus,
 };
 
-/// How long a fixture waits for completions before it declares a hang.
-#[derive(Clone, Copy, Debug)]
-pub enum Progress {
-    /// A transport that moves data only inside `poll_cq` (tcp): this many polls of both ends
-    /// without the awaited state is a livelock. Deterministic, no clock.
-    Polls(usize),
-    /// A transport whose device moves data by itself (verbs): wait this long, sleeping briefly
-    /// when a poll found nothing.
-    Deadline(Duration),
-}
-
 /// Where the RNR NAK counts a test checks come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RnrCounting {
@@ -55,11 +44,12 @@ pub struct Transport {
     /// The device pairs a two-QP test runs over, in turn: both ends on one device, and (where
     /// the transport has two) one end on each.
     pub device_pairs: Vec<(Arc<dyn Device>, Arc<dyn Device>)>,
-    /// How to wait.
-    pub progress: Progress,
-    /// How long [`Pair::settle`] keeps polling to show that nothing more arrives: polls for
-    /// [`Progress::Polls`], milliseconds for [`Progress::Deadline`].
-    pub settle: u64,
+    /// How long a fixture waits for an awaited state before it declares a hang (polling,
+    /// sleeping briefly when a poll found nothing). Every transport moves data by itself, as
+    /// a NIC does (tcp: its progress thread), so waiting is by the clock, not by polls.
+    pub deadline: Duration,
+    /// How long [`Pair::settle`] keeps polling to show that nothing more arrives.
+    pub settle: Duration,
     /// Where RNR counts come from.
     pub rnr: RnrCounting,
     /// The device is soft-RoCE (`rdma_rxe`): the expectations its quirks change apply.
@@ -80,7 +70,7 @@ impl Transport {
     }
 }
 
-/// The tcp transport: `tcp0` alone, then `tcp0` and `tcp1`; livelock after 10,000 polls.
+/// The tcp transport: `tcp0` alone, then `tcp0` and `tcp1`; a hang after 30 s.
 pub fn tcp() -> Transport {
     let d: Arc<dyn Device> = Arc::new(transport::tcp::TcpDevice::new(0));
     let d0: Arc<dyn Device> = Arc::new(transport::tcp::TcpDevice::new(0));
@@ -88,14 +78,15 @@ pub fn tcp() -> Transport {
     Transport {
         kind: Kind::Tcp,
         device_pairs: vec![(d.clone(), d), (d0, d1)],
-        progress: Progress::Polls(MAX_POLLS),
-        settle: 50,
+        deadline: Duration::from_secs(30),
+        settle: Duration::from_millis(50),
         rnr: RnrCounting::PerQp,
         rxe: false,
     }
 }
 
-/// Polls of both ends before a tcp test declares livelock.
+/// Polls before a tcp white-box test that drives one QP against a raw socket declares
+/// livelock (its peer is not a QP: only its own polls move it).
 pub const MAX_POLLS: usize = 10_000;
 
 /// The ib transport on `VERBSNET_TEST_IB_HCA` (default `rxe0`), or `None` after a
@@ -123,8 +114,8 @@ pub fn ib(test: &str) -> Option<Transport> {
     Some(Transport {
         kind: Kind::Ib,
         device_pairs: vec![(dev.clone(), dev)],
-        progress: Progress::Deadline(Duration::from_secs(30)),
-        settle: 50,
+        deadline: Duration::from_secs(30),
+        settle: Duration::from_millis(50),
         rnr: RnrCounting::DeviceWide,
         rxe,
     })
@@ -132,7 +123,8 @@ pub fn ib(test: &str) -> Option<Transport> {
 
 /// The QP settings of the suite: 1024-deep queues, RNR timer 0.01 ms (rxe rounds it up to one
 /// jiffy), RNR retries forever, ACK timeout 4.096 us * 2^12 (16.8 ms) and 3 transport retries
-/// (not 7: rxe retries for ever when `retry_cnt` is 7, so a dead peer would never fail a WR).
+/// (not 7: rxe retries for ever when `retry_cnt` is 7, so a dead peer would never fail a WR),
+/// set-up socket keepalive 20 s (the plugin's default).
 pub fn qp_cfg() -> QpConfig {
     QpConfig {
         max_recv_wr: 1024,
@@ -143,6 +135,7 @@ pub fn qp_cfg() -> QpConfig {
         retry_cnt: 3,
         traffic_class: 0,
         service_level: 0,
+        oob_keepalive: Some(Duration::from_secs(20)),
     }
 }
 
@@ -332,7 +325,8 @@ impl<'t> Pair<'t> {
         }
     }
 
-    /// Exchanges `local_info` and establishes both QPs over a fresh loopback stream pair.
+    /// Exchanges `local_info`, establishes both QPs over a fresh loopback stream pair and
+    /// completes the handshake (the QPs now progress on their own).
     pub fn connect(mut self) -> Pair<'t> {
         let (sa, sb) = stream_pair();
         let ia = self.a.local_info();
@@ -343,6 +337,8 @@ impl<'t> Pair<'t> {
         );
         self.a.establish(&ib, sa).expect("establish a");
         self.b.establish(&ia, sb).expect("establish b");
+        self.a.handshake_complete();
+        self.b.handshake_complete();
         self
     }
 
@@ -358,8 +354,8 @@ impl<'t> Pair<'t> {
         assert!(na <= 16 && nb <= 16, "poll_cq returned more than max");
     }
 
-    /// Polls both ends until `done`; panics with both completion lists on a livelock or
-    /// timeout (see [`Progress`]).
+    /// Polls both ends until `done`; panics with both completion lists after the transport's
+    /// deadline.
     pub fn drive(&mut self, what: &str, done: impl Fn(&Pair) -> bool) {
         let t0 = Instant::now();
         let mut polls = 0usize;
@@ -370,16 +366,10 @@ impl<'t> Pair<'t> {
                 return;
             }
             polls += 1;
-            let stuck = match self.t.progress {
-                Progress::Polls(max) => polls >= max,
-                Progress::Deadline(d) => {
-                    if self.wa.len() + self.wb.len() == before {
-                        std::thread::sleep(Duration::from_micros(50));
-                    }
-                    t0.elapsed() > d
-                }
-            };
-            if stuck {
+            if self.wa.len() + self.wb.len() == before {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+            if t0.elapsed() > self.t.deadline {
                 panic!(
                     "no progress waiting for {what} ({polls} polls, {:?}): a={:?} b={:?} \
                      counters a={:?} b={:?} rnr={:?}",
@@ -403,19 +393,10 @@ impl<'t> Pair<'t> {
 
     /// Keeps polling for a while (to show that nothing else arrives).
     pub fn settle(&mut self) {
-        match self.t.progress {
-            Progress::Polls(_) => {
-                for _ in 0..self.t.settle {
-                    self.poll();
-                }
-            }
-            Progress::Deadline(_) => {
-                let t0 = Instant::now();
-                while t0.elapsed() < Duration::from_millis(self.t.settle) {
-                    self.poll();
-                    std::thread::sleep(Duration::from_micros(200));
-                }
-            }
+        let t0 = Instant::now();
+        while t0.elapsed() < self.t.settle {
+            self.poll();
+            std::thread::sleep(Duration::from_micros(200));
         }
     }
 
@@ -1331,7 +1312,205 @@ pub fn peer_drop_fails_outstanding_work(t: &Transport) {
     assert_eq!(wa.len(), n, "nothing after the flush: {wa:?}");
 }
 
-/// Polls one QP until `done`, by the transport's [`Progress`] rule.
+/// The responder's owner never polls (NCCL may post receives and not call that comm again for a
+/// long time): the requester's SEND and WRITE_WITH_IMM still complete, and a SEND first
+/// refused for want of a receive WR completes once the responder posts one (still without
+/// polling), as a NIC acknowledges, places data and answers RNR without the CPU. At the
+/// responder's first poll all its receive completions are there, in order, the data in place.
+pub fn sends_complete_while_the_responders_owner_never_polls(t: &Transport) {
+    t.each_device_pair(|da, db| {
+        let src = Buf::filled(&**da, 4096, 30);
+        let dst = Buf::new(&**db, 8192);
+        let bounce = Buf::new(&**db, 256);
+        let mut p = Pair::create(t, da, db, &qp_cfg(), &qp_cfg());
+        // Posted during the handshake (as the plugin's acceptor does); then b's owner never
+        // calls b again until its first poll below.
+        p.b.post_recv(&[recv(0xb1, bounce.sge(0, 128)), recv(0xb2, Sge::default())])
+            .expect("post_recv");
+        let Pair { mut a, mut b, .. } = p.connect();
+        a.post_send(&[
+            send(1, &[src.sge(0, 100)]),
+            send_wr(
+                2,
+                &[src.sge(1000, 3000)],
+                SendOpcode::RdmaWriteWithImm {
+                    remote_addr: dst.addr(5000),
+                    rkey: dst.rkey(),
+                    imm: 0x1234_5678,
+                },
+                true,
+            ),
+        ])
+        .expect("post_send");
+        let mut wa = Vec::new();
+        wait_one(t, &mut *a, &mut wa, "both sends", |_, wa| wa.len() >= 2);
+        assert_eq!(
+            wa,
+            [
+                ok(1, WcOpcode::Send, 0, None),
+                ok(2, WcOpcode::RdmaWrite, 0, None)
+            ]
+        );
+        // No receive WR left: the next SEND is refused (RNR) until b posts one, unpolled.
+        let rnr0 = match t.rnr {
+            RnrCounting::PerQp => b.counters().rnr_naks_sent,
+            RnrCounting::DeviceWide => db.rnr_counters().send_rnr_err.unwrap_or(0),
+        };
+        a.post_send(&[send(3, &[src.sge(200, 50)])])
+            .expect("post_send");
+        let rnr_sent = |b: &dyn QueuePair| match t.rnr {
+            RnrCounting::PerQp => b.counters().rnr_naks_sent,
+            RnrCounting::DeviceWide => db.rnr_counters().send_rnr_err.unwrap_or(0),
+        };
+        let t0 = Instant::now();
+        while rnr_sent(&*b) == rnr0 {
+            a.poll_cq(&mut wa, 16).expect("poll a");
+            assert!(
+                wa.len() == 2,
+                "a SEND completed without a receive WR: {wa:?}"
+            );
+            assert!(t0.elapsed() < t.deadline, "no RNR NAK for the third SEND");
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        b.post_recv(&[recv(0xb3, bounce.sge(128, 128))])
+            .expect("post_recv");
+        wait_one(t, &mut *a, &mut wa, "the SEND after RNR", |_, wa| {
+            wa.len() >= 3
+        });
+        assert_eq!(wa[2], ok(3, WcOpcode::Send, 0, None));
+        // b's first poll: everything, in order.
+        let mut wb = Vec::new();
+        let n = b.poll_cq(&mut wb, 16).expect("poll b");
+        assert_eq!(n, 3, "{wb:?}");
+        assert_eq!(
+            wb,
+            [
+                ok(0xb1, WcOpcode::Recv, 100, None),
+                ok(0xb2, WcOpcode::RecvRdmaWithImm, 3000, Some(0x1234_5678)),
+                ok(0xb3, WcOpcode::Recv, 50, None)
+            ]
+        );
+        let s = src.bytes();
+        assert_eq!(&bounce.bytes()[..100], &s[..100]);
+        assert_eq!(&bounce.bytes()[128..178], &s[200..250]);
+        assert_eq!(&dst.bytes()[5000..8000], &s[1000..4000]);
+        assert!(!a.peer_closed() && !b.peer_closed());
+    });
+}
+
+/// The responder's owner never polls and then its QP goes (dropped without goodbye, as at a
+/// `kill -9`): the requester, the only one polling, learns of it: a later send fails (no
+/// peer acknowledges it), `peer_closed` turns true and the close is not orderly.
+pub fn the_requester_learns_of_the_responders_death_while_only_it_polls(t: &Transport) {
+    let (da, db) = t.one_device();
+    let src = Buf::filled(&*da, 64, 31);
+    let dst = Buf::new(&*db, 64);
+    let mut p = Pair::create(t, &da, &db, &qp_cfg(), &qp_cfg());
+    // Posted during the handshake; b's owner never calls b again.
+    p.b.post_recv(&[recv(0xb1, dst.sge(0, 64))])
+        .expect("post_recv");
+    let Pair { mut a, b, .. } = p.connect();
+    a.post_send(&[send(1, &[src.sge(0, 64)])])
+        .expect("post_send");
+    let mut wa = Vec::new();
+    wait_one(t, &mut *a, &mut wa, "the first send", |_, wa| {
+        !wa.is_empty()
+    });
+    assert_eq!(wa, [ok(1, WcOpcode::Send, 0, None)]);
+    assert_eq!(dst.bytes(), src.bytes());
+    drop(b);
+    a.post_send(&[send(2, &[src.sge(0, 8)])])
+        .expect("post_send");
+    wait_one(t, &mut *a, &mut wa, "the send after the death", |_, wa| {
+        wa.len() >= 2
+    });
+    // tcp: the lost connection; ib: the transport retries ran out (no ACK from a destroyed
+    // QP). `peer_closed` was not asked yet, so ib did not flush the QP itself.
+    check(
+        t,
+        &wa[1..],
+        &[err(2, WcStatus::RetryExceeded, WcOpcode::Send)],
+        "send after the death",
+    );
+    wait_one(t, &mut *a, &mut wa, "peer_closed", |a, _| a.peer_closed());
+    assert!(!a.peer_closed_orderly(), "a death is not an orderly close");
+}
+
+/// The peer closes while this QP has work outstanding (two receives posted, a SEND in RNR
+/// retry because the peer never posted a receive): with `goodbye` before the drop the close
+/// is orderly (`peer_closed` and `peer_closed_orderly`), without it a death (`peer_closed`
+/// only). Either way every outstanding WR completes, with an error (none hangs), and later
+/// WRs flush.
+pub fn goodbye_makes_a_close_orderly_and_a_drop_without_it_is_a_death(t: &Transport) {
+    let (da, db) = t.one_device();
+    for goodbye in [true, false] {
+        let src = Buf::filled(&*da, 64, 32);
+        let dst = Buf::new(&*da, 128);
+        let mut p = Pair::new(t, &da, &db);
+        p.a.post_recv(&[recv(0xa1, dst.sge(0, 64)), recv(0xa2, dst.sge(64, 64))])
+            .expect("post_recv");
+        p.a.post_send(&[send(1, &[src.sge(0, 64)])])
+            .expect("post_send");
+        p.drive("an RNR NAK", |p| p.rnr().received >= 1);
+        assert!(!p.a.peer_closed_orderly() && !p.b.peer_closed_orderly());
+        let Pair { mut a, mut b, .. } = p;
+        if goodbye {
+            b.goodbye();
+            b.goodbye(); // idempotent
+        }
+        drop(b);
+        let mut wa = Vec::new();
+        wait_one(t, &mut *a, &mut wa, "peer_closed", |a, _| a.peer_closed());
+        assert_eq!(a.peer_closed_orderly(), goodbye, "goodbye {goodbye}");
+        wait_one(t, &mut *a, &mut wa, "every outstanding WR", |_, wa| {
+            wa.len() >= 3
+        });
+        let what = format!("goodbye {goodbye}");
+        check(
+            t,
+            &only(&wa, &[0xa1, 0xa2]),
+            &[
+                err(0xa1, WcStatus::WrFlush, WcOpcode::Recv),
+                err(0xa2, WcStatus::WrFlush, WcOpcode::Recv),
+            ],
+            &what,
+        );
+        let sent = only(&wa, &[1]);
+        assert_eq!(sent.len(), 1, "{what}: {wa:?}");
+        match t.kind {
+            // tcp: the close fails outstanding sends as a lost connection does.
+            Kind::Tcp => assert_eq!(sent[0].status, WcStatus::RetryExceeded, "{what}"),
+            // ib: `peer_closed` moved the QP to the error state (flush), unless the
+            // transport retries ran out first.
+            Kind::Ib => assert!(
+                matches!(sent[0].status, WcStatus::WrFlush | WcStatus::RetryExceeded),
+                "{what}: {sent:?}"
+            ),
+        }
+        assert_eq!(wa.len(), 3, "{what}: {wa:?}");
+        // Later WRs flush (or, verbs, are refused); nothing else arrives.
+        match a.post_send(&[send(2, &[src.sge(0, 8)])]) {
+            Ok(()) => {
+                wait_one(t, &mut *a, &mut wa, "the later WR", |_, wa| wa.len() >= 4);
+                check(
+                    t,
+                    &wa[3..],
+                    &[err(2, WcStatus::WrFlush, WcOpcode::Send)],
+                    &what,
+                );
+            }
+            Err(e) => assert_eq!(t.kind, Kind::Ib, "tcp accepts WRs in the error state: {e}"),
+        }
+        let n = wa.len();
+        for _ in 0..20 {
+            a.poll_cq(&mut wa, 16).expect("poll");
+        }
+        assert_eq!(wa.len(), n, "{what}: nothing after the flush: {wa:?}");
+        assert!(a.peer_closed() && a.peer_closed_orderly() == goodbye);
+    }
+}
+
+/// Polls one QP until `done`, at most for the transport's deadline.
 fn wait_one(
     t: &Transport,
     qp: &mut dyn QueuePair,
@@ -1340,22 +1519,19 @@ fn wait_one(
     done: impl Fn(&dyn QueuePair, &[Wc]) -> bool,
 ) {
     let t0 = Instant::now();
-    for polls in 1.. {
+    loop {
         let before = out.len();
         qp.poll_cq(out, 16).expect("poll");
         if done(qp, out) {
             return;
         }
-        let stuck = match t.progress {
-            Progress::Polls(max) => polls >= max,
-            Progress::Deadline(d) => {
-                if out.len() == before {
-                    std::thread::sleep(Duration::from_micros(50));
-                }
-                t0.elapsed() > d
-            }
-        };
-        assert!(!stuck, "no progress waiting for {what}: {out:?}");
+        if out.len() == before {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        assert!(
+            t0.elapsed() <= t.deadline,
+            "no progress waiting for {what}: {out:?}"
+        );
     }
 }
 
@@ -1386,6 +1562,9 @@ suite!(
     a_thousand_small_sends_arrive_in_order,
     reg_mr_from_another_thread_while_polling,
     peer_drop_fails_outstanding_work,
+    sends_complete_while_the_responders_owner_never_polls,
+    the_requester_learns_of_the_responders_death_while_only_it_polls,
+    goodbye_makes_a_close_orderly_and_a_drop_without_it_is_a_death,
 );
 
 /// Instantiates the conformance suite as `#[test]` functions in the current module, one per
@@ -1423,6 +1602,9 @@ macro_rules! transport_conformance {
             a_thousand_small_sends_arrive_in_order,
             reg_mr_from_another_thread_while_polling,
             peer_drop_fails_outstanding_work,
+            sends_complete_while_the_responders_owner_never_polls,
+            the_requester_learns_of_the_responders_death_while_only_it_polls,
+            goodbye_makes_a_close_orderly_and_a_drop_without_it_is_a_death,
         );
     };
     (@tests $fixture:expr; $($name:ident),* $(,)?) => {

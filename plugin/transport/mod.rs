@@ -22,6 +22,7 @@
 use std::fmt;
 use std::net::TcpStream;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::mem::Region;
 
@@ -256,6 +257,11 @@ pub struct QpConfig {
     pub traffic_class: u8,
     /// Service level (`VERBSNET_IB_SL`, 0..=15).
     pub service_level: u8,
+    /// TCP keepalive bound on the connection's set-up ("oob") socket (`VERBSNET_SOCKET_KEEPALIVE`;
+    /// `None` = off): `establish` turns keepalive on (ib: the set-up socket; tcp: the same
+    /// socket, its data stream) so that a peer host that goes silent makes
+    /// [`QueuePair::peer_closed`] true within it while the connection is idle.
+    pub oob_keepalive: Option<Duration>,
 }
 
 /// Counters a transport keeps per QP (the engine keeps its own).
@@ -368,8 +374,19 @@ pub trait QueuePair: Send {
     /// Connects to the peer described by `remote` (its `local_info`) and moves the QP to
     /// ready-to-send. `oob` is the handshake's TCP stream, already in non-blocking mode: the tcp
     /// transport carries its frames on it; verbs keep it to notice a dead peer.
-    /// Receive WRs posted before this call are honoured.
+    /// Receive WRs posted before this call are honoured. The caller may still read or write
+    /// `oob` (its own dup) to finish its handshake until [`QueuePair::handshake_complete`] or
+    /// its first data-path call on the QP (a post, a poll, a batch, goodbye), whichever comes
+    /// first: from then on the tcp transport reads the stream on its own too (its progress
+    /// thread, whenever the owner is not polling).
     fn establish(&mut self, remote: &[u8], oob: TcpStream) -> Result<()>;
+
+    /// The caller's handshake on `oob` is over (the plugin: the acceptor read the connector's
+    /// ready message, the connector wrote it): the QP now progresses on its own even if its
+    /// owner never calls it again, as a NIC does (tcp: its progress thread takes the QP; verbs
+    /// NICs always do, the default does nothing). Receives posted before `establish` then
+    /// take messages with no further call.
+    fn handshake_complete(&mut self) {}
 
     /// Posts send WRs in order. Errors: the SQ is full, or the QP is in the error state.
     fn post_send(&mut self, wrs: &[SendWr]) -> Result<()>;
@@ -393,8 +410,31 @@ pub trait QueuePair: Send {
     /// Never blocks. A caller that opens a batch must close it, or the peer's sends wait.
     fn end_batch(&mut self) {}
 
-    /// True once the out-of-band stream saw the peer close (a dead or exited peer).
+    /// Announces an orderly close before the owner drops the QP (a comm's `closeSend` /
+    /// `closeRecv`): best effort and non-blocking. The peer's
+    /// [`QueuePair::peer_closed_orderly`] turns true if the announcement reaches it before the
+    /// connection closes; a QP dropped without it looks to the peer exactly like a process
+    /// death (this is how tests emulate `kill -9`). After it the QP is closing: further posts
+    /// may be refused, and it is meant to be dropped next. Idempotent.
+    ///
+    /// - tcp: a BYE frame on the data stream, behind every frame already staged (messages not
+    ///   yet started are never sent), then nothing more; written without blocking, the rest by
+    ///   the device's progress thread while the QP lives.
+    /// - ib: an 8-byte marker on the set-up stream (which carries nothing else after the
+    ///   handshake); WRs already posted are left to the QP's destruction.
+    fn goodbye(&mut self);
+
+    /// True once the peer is gone: its QP closed (orderly or not, see
+    /// [`QueuePair::peer_closed_orderly`]), its process exited or died, or its host stopped
+    /// answering. From then on every outstanding and later WR completes (with an error, as
+    /// flushed or retried-out), none hangs: on tcp the QP fails as soon as it learns of the
+    /// close, on ib this call moves the QP to the error state.
     fn peer_closed(&self) -> bool;
+
+    /// True once the peer's [`QueuePair::goodbye`] arrived (then [`QueuePair::peer_closed`]
+    /// is true too): the peer closed in order, it did not die. A peer that drops its QP without
+    /// goodbye, or dies, never makes it true.
+    fn peer_closed_orderly(&self) -> bool;
 
     /// Once [`QueuePair::peer_closed`] is true: how the peer went, in words for the error, when
     /// the transport can tell more than "it closed" (the ib transport's set-up socket keepalive
@@ -405,6 +445,30 @@ pub trait QueuePair: Send {
 
     /// Per-QP counters.
     fn counters(&self) -> QpCounters;
+}
+
+/// Why a comm failed when the keepalive of its connection's socket expired
+/// ([`QueuePair::peer_gone_reason`]).
+pub(crate) const PEER_SILENT: &str = "the peer host stopped answering (no TCP keepalive reply on \
+                                      the connection's socket within \
+                                      VERBSNET_SOCKET_KEEPALIVE): it lost power, or its link or \
+                                      the path to it is down";
+
+/// Turns on TCP keepalive on a connection's socket (the ib transport's set-up socket, the tcp
+/// transport's data stream) so that a peer HOST that goes silent (power loss, cut link: no FIN,
+/// no RST) makes [`QueuePair::peer_closed`] true within `bound` while the connection is idle,
+/// even when no WR is in flight for a retry timer to expire (receives never time out; a sender
+/// waiting for credits or a CTS posts nothing). The peer's kernel answers the probes, so a busy
+/// or stopped peer process does not trip it. Probes: first after `bound / 2` idle, then every
+/// `bound / 10`, 5 unanswered ones => ETIMEDOUT (`tcp(7)`: TCP_KEEPIDLE, TCP_KEEPINTVL,
+/// TCP_KEEPCNT; whole seconds, at least 1).
+pub(crate) fn set_keepalive(stream: &TcpStream, bound: Duration) -> std::io::Result<()> {
+    let secs = bound.as_secs().max(2);
+    let ka = socket2::TcpKeepalive::new()
+        .with_time(Duration::from_secs((secs / 2).max(1)))
+        .with_interval(Duration::from_secs((secs / 10).max(1)))
+        .with_retries(5);
+    socket2::SockRef::from(stream).set_tcp_keepalive(&ka)
 }
 
 /// Human label of a transport kind.

@@ -1,21 +1,25 @@
 //! The tcp transport: verbs semantics over a TCP stream, for hosts without RDMA.
 //!
-//! One [`TcpDevice`] (`tcp0`) holds a memory registry; each QP carries its frames on the
-//! non-blocking stream of its connection handshake. There is no background thread: everything
-//! (sending, receiving, acknowledging, RNR retransmission) happens inside
-//! [`QueuePair::poll_cq`], and no call ever blocks. No `unsafe` code: memory is touched only
-//! through the bounds-checked [`Region`] of a registration (copies, and socket I/O straight
-//! into or out of the raw range: [`crate::mem`]).
+//! One [`TcpDevice`] (`tcp0`) holds a memory registry and a "NIC": a background thread that
+//! carries on the QPs their owners are not polling. Each QP carries its frames on the
+//! non-blocking stream of its connection handshake. Everything (sending, receiving,
+//! acknowledging, RNR retransmission, noticing a close) happens inside the owner's calls
+//! ([`QueuePair::poll_cq`] above all) while the owner polls, and in the device's thread
+//! while it does not (`nic`: a QP not polled for 1 ms and not inside its owner's batch), so a
+//! send completes whatever the receiving process does next, as on a NIC. No call ever blocks;
+//! an owner waits for the thread for at most one non-blocking socket call. No `unsafe` code:
+//! memory is touched only through the bounds-checked [`Region`] of a registration (copies, and
+//! socket I/O straight into or out of the raw range: [`crate::mem`]).
 //!
 //! # Semantics (RC, as in `plugin/transport/mod.rs`)
 //!
 //! - **Keys.** One key per registration, used as both lkey and rkey: random, unique and
 //!   nonzero on the device, and not one of the last 65,536 freed. Dropping the [`MemoryRegion`] handle
 //!   deregisters it (from any thread, also while a QP polls).
-//! - **Deregistration.** A QP reads or writes registered memory only while holding the
-//!   registry's read lock and after checking that the key is still registered, so once the
-//!   drop of a [`MemoryRegion`] has returned, no QP touches that memory again (a drop waits for
-//!   at most one non-blocking socket call). A destination deregistered while a message lands
+//! - **Deregistration.** A QP (its owner's calls or the device's thread alike) reads or writes
+//!   registered memory only while holding the registry's read lock and after checking that the
+//!   key is still registered, so once the drop of a [`MemoryRegion`] has returned, no QP
+//!   touches that memory again (a drop waits for at most one non-blocking socket call). A destination deregistered while a message lands
 //!   is treated like a bad rkey (NAK, nothing more written); a source deregistered while its
 //!   WR is being sent (an application bug) fails that WR with `LocalProtection` and shuts the
 //!   connection down, because the frame can be neither finished nor cut short.
@@ -27,10 +31,12 @@
 //!   registered memory behind it, so everything ready in one flush (control frames, several
 //!   messages, a large payload) leaves in one `sendmsg`. A signaled WR completes when the peer
 //!   acknowledges it; an unsignaled one completes only on error. Completions appear in posting
-//!   order. The peer acknowledges inside its own `poll_cq` (after carrying a message out; ACKs
-//!   are cumulative and coalesced), so a send completes only while the peer polls. Inside a
-//!   caller's batch (`begin_batch` … `end_batch`: one comm entry) those ACKs wait for the
-//!   batch's next `post_send`, and leave in its `sendmsg`, or for the batch's end.
+//!   order. The peer acknowledges after carrying a message out (ACKs are cumulative and
+//!   coalesced), inside its owner's `poll_cq` or, while its owner does not poll, in its
+//!   device's thread (1-2 ms after the owner's last poll; at most 16 ms after a long run of
+//!   polling): a send completes whether or not the peer's owner ever calls again. Inside a caller's batch (`begin_batch` … `end_batch`: one comm entry) those
+//!   ACKs wait for the batch's next `post_send`, and leave in its `sendmsg`, or for the batch's
+//!   end; the thread never services a QP inside its owner's batch.
 //! - **Receiving.** A SEND or RDMA WRITE with immediate consumes the oldest posted receive WR.
 //!   SEND data goes to the receive WR's buffer (`byte_len` = message length, opcode `Recv`);
 //!   WRITE-with-immediate data goes to `remote_addr` (rkey and bounds checked), and the receive
@@ -69,12 +75,29 @@
 //!   in the error state keeps reading and dropping bytes (to notice EOF) and accepts new WRs,
 //!   which complete with `WrFlush`. A send WR whose payload is half written when the QP fails
 //!   completes only after that frame is out (its memory stays in use until its completion).
+//! - **Closing.** [`QueuePair::goodbye`] queues a BYE frame behind the frames already staged
+//!   (a large payload being written is finished first; a message not yet started is never
+//!   sent), writes what the socket takes without blocking (the device's thread writes the rest
+//!   while the QP lives), sends nothing after it and refuses later posts (`Unavailable`).
+//!   Dropping the QP shuts the stream down at once, so the peer sees EOF exactly as at a
+//!   process death. A BYE that arrives fails the QP as EOF does (sends `RetryExceeded`,
+//!   receives `WrFlush`: nothing after it will be acknowledged or arrive) and makes both
+//!   `peer_closed()` and `peer_closed_orderly()` true; EOF alone is a death. A QP already in
+//!   the error state drops what it reads (it may have lost the stream's framing), so a BYE
+//!   arriving after a failure reads as a plain close.
 //! - **Limits.** `post_send`/`post_recv` refuse a whole batch that would exceed
 //!   `max_send_wr`/`max_recv_wr` (`TransportError::Resource`); `post_send` before
 //!   `establish` is refused (`Unavailable`).
-//! - **Not modelled.** `QpConfig::timeout` and `retry_cnt`: TCP retransmits by itself, and
-//!   without a background thread a missing ACK may only mean the peer has not polled, so there
-//!   is no ACK timeout; a dead peer shows up as EOF or a socket error instead.
+//! - **Not modelled.** `QpConfig::timeout` and `retry_cnt` (an ACK timeout). With the
+//!   device's thread a missing ACK is no longer only a peer that has not polled, but this
+//!   "NIC" lives in the peer's process: a peer that is alive but stopped (a debugger, SIGSTOP,
+//!   a checkpoint) or starved of CPU for seconds acknowledges nothing, where a real NIC still
+//!   would, so an ACK timeout would call a live peer dead. What it would catch is covered
+//!   otherwise: a dead peer process closes its sockets (EOF at once); a peer host that goes
+//!   silent is TCP's to notice: TCP keepalive on the stream (`QpConfig::oob_keepalive`,
+//!   `VERBSNET_SOCKET_KEEPALIVE`, as the ib transport sets on its set-up socket) fails an idle
+//!   connection within that bound (`peer_gone_reason` says so), and with data in flight TCP's
+//!   own retransmission timeout applies (`tcp_retries2`, minutes).
 //!
 //! # Wire format
 //!
@@ -83,7 +106,7 @@
 //! | offset | size | field |
 //! |---:|---:|---|
 //! | 0 | 4 | magic `"VNTQ"` |
-//! | 4 | 1 | wire version (1) |
+//! | 4 | 1 | wire version (2) |
 //! | 5 | 3 | QP number (24 bits, big-endian, nonzero) |
 //! | 8 | 4 | PSN of the first message this QP sends (big-endian) |
 //!
@@ -93,7 +116,7 @@
 //! | offset | size | field |
 //! |---:|---:|---|
 //! | 0 | 2 | magic `0x564e` (`"VN"`) |
-//! | 2 | 1 | version (1) |
+//! | 2 | 1 | version (2; 1 had no BYE frame, and a peer of another version is refused at `establish`) |
 //! | 3 | 1 | opcode |
 //! | 4 | 4 | PSN |
 //! | 8 | 4 | length: payload bytes (at most 2^30), 0 for control frames |
@@ -111,12 +134,19 @@
 //! | `0x10` | ACK | last message carried out (cumulative; sent after processing, coalesced) |
 //! | `0x11` | RNR_NAK | message refused for want of a receive WR; earlier ones are acknowledged |
 //! | `0x12` | NAK | message that failed; earlier ones are acknowledged; the sender of the NAK is in the error state. Codes: 1 remote access, 2 invalid request, 3 remote operational error |
+//! | `0x13` | BYE | 0. The sender closes its QP in order ([`QueuePair::goodbye`]): every frame it will send came before this one (after the frames it had already staged), and the connection closes next. All other fields 0 |
 //!
 //! Every header is validated before use: magic, version, opcode, the length cap, and that every
 //! field the opcode does not use is zero.
+//!
+//! Version 2 added BYE. A version-1 peer would take a BYE for a malformed frame (a protocol
+//! error at close, with a misleading message), so the versions do not mix: `establish` refuses
+//! a peer whose `local_info` names another version ("tcp wire version 1 of the peer is not 2
+//! (mixed plugin versions?)"), before any frame flows.
 
 #![forbid(unsafe_code)]
 
+mod nic;
 mod qp;
 mod registry;
 mod wire;
@@ -129,6 +159,7 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use self::nic::{Nic, TcpQueuePair};
 use self::qp::TcpQp;
 use self::registry::{Registry, TcpMr};
 use crate::config::Config;
@@ -140,6 +171,8 @@ use crate::transport::{Device, DeviceProps, MemoryRegion, QpConfig, QueuePair, R
 pub struct TcpDevice {
     index: u32,
     registry: Arc<Registry>,
+    /// The background progress of its QPs; `None` only in white-box tests.
+    nic: Option<Arc<Nic>>,
 }
 
 impl TcpDevice {
@@ -150,6 +183,17 @@ impl TcpDevice {
             registry: Arc::new(Registry::new(
                 (u64::from(random_u32()) << 32) | u64::from(random_u32()),
             )),
+            nic: Some(Nic::new(format!("tcp{index}"))),
+        }
+    }
+
+    /// A device whose QPs progress only inside their owner's calls (white-box tests that
+    /// stage a race by hand and must not have the NIC thread move data meanwhile).
+    #[cfg(test)]
+    fn without_nic(index: u32) -> TcpDevice {
+        TcpDevice {
+            nic: None,
+            ..TcpDevice::new(index)
         }
     }
 }
@@ -200,12 +244,13 @@ impl Device for TcpDevice {
                 break n;
             }
         };
-        Ok(Box::new(TcpQp::new(
+        let core = TcpQp::new(
             qp_num,
             random_u32(),
             cfg.clone(),
             Arc::clone(&self.registry),
-        )))
+        );
+        Ok(Box::new(TcpQueuePair::new(core, self.nic.clone())))
     }
 }
 

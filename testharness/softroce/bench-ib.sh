@@ -128,7 +128,7 @@ rm -f "$logs"/*.log "$logs"/*.srv "$logs"/*.json "$logs"/*.err "$logs"/results.t
 echo "bench: building (cargo build --release)" >&2
 cargo build -p verbsnet --release --lib --example pair_bench
 perf=
-if [ -f testharness/src/perf.rs ]; then
+if [ -f testharness/Cargo.toml ]; then
     cargo build -p testharness --release --bin verbsnet-perf
     perf=$ROOT/target/release/verbsnet-perf
 fi

@@ -33,12 +33,20 @@
 #                        on the host, 400 cycles over tcp);
 #                        two v11 communicators finalized in turn (the one with trafficClass 106
 #                        shows "traffic class 106" in its connections' INFO lines)
+#      explorer          tests/explorer.rs over ib: the contract explorer through the v12 table
+#                        (VM_EXPLORER_CASES sequences, default 60; VM_EXPLORER_DEATH_CASES of the
+#                        peer-death profile, default 8); its "explorer[...]: N
+#                        sequences, M calls ... transport ib" line
+#      liveness          tests/liveness.rs over ib: issue 19's receive-all-then-spin-sends
+#                        pattern, peer death and close bounds
 #   6. perf_*            verbsnet-perf over ib, small sizes: all_reduce --ranks 2 and 4,
 #                        all_gather, reduce_scatter and sendrecv --ranks 2 through ncclNet v12
 #                        (the default, newest) and v8; an all_reduce smoke run through v7, v9,
 #                        v10 and v11; VERBSNET_IB_TC=106 VERBSNET_IB_SL=3 shown on every connection.
 #                        Each: exit 0, #wrong 0, the symbol used, and the log names rxe0, the
-#                        GID index and the MTU (when the harness exists)
+#                        GID index and the MTU (when the harness exists); with --proxy lazy
+#                        (receives posted ahead, sends spun on, completions consumed late):
+#                        all_reduce --ranks 4, and alltoall --ranks 4 --shared-comms 4
 # A test binary that prints SKIP in the VM (no device found) counts as a failure. Each step
 # prints one summary line, the run ends with "vm-suite: N passed, M failed"; the exit status is
 # 0 only when every step passed (255: the VM failed, 124: timeout). Full logs of every step are
@@ -158,6 +166,20 @@ if [ "${1:-}" = --guest ]; then
                 || fail lifecycle "no connection INFO line with '$want' in lifecycle.log"
         done
     fi
+    # the contract explorer through the v12 table over ib (issue 19); rxe under QEMU is slow,
+    # so fewer sequences than on the host (VM_EXPLORER_CASES; the death profile waits out its
+    # 5 s bound in each sequence: VM_EXPLORER_DEATH_CASES)
+    if [ -n "${BIN_explorer:-}" ]; then
+        test_step explorer "$BIN_explorer" RUST_TEST_THREADS=1 VERBSNET_TEST_TRANSPORT=ib \
+            VERBSNET_EXPLORER_CASES="${VM_EXPLORER_CASES:-60}" \
+            VERBSNET_EXPLORER_CASES_DEATH="${VM_EXPLORER_DEATH_CASES:-8}"
+        grep -qE 'explorer\[[a-z]+\]: [0-9]+ sequences, [0-9]+ calls .*transport ib' "$logs/explorer.log" \
+            || fail explorer "no 'explorer[...]: N sequences, M calls ... transport ib' line in explorer.log"
+    fi
+    # issue 19's pattern (receives, then sends spun without receiver calls) and peer death bounds
+    if [ -n "${BIN_liveness:-}" ]; then
+        test_step liveness "$BIN_liveness" RUST_TEST_THREADS=1 VERBSNET_TEST_TRANSPORT=ib
+    fi
     if [ -n "${PERF_BIN:-}" ]; then
         small=(-b 8 -e 1M -f 8 -n 2 -w 1)
         # the main collectives through the newest table (v12, the default) and v8
@@ -181,6 +203,11 @@ if [ "${1:-}" = --guest ]; then
         done
         PERF_ENV="VERBSNET_IB_TC=106 VERBSNET_IB_SL=3" PERF_EXPECT="traffic class 106 SL 3" \
             perf_step perf_tc_106 sendrecv --ranks 2 -b 8 -e 64K -f 8 -n 2 -w 1 -T 100
+        # --proxy lazy: every receive posted ahead, sends spun on, completions consumed late
+        # (the least polite order NCCL may call in)
+        perf_step perf_allreduce_4_lazy all_reduce --ranks 4 --proxy lazy "${small[@]}" -T 100
+        perf_step perf_alltoall_4_shared4_lazy \
+            alltoall --ranks 4 --shared-comms 4 --proxy lazy "${shared[@]}"
     else
         echo "vm-suite: ----  perf_*             verbsnet-perf not in this tree (testharness)"
     fi
@@ -232,6 +259,8 @@ t0=$(date +%s)
 tests=(transport_conformance ib_transport plugin_pair rnr)
 [ -f tests/scenarios.rs ] && tests+=(scenarios)
 [ -f testharness/tests/lifecycle.rs ] && tests+=(lifecycle)
+[ -f tests/explorer.rs ] && tests+=(explorer)
+[ -f tests/liveness.rs ] && tests+=(liveness)
 # The workspace-wide commands CI runs before (testharness/run-tests.sh), so that nothing is
 # rebuilt: per-package builds unify dependency features differently and rebuild the plugin.
 echo "vm-suite: building the tests (cargo test --workspace --no-run ${CARGO_PROFILE_ARGS:-})" >&2

@@ -90,6 +90,32 @@ impl Transport {
     }
 }
 
+/// `--proxy`: how the harness's proxy calls the plugin. Both are calls NCCL's proxy may make
+/// (`src/transport/net.cc`); they differ in how soon completions are looked at.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum Proxy {
+    /// Every pass posts receives into free slots, tests the oldest receive and the oldest send
+    /// and retries a refused isend once: completions are seen as soon as they happen.
+    #[default]
+    Eager,
+    /// The least polite order NCCL may use: every receive slot posted ahead, then every send
+    /// whose data is ready isent, retrying "retry later" without calling anything else, and
+    /// only then receives and sends tested (completions consumed late, never a call made just
+    /// to pump progress). A plugin must move data for posted receives without the receiver
+    /// calling it again.
+    Lazy,
+}
+
+impl Proxy {
+    /// The value as typed.
+    pub fn name(self) -> &'static str {
+        match self {
+            Proxy::Eager => "eager",
+            Proxy::Lazy => "lazy",
+        }
+    }
+}
+
 /// `--baseline`: a reference run over something that is not the plugin, in the same run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Baseline {
@@ -199,11 +225,17 @@ pub struct Args {
     #[arg(long, default_value_t = 0)]
     pub dev: i32,
 
-    /// alltoall: K senders of each rank share every net connection, each with its own tag, and
-    /// the receiver posts one grouped receive of n = K per step, as NCCL does for the local
-    /// ranks of a node under NCCL_NET_SHARED_COMMS (PXN). 1..=8 (the plugin's maxRecvs).
+    /// alltoall: K senders of each rank per peer, each with its own tag, as NCCL's local ranks
+    /// of a node under NCCL_NET_SHARED_COMMS (PXN). As NCCL: with the plugin's maxRecvs > 1
+    /// they share one connection and the receiver groups them into irecvs of up to maxRecvs
+    /// buffers; with maxRecvs 1 each sender gets its own connection. 1..=8.
     #[arg(long, value_name = "K", default_value_t = 1)]
     pub shared_comms: usize,
+
+    /// How the proxy calls the plugin: eager (default: completions seen at once) or lazy
+    /// (receives posted ahead, sends spun on, completions consumed late).
+    #[arg(long, value_enum, default_value_t = Proxy::Eager)]
+    pub proxy: Proxy,
 
     /// alltoall: each shared sender's next piece becomes ready after a random delay of up to
     /// this many microseconds (seeded by --seed), so the senders of a connection drift apart.
@@ -213,9 +245,9 @@ pub struct Args {
     /// Seed of the alltoall skew and of the order of tags inside each grouped receive.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// ncclNet ABI version to drive (7..=12) [default: the newest the plugin exports, probed
-    /// v12 → v7 as NCCL does].
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(7..=12))]
+    /// ncclNet ABI version to drive (6..=12) [default: the newest the plugin exports, probed
+    /// v12 → v6 as NCCL does].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(6..=12))]
     pub net_version: Option<u32>,
 
     /// After the plugin run, stream the same bytes per ring link over plain TCP sockets between
@@ -282,7 +314,7 @@ impl Args {
         }
         if !(1..=8).contains(&self.shared_comms) {
             return Err(format!(
-                "--shared-comms must be 1..=8 (the plugin's maxRecvs), not {}",
+                "--shared-comms must be 1..=8, not {}",
                 self.shared_comms
             ));
         }
@@ -425,6 +457,7 @@ mod tests {
         assert_eq!(a.chunk, 512 << 10);
         assert_eq!(a.sizes(), vec![32 << 20]);
         assert_eq!(a.baseline, None);
+        assert_eq!(a.proxy, Proxy::Eager);
 
         let a = Args::try_parse_from([
             "verbsnet-perf",
@@ -452,8 +485,11 @@ mod tests {
             "--json",
             "--baseline",
             "tcp",
+            "--proxy",
+            "lazy",
         ])
         .unwrap();
+        assert_eq!(a.proxy, Proxy::Lazy);
         assert_eq!(a.collective, Collective::ReduceScatter);
         assert_eq!(a.sizes().len(), 9);
         assert_eq!(a.op, RedOp::Max);

@@ -9,7 +9,7 @@ use testharness::cli::Args;
 use testharness::{launcher, perf};
 
 fn main() -> ExitCode {
-    // `verbsnet-perf doctor ...`: the preflight (testharness/src/doctor.rs).
+    // `verbsnet-perf doctor ...`: the preflight (testharness/src/doctor/).
     if std::env::args().nth(1).as_deref() == Some("doctor") {
         let code = testharness::doctor::main(std::env::args().skip(1));
         return ExitCode::from(u8::try_from(code).unwrap_or(2));
@@ -26,6 +26,9 @@ fn main() -> ExitCode {
             Err(e) => {
                 let who = args.rank.map(|r| format!("rank {r}: ")).unwrap_or_default();
                 eprintln!("verbsnet-perf: {who}error: {e}");
+                if let Some(w) = testharness::plugin::logger::unshown_last_warning() {
+                    eprintln!("verbsnet-perf: {who}the plugin's last WARN: {w}");
+                }
                 2
             }
         },

@@ -1,18 +1,22 @@
 //! `alltoall` over a full mesh of plugin connections, with NCCL's shared comms.
 //!
-//! Every rank has one send comm to and one receive comm from every other rank. With
-//! `--shared-comms K` each connection carries the traffic of K senders of the rank, as NCCL
-//! shares one net connection between the local ranks of a node (`NCCL_NET_SHARED_COMMS`, on by
-//! default, with PXN): sender `j` sends with tag `j`, in its own order and at its own pace, and
-//! the receiving proxy posts one grouped `irecv` per step with one buffer per sender that has a
-//! piece in that step (n = K while all have data), the tags in a seeded random order.
+//! Every rank has connections to and from every other rank. With `--shared-comms K` each rank
+//! has K senders per peer (NCCL's local ranks of a node): sender `j` sends with tag `j`, in its
+//! own order and at its own pace. How they map onto the plugin is NCCL's decision, from the
+//! device's `maxRecvs` (`src/transport/net.cc`: `sendProxyConnect`/`recvProxyConnect` share a
+//! connection only when `maxRecvs > 1`; `recvProxyProgress` groups the receives of a shared
+//! connection by at most `maxRecvs`), see [`Sharing::shape`]:
+//! - `maxRecvs > 1`: one connection per peer carries all K senders, and the receiving proxy
+//!   posts per step one grouped `irecv` per group of up to `maxRecvs` senders, one buffer per
+//!   member with a piece in that step, the tags in a seeded random order;
+//! - `maxRecvs == 1`: no sharing: K connections per peer, one per sender, one receive per step.
 //!
-//! The senders of a connection drift apart on purpose: each sender's next piece becomes ready
-//! ("its GPU finished it") after a seeded random delay of up to `--skew-us`, and each sender may
-//! run up to [`SLOTS`] steps ahead in its own FIFO slots, as a local rank of NCCL may. The
-//! plugin must then answer "retry later" (a NULL request) for a sender whose tag is not in the
-//! oldest posted receive, and never fail (NCCL's IB transport, `net_ib/p2p.cc`). All calls come
-//! from one thread, as from NCCL's proxy progress thread.
+//! The senders of a peer drift apart on purpose: each sender's next piece becomes ready ("its
+//! GPU finished it") after a seeded random delay of up to `--skew-us`, and each sender may run
+//! up to [`SLOTS`] steps ahead in its own FIFO slots, as a local rank of NCCL may. The plugin
+//! must then answer "retry later" (a NULL request) for a sender whose tag is not in the oldest
+//! posted receive, and never fail (NCCL's IB transport, `net_ib/p2p.cc`). All calls come from
+//! one thread, as from NCCL's proxy progress thread; [`Proxy`] says how politely.
 //!
 //! Rank `r`'s input block `p` (elements `[p·per, (p+1)·per)`) lands in rank `p`'s output block
 //! `r`; sender `j` carries the `j`-th of K near-equal element ranges of each block, cut into
@@ -23,28 +27,96 @@ use std::time::{Duration, Instant};
 
 use nccl_net_verbsnet::engine::sim::Rng;
 
-use crate::coll::{idle_wait, pieces, segment, Result, CONNECT_TIMEOUT, SLOTS, STALL_TIMEOUT};
+use crate::cli::Proxy;
+use crate::coll::{
+    check_size, idle_wait, pieces, segment, Result, CONNECT_TIMEOUT, SLOTS, STALL_TIMEOUT,
+};
 use crate::plugin::{Fifo, Handle, ListenComm, Net, RecvComm, Request, SendComm, HANDLE_SIZE};
-
-/// The connections to and from one peer.
-struct Peer<'n> {
-    send: SendComm<'n>,
-    recv: RecvComm<'n>,
-    /// `SLOTS × K` slots: piece `s` of sender `j` uses slot `(s % SLOTS) · K + j`.
-    send_fifo: Fifo<'n>,
-    /// The same layout for the receive side.
-    recv_fifo: Fifo<'n>,
-}
 
 /// How the mesh shares and skews its connections.
 #[derive(Clone, Copy, Debug)]
 pub struct Sharing {
-    /// Senders per connection (1..=8).
+    /// Senders per peer (1..=8).
     pub senders: usize,
     /// Largest random delay before a sender's next piece is ready, µs.
     pub skew_us: u64,
     /// Seed of the delays and of the tag order inside each grouped receive.
     pub seed: u64,
+    /// The device's `maxRecvs` (at least 1).
+    pub max_recvs: usize,
+}
+
+/// How the senders of one peer map onto connections and grouped receives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Shape {
+    /// Per connection to the peer, its senders (sender indices, i.e. tags).
+    pub senders: Vec<Vec<usize>>,
+    /// Per connection, its receive groups (sender indices): one grouped `irecv` per group and
+    /// step.
+    pub groups: Vec<Vec<Vec<usize>>>,
+}
+
+impl Shape {
+    /// Connections per peer.
+    pub fn conns(&self) -> usize {
+        self.senders.len()
+    }
+
+    /// The largest receive group.
+    pub fn group(&self) -> usize {
+        self.groups
+            .iter()
+            .flatten()
+            .map(Vec::len)
+            .max()
+            .unwrap_or(1)
+    }
+}
+
+impl Sharing {
+    /// NCCL's mapping of the senders (see the module docs).
+    pub fn shape(&self) -> Shape {
+        let k = self.senders.max(1);
+        let g = self.max_recvs.max(1);
+        if k > 1 && g == 1 {
+            Shape {
+                senders: (0..k).map(|j| vec![j]).collect(),
+                groups: (0..k).map(|j| vec![vec![j]]).collect(),
+            }
+        } else {
+            let all: Vec<usize> = (0..k).collect();
+            Shape {
+                groups: vec![all.chunks(g).map(<[usize]>::to_vec).collect()],
+                senders: vec![all],
+            }
+        }
+    }
+}
+
+/// One connection to and from a peer.
+struct Conn<'n> {
+    send: SendComm<'n>,
+    recv: RecvComm<'n>,
+    /// `SLOTS × senders` slots: piece `s` of the `i`-th sender uses slot `(s % SLOTS) · k + i`.
+    send_fifo: Fifo<'n>,
+    /// The same layout for the receive side.
+    recv_fifo: Fifo<'n>,
+    /// Its senders (sender indices).
+    senders: Vec<usize>,
+    /// Its receive groups.
+    groups: Vec<Vec<usize>>,
+}
+
+impl Conn<'_> {
+    /// The FIFO slot of sender `j`'s piece `step`.
+    fn slot(&self, j: usize, step: usize) -> usize {
+        let i = self
+            .senders
+            .iter()
+            .position(|&x| x == j)
+            .expect("a sender of this connection");
+        (step % SLOTS) * self.senders.len() + i
+    }
 }
 
 /// This rank's connections to every other rank.
@@ -54,12 +126,14 @@ pub struct Mesh<'n> {
     chunk: usize,
     sharing: Sharing,
     calls: u64,
-    /// Indexed by peer rank; `None` at our own rank.
-    peers: Vec<Option<Peer<'n>>>,
+    /// Indexed by peer rank; empty at our own rank.
+    peers: Vec<Vec<Conn<'n>>>,
 }
 
-/// One sender of one connection during a call.
+/// One sender to one peer during a call.
 struct Sender<'n> {
+    /// Its connection (index into the peer's connections).
+    conn: usize,
     /// `(offset, len)` of each piece in the input.
     pieces: Vec<(usize, usize)>,
     next: usize,
@@ -76,6 +150,17 @@ struct Posted<'n> {
     members: Vec<usize>,
 }
 
+/// One receive group of one connection from one peer during a call.
+struct Group<'n> {
+    conn: usize,
+    members: Vec<usize>,
+    /// Steps: the most pieces any member has.
+    steps: usize,
+    next_step: usize,
+    posted: VecDeque<Posted<'n>>,
+    done: usize,
+}
+
 /// Pieces of sender `j`'s share of a `block`-byte block of `es`-byte elements.
 fn share(block: usize, es: usize, k: usize, j: usize, chunk: usize) -> Vec<(usize, usize)> {
     let (a, b) = segment(block / es, k, j);
@@ -84,9 +169,9 @@ fn share(block: usize, es: usize, k: usize, j: usize, chunk: usize) -> Vec<(usiz
 }
 
 impl<'n> Mesh<'n> {
-    /// Listens once per peer (NCCL exchanges one handle per connection). Returns this rank's
-    /// `nranks × HANDLE_SIZE` handle bytes (zeros at its own index) for the allgather, and the
-    /// listen comms by peer rank.
+    /// Listens once per connection to each peer (NCCL exchanges one handle per connection).
+    /// Returns this rank's `nranks × conns × HANDLE_SIZE` handle bytes (zeros at its own index)
+    /// for the allgather, and the listen comms by peer rank and connection.
     ///
     /// # Errors
     /// Plugin errors.
@@ -95,24 +180,29 @@ impl<'n> Mesh<'n> {
         dev: i32,
         rank: usize,
         nranks: usize,
-    ) -> Result<(Vec<u8>, Vec<Option<ListenComm<'n>>>)> {
-        let mut bytes = vec![0u8; nranks * HANDLE_SIZE];
+        conns: usize,
+    ) -> Result<(Vec<u8>, Vec<Vec<ListenComm<'n>>>)> {
+        let mut bytes = vec![0u8; nranks * conns * HANDLE_SIZE];
         let mut listens = Vec::with_capacity(nranks);
         for p in 0..nranks {
-            if p == rank {
-                listens.push(None);
-                continue;
+            let mut mine = Vec::new();
+            if p != rank {
+                for c in 0..conns {
+                    let (h, l) = net.listen(dev)?;
+                    let at = (p * conns + c) * HANDLE_SIZE;
+                    bytes[at..at + HANDLE_SIZE].copy_from_slice(&h.0);
+                    mine.push(l);
+                }
             }
-            let (h, l) = net.listen(dev)?;
-            bytes[p * HANDLE_SIZE..(p + 1) * HANDLE_SIZE].copy_from_slice(&h.0);
-            listens.push(Some(l));
+            listens.push(mine);
         }
         Ok((bytes, listens))
     }
 
-    /// Connects to every peer with the handle it made for us (`all[p]` is rank `p`'s
-    /// [`Mesh::listen`] bytes) and accepts every peer on the listen comm made for it, polling
-    /// all of them until done, then registers each connection's FIFOs of `SLOTS × K` slots.
+    /// Connects to every peer with the handles it made for us (`all[p]` is rank `p`'s
+    /// [`Mesh::listen`] bytes) and accepts every peer on the listen comms made for it, polling
+    /// all of them until done, then registers each connection's FIFOs of `SLOTS × senders`
+    /// slots.
     ///
     /// # Errors
     /// Plugin errors, malformed handles, or a timeout.
@@ -121,44 +211,59 @@ impl<'n> Mesh<'n> {
         dev: i32,
         rank: usize,
         all: &[Vec<u8>],
-        mut listens: Vec<Option<ListenComm<'n>>>,
+        listens: Vec<Vec<ListenComm<'n>>>,
         chunk: usize,
         sharing: Sharing,
     ) -> Result<Mesh<'n>> {
         let n = all.len();
-        let mut handles: Vec<Option<Handle>> = Vec::with_capacity(n);
+        let shape = sharing.shape();
+        let nc = shape.conns();
+        let mut handles: Vec<Vec<Handle>> = Vec::with_capacity(n);
         for (p, b) in all.iter().enumerate() {
-            if p == rank {
-                handles.push(None);
-                continue;
+            let mut hs = Vec::new();
+            if p != rank {
+                for c in 0..nc {
+                    let at = (rank * nc + c) * HANDLE_SIZE;
+                    let h = b
+                        .get(at..at + HANDLE_SIZE)
+                        .and_then(Handle::from_bytes)
+                        .ok_or_else(|| {
+                            format!(
+                                "rank {p} sent {} handle bytes, not {n} × {nc} handles",
+                                b.len()
+                            )
+                        })?;
+                    hs.push(h);
+                }
             }
-            let h = b
-                .get(rank * HANDLE_SIZE..(rank + 1) * HANDLE_SIZE)
-                .and_then(Handle::from_bytes)
-                .ok_or_else(|| {
-                    format!("rank {p} sent {} handle bytes, not {n} handles", b.len())
-                })?;
-            handles.push(Some(h));
+            handles.push(hs);
         }
-        let mut sends: Vec<Option<SendComm<'n>>> = (0..n).map(|_| None).collect();
-        let mut recvs: Vec<Option<RecvComm<'n>>> = (0..n).map(|_| None).collect();
+        let mut listens: Vec<Vec<Option<ListenComm<'n>>>> = listens
+            .into_iter()
+            .map(|v| v.into_iter().map(Some).collect())
+            .collect();
+        let mut sends: Vec<Vec<Option<SendComm<'n>>>> =
+            (0..n).map(|_| (0..nc).map(|_| None).collect()).collect();
+        let mut recvs: Vec<Vec<Option<RecvComm<'n>>>> =
+            (0..n).map(|_| (0..nc).map(|_| None).collect()).collect();
         let start = Instant::now();
         loop {
             let mut pending = Vec::new();
             for p in (0..n).filter(|&p| p != rank) {
-                if sends[p].is_none() {
-                    let h = handles[p].as_mut().expect("peer handle");
-                    sends[p] = net.connect(dev, h)?;
-                }
-                if recvs[p].is_none() {
-                    let l = listens[p].as_mut().expect("peer listen comm");
-                    recvs[p] = net.accept(l)?;
-                    if recvs[p].is_some() {
-                        net.close_listen(listens[p].take().expect("just used"))?;
+                for c in 0..nc {
+                    if sends[p][c].is_none() {
+                        sends[p][c] = net.connect(dev, &mut handles[p][c])?;
                     }
-                }
-                if sends[p].is_none() || recvs[p].is_none() {
-                    pending.push(p);
+                    if recvs[p][c].is_none() {
+                        let l = listens[p][c].as_mut().expect("peer listen comm");
+                        recvs[p][c] = net.accept(l)?;
+                        if recvs[p][c].is_some() {
+                            net.close_listen(listens[p][c].take().expect("just used"))?;
+                        }
+                    }
+                    if sends[p][c].is_none() || recvs[p][c].is_none() {
+                        pending.push((p, c));
+                    }
                 }
             }
             if pending.is_empty() {
@@ -166,29 +271,33 @@ impl<'n> Mesh<'n> {
             }
             if start.elapsed() > CONNECT_TIMEOUT {
                 return Err(format!(
-                    "rank {rank}: alltoall mesh incomplete after {CONNECT_TIMEOUT:?}: peers \
-                     {pending:?} still connecting or accepting"
+                    "rank {rank}: alltoall mesh incomplete after {CONNECT_TIMEOUT:?}: (peer, \
+                     connection) {pending:?} still connecting or accepting"
                 )
                 .into());
             }
             std::thread::yield_now();
         }
-        let k = sharing.senders;
         let mut peers = Vec::with_capacity(n);
-        for (send, recv) in sends.into_iter().zip(recvs) {
-            peers.push(match (send, recv) {
-                (Some(send), Some(recv)) => {
-                    let send_fifo = net.reg_mr(&send, SLOTS * k, chunk)?;
-                    let recv_fifo = net.reg_mr(&recv, SLOTS * k, chunk)?;
-                    Some(Peer {
-                        send,
-                        recv,
-                        send_fifo,
-                        recv_fifo,
-                    })
-                }
-                _ => None,
-            });
+        for (sends, recvs) in sends.into_iter().zip(recvs) {
+            let mut conns = Vec::new();
+            for (c, (send, recv)) in sends.into_iter().zip(recvs).enumerate() {
+                let (Some(send), Some(recv)) = (send, recv) else {
+                    continue;
+                };
+                let k = shape.senders[c].len();
+                let send_fifo = net.reg_mr(&send, SLOTS * k, chunk)?;
+                let recv_fifo = net.reg_mr(&recv, SLOTS * k, chunk)?;
+                conns.push(Conn {
+                    send,
+                    recv,
+                    send_fifo,
+                    recv_fifo,
+                    senders: shape.senders[c].clone(),
+                    groups: shape.groups[c].clone(),
+                });
+            }
+            peers.push(conns);
         }
         Ok(Mesh {
             net,
@@ -204,185 +313,71 @@ impl<'n> Mesh<'n> {
     /// rank `p`, rank `p`'s block for us lands in `output` block `p`; our own block is copied.
     ///
     /// # Errors
-    /// Plugin errors, a piece of the wrong size, or no progress for [`STALL_TIMEOUT`].
+    /// Plugin errors or no progress for [`STALL_TIMEOUT`].
     pub fn alltoall(
         &mut self,
         input: &[u8],
         output: &mut [u8],
         block: usize,
         es: usize,
+        proxy: Proxy,
     ) -> Result<()> {
         let me = self.rank;
         output[me * block..(me + 1) * block].copy_from_slice(&input[me * block..(me + 1) * block]);
         let k = self.sharing.senders;
-        let skew = self.sharing.skew_us;
-        let net = self.net;
-        let chunk = self.chunk;
         self.calls += 1;
-        let mut rng = Rng(self.sharing.seed ^ (self.calls << 32) ^ (me as u64) << 16);
+        let mut call = Call {
+            net: self.net,
+            me,
+            chunk: self.chunk,
+            skew: self.sharing.skew_us,
+            rng: Rng(self.sharing.seed ^ (self.calls << 32) ^ (me as u64) << 16),
+            shares: (0..k).map(|j| share(block, es, k, j, self.chunk)).collect(),
+            senders: Vec::new(),
+            groups: Vec::new(),
+            last_progress: Instant::now(),
+        };
         let t0 = Instant::now();
-        let delay = |rng: &mut Rng| Duration::from_micros(rng.below(skew + 1));
-        let shares: Vec<Vec<(usize, usize)>> =
-            (0..k).map(|j| share(block, es, k, j, chunk)).collect();
-        let steps = shares.iter().map(Vec::len).max().unwrap_or(0);
-        // Per peer: K senders, the posted receives, and the next receive step.
-        let mut senders: Vec<Vec<Sender<'n>>> = Vec::new();
-        let mut posted: Vec<VecDeque<Posted<'n>>> = Vec::new();
-        let mut next_step = vec![0usize; self.peers.len()];
-        let mut recv_steps_done = vec![0usize; self.peers.len()];
-        for p in 0..self.peers.len() {
-            senders.push(
-                (0..k)
-                    .map(|j| Sender {
-                        pieces: shares[j]
-                            .iter()
-                            .map(|&(off, len)| (p * block + off, len))
-                            .collect(),
-                        next: 0,
-                        ready_at: t0 + delay(&mut rng),
-                        staged: None,
-                        in_flight: VecDeque::new(),
+        for (p, conns) in self.peers.iter().enumerate() {
+            let mut senders = Vec::with_capacity(k);
+            // Our own rank has no connections (its block was copied above).
+            for j in (0..k).filter(|_| !conns.is_empty()) {
+                let delay = call.delay();
+                senders.push(Sender {
+                    conn: conns
+                        .iter()
+                        .position(|c| c.senders.contains(&j))
+                        .unwrap_or(0),
+                    pieces: call.shares[j]
+                        .iter()
+                        .map(|&(off, len)| (p * block + off, len))
+                        .collect(),
+                    next: 0,
+                    ready_at: t0 + delay,
+                    staged: None,
+                    in_flight: VecDeque::new(),
+                    done: 0,
+                });
+            }
+            call.senders.push(senders);
+            let mut groups = Vec::new();
+            for (c, conn) in conns.iter().enumerate() {
+                for g in &conn.groups {
+                    groups.push(Group {
+                        conn: c,
+                        members: g.clone(),
+                        steps: g.iter().map(|&j| call.shares[j].len()).max().unwrap_or(0),
+                        next_step: 0,
+                        posted: VecDeque::new(),
                         done: 0,
-                    })
-                    .collect(),
-            );
-            posted.push(VecDeque::new());
+                    });
+                }
+            }
+            call.groups.push(groups);
         }
-        let mut last_progress = Instant::now();
-        loop {
-            let mut progressed = false;
-            let mut all_done = true;
-            for (p, peer) in self.peers.iter_mut().enumerate() {
-                let Some(peer) = peer.as_mut() else { continue };
-                // Receives: post steps ahead into free slots, one grouped irecv per step.
-                while next_step[p] < steps && posted[p].len() < SLOTS {
-                    let s = next_step[p];
-                    let mut members: Vec<usize> = (0..k).filter(|&j| s < shares[j].len()).collect();
-                    for i in (1..members.len()).rev() {
-                        members.swap(i, rng.below(i as u64 + 1) as usize);
-                    }
-                    let slots: Vec<usize> = members.iter().map(|&j| (s % SLOTS) * k + j).collect();
-                    let caps = vec![chunk; members.len()];
-                    let tags: Vec<i32> = members.iter().map(|&j| j as i32).collect();
-                    match net.irecv_group(
-                        &mut peer.recv,
-                        &mut peer.recv_fifo,
-                        &slots,
-                        &caps,
-                        &tags,
-                    )? {
-                        Some(req) => {
-                            posted[p].push_back(Posted {
-                                req,
-                                step: s,
-                                members,
-                            });
-                            next_step[p] += 1;
-                            progressed = true;
-                        }
-                        None => break,
-                    }
-                }
-                // Test the oldest receive; copy its pieces out at once (frees the slots).
-                if let Some(front) = posted[p].front_mut() {
-                    if let Some(sizes) = net.test_group(&mut peer.recv_fifo, &mut front.req)? {
-                        let s = front.step;
-                        for (i, (&j, &got)) in front.members.iter().zip(&sizes).enumerate() {
-                            let (off, len) = shares[j][s];
-                            if got != len {
-                                return Err(format!(
-                                    "rank {me}: step {s} from rank {p}, buffer {i} (tag {j}) \
-                                     carried {got} bytes, expected {len}"
-                                )
-                                .into());
-                            }
-                            let slot = (s % SLOTS) * k + j;
-                            let data = peer
-                                .recv_fifo
-                                .slot(slot)
-                                .ok_or("completed receive slot still busy")?;
-                            output[p * block + off..p * block + off + len]
-                                .copy_from_slice(&data[..len]);
-                        }
-                        posted[p].pop_front();
-                        recv_steps_done[p] += 1;
-                        progressed = true;
-                    }
-                }
-                if recv_steps_done[p] < steps {
-                    all_done = false;
-                }
-                // Senders: each fills its next slot when its piece is ready, isends it (retry
-                // on a NULL request), and tests its oldest send.
-                let now = Instant::now();
-                for (j, snd) in senders[p].iter_mut().enumerate() {
-                    if snd.staged.is_none()
-                        && snd.next < snd.pieces.len()
-                        && snd.in_flight.len() < SLOTS
-                        && now >= snd.ready_at
-                    {
-                        let (off, len) = snd.pieces[snd.next];
-                        let slot = (snd.next % SLOTS) * k + j;
-                        let buf = peer
-                            .send_fifo
-                            .slot_mut(slot)
-                            .ok_or("send slot still busy")?;
-                        buf[..len].copy_from_slice(&input[off..off + len]);
-                        snd.staged = Some(snd.next);
-                        snd.next += 1;
-                        snd.ready_at = now + delay(&mut rng);
-                    }
-                    if let Some(i) = snd.staged {
-                        let len = snd.pieces[i].1;
-                        let slot = (i % SLOTS) * k + j;
-                        if let Some(req) =
-                            net.isend(&mut peer.send, &mut peer.send_fifo, slot, len, j as i32)?
-                        {
-                            snd.in_flight.push_back(req);
-                            snd.staged = None;
-                            progressed = true;
-                        }
-                    }
-                    if let Some(req) = snd.in_flight.front_mut() {
-                        if net.test(&mut peer.send_fifo, req)?.is_some() {
-                            snd.in_flight.pop_front();
-                            snd.done += 1;
-                            progressed = true;
-                        }
-                    }
-                    if snd.done < snd.pieces.len() {
-                        all_done = false;
-                    }
-                }
-            }
-            if all_done {
-                return Ok(());
-            }
-            if progressed {
-                last_progress = Instant::now();
-            } else if last_progress.elapsed() > STALL_TIMEOUT {
-                let report: Vec<String> = (0..self.peers.len())
-                    .filter(|&p| p != me)
-                    .map(|p| {
-                        let sent: Vec<String> = senders[p]
-                            .iter()
-                            .map(|s| format!("{}/{}", s.done, s.pieces.len()))
-                            .collect();
-                        format!(
-                            "peer {p}: receives {}/{steps}, sends per tag {}",
-                            recv_steps_done[p],
-                            sent.join(" ")
-                        )
-                    })
-                    .collect();
-                return Err(format!(
-                    "rank {me}: alltoall made no progress for {STALL_TIMEOUT:?}: {}",
-                    report.join("; ")
-                )
-                .into());
-            } else {
-                idle_wait(last_progress.elapsed());
-            }
+        match proxy {
+            Proxy::Eager => call.run_eager(&mut self.peers, output, input),
+            Proxy::Lazy => call.run_lazy(&mut self.peers, output, input),
         }
     }
 
@@ -392,13 +387,366 @@ impl<'n> Mesh<'n> {
     /// Plugin errors.
     pub fn close(self) -> Result<()> {
         let net = self.net;
-        for peer in self.peers.into_iter().flatten() {
-            net.dereg_mr(&peer.send, peer.send_fifo)?;
-            net.dereg_mr(&peer.recv, peer.recv_fifo)?;
-            net.close_send(peer.send)?;
-            net.close_recv(peer.recv)?;
+        for conn in self.peers.into_iter().flatten() {
+            net.dereg_mr(&conn.send, conn.send_fifo)?;
+            net.dereg_mr(&conn.recv, conn.recv_fifo)?;
+            net.close_send(conn.send)?;
+            net.close_recv(conn.recv)?;
         }
         Ok(())
+    }
+}
+
+/// The state of one alltoall call.
+struct Call<'n> {
+    net: &'n Net,
+    me: usize,
+    chunk: usize,
+    skew: u64,
+    rng: Rng,
+    /// Per sender, its pieces of a block (offset in the block, length).
+    shares: Vec<Vec<(usize, usize)>>,
+    /// Per peer, per sender.
+    senders: Vec<Vec<Sender<'n>>>,
+    /// Per peer, its receive groups.
+    groups: Vec<Vec<Group<'n>>>,
+    last_progress: Instant,
+}
+
+impl<'n> Call<'n> {
+    fn delay(&mut self) -> Duration {
+        Duration::from_micros(self.rng.below(self.skew + 1))
+    }
+
+    fn all_done(&self) -> bool {
+        self.groups.iter().flatten().all(|g| g.done == g.steps)
+            && self
+                .senders
+                .iter()
+                .flatten()
+                .all(|s| s.done == s.pieces.len())
+    }
+
+    /// Posts the next step of group `gi` of peer `p` if a FIFO slot is free; whether it did.
+    fn post_receive(&mut self, conns: &mut [Conn<'n>], p: usize, gi: usize) -> Result<bool> {
+        let g = &mut self.groups[p][gi];
+        if g.next_step >= g.steps || g.posted.len() >= SLOTS {
+            return Ok(false);
+        }
+        let s = g.next_step;
+        let conn = &mut conns[g.conn];
+        let mut members: Vec<usize> = g
+            .members
+            .iter()
+            .copied()
+            .filter(|&j| s < self.shares[j].len())
+            .collect();
+        for i in (1..members.len()).rev() {
+            members.swap(i, self.rng.below(i as u64 + 1) as usize);
+        }
+        let slots: Vec<usize> = members.iter().map(|&j| conn.slot(j, s)).collect();
+        let caps = vec![self.chunk; members.len()];
+        let tags: Vec<i32> = members.iter().map(|&j| j as i32).collect();
+        let posted =
+            self.net
+                .irecv_group(&mut conn.recv, &mut conn.recv_fifo, &slots, &caps, &tags)?;
+        Ok(match posted {
+            Some(req) => {
+                g.posted.push_back(Posted {
+                    req,
+                    step: s,
+                    members,
+                });
+                g.next_step += 1;
+                true
+            }
+            None => false,
+        })
+    }
+
+    /// Tests the oldest posted receive of group `gi` of peer `p`; when done, copies its pieces
+    /// out (which frees their slots). Whether it completed.
+    fn test_receive(
+        &mut self,
+        conns: &mut [Conn<'n>],
+        p: usize,
+        gi: usize,
+        output: &mut [u8],
+        block: usize,
+    ) -> Result<bool> {
+        let g = &mut self.groups[p][gi];
+        let Some(front) = g.posted.front_mut() else {
+            return Ok(false);
+        };
+        let conn = &mut conns[g.conn];
+        let Some(sizes) = self.net.test_group(&mut conn.recv_fifo, &mut front.req)? else {
+            return Ok(false);
+        };
+        let s = front.step;
+        for (i, (&j, &got)) in front.members.iter().zip(&sizes).enumerate() {
+            let (off, len) = self.shares[j][s];
+            check_size(got, len, || {
+                format!("step {s} from rank {p}, buffer {i} (tag {j})")
+            });
+            let data = conn
+                .recv_fifo
+                .slot(conn.slot(j, s))
+                .ok_or("completed receive slot still busy")?;
+            output[p * block + off..p * block + off + len].copy_from_slice(&data[..len]);
+        }
+        g.posted.pop_front();
+        g.done += 1;
+        Ok(true)
+    }
+
+    /// Fills sender `j`'s next slot to peer `p` when its piece is ready and a slot is free
+    /// (`bound`: the highest piece index the proxy allows now).
+    fn stage(
+        &mut self,
+        conns: &mut [Conn<'n>],
+        p: usize,
+        j: usize,
+        input: &[u8],
+        bound: usize,
+    ) -> Result<()> {
+        let now = Instant::now();
+        let snd = &self.senders[p][j];
+        if snd.staged.is_some()
+            || snd.next >= snd.pieces.len()
+            || snd.next > bound
+            || snd.in_flight.len() >= SLOTS
+            || now < snd.ready_at
+        {
+            return Ok(());
+        }
+        let delay = self.delay();
+        let snd = &mut self.senders[p][j];
+        let conn = &mut conns[snd.conn];
+        let (off, len) = snd.pieces[snd.next];
+        let slot = conn.slot(j, snd.next);
+        let buf = conn
+            .send_fifo
+            .slot_mut(slot)
+            .ok_or("send slot still busy")?;
+        buf[..len].copy_from_slice(&input[off..off + len]);
+        snd.staged = Some(snd.next);
+        snd.next += 1;
+        snd.ready_at = now + delay;
+        Ok(())
+    }
+
+    /// One `isend` of sender `j`'s staged piece to peer `p`; whether the plugin took it.
+    fn isend(&mut self, conns: &mut [Conn<'n>], p: usize, j: usize) -> Result<bool> {
+        let snd = &mut self.senders[p][j];
+        let Some(i) = snd.staged else {
+            return Ok(false);
+        };
+        let conn = &mut conns[snd.conn];
+        let len = snd.pieces[i].1;
+        let slot = conn.slot(j, i);
+        match self
+            .net
+            .isend(&mut conn.send, &mut conn.send_fifo, slot, len, j as i32)?
+        {
+            Some(req) => {
+                snd.in_flight.push_back(req);
+                snd.staged = None;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// Tests sender `j`'s oldest send to peer `p`; whether it completed.
+    fn test_send(&mut self, conns: &mut [Conn<'n>], p: usize, j: usize) -> Result<bool> {
+        let snd = &mut self.senders[p][j];
+        let Some(req) = snd.in_flight.front_mut() else {
+            return Ok(false);
+        };
+        if self
+            .net
+            .test(&mut conns[snd.conn].send_fifo, req)?
+            .is_some()
+        {
+            snd.in_flight.pop_front();
+            snd.done += 1;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// Fails the call when nothing moved for [`STALL_TIMEOUT`], with each peer's state.
+    fn check_stall(&self) -> Result<()> {
+        if self.last_progress.elapsed() <= STALL_TIMEOUT {
+            return Ok(());
+        }
+        let report: Vec<String> = (0..self.groups.len())
+            .filter(|&p| p != self.me)
+            .map(|p| {
+                let recvd: Vec<String> = self.groups[p]
+                    .iter()
+                    .map(|g| format!("{}/{}", g.done, g.steps))
+                    .collect();
+                let sent: Vec<String> = self.senders[p]
+                    .iter()
+                    .map(|s| format!("{}/{}", s.done, s.pieces.len()))
+                    .collect();
+                format!(
+                    "peer {p}: receive steps per group {}, sends per tag {}",
+                    recvd.join(" "),
+                    sent.join(" ")
+                )
+            })
+            .collect();
+        Err(format!(
+            "rank {}: alltoall made no progress for {STALL_TIMEOUT:?}: {}",
+            self.me,
+            report.join("; ")
+        )
+        .into())
+    }
+
+    /// The default proxy: per peer, post receives into free slots, test the oldest receive of
+    /// each group, and per sender stage, isend once and test the oldest send, every pass.
+    fn run_eager(
+        &mut self,
+        peers: &mut [Vec<Conn<'n>>],
+        output: &mut [u8],
+        input: &[u8],
+    ) -> Result<()> {
+        let block = output.len() / peers.len().max(1);
+        loop {
+            let mut progressed = false;
+            for (p, conns) in peers.iter_mut().enumerate() {
+                for gi in 0..self.groups[p].len() {
+                    while self.post_receive(conns, p, gi)? {
+                        progressed = true;
+                    }
+                    progressed |= self.test_receive(conns, p, gi, output, block)?;
+                }
+                for j in 0..self.senders[p].len() {
+                    self.stage(conns, p, j, input, usize::MAX)?;
+                    progressed |= self.isend(conns, p, j)?;
+                    progressed |= self.test_send(conns, p, j)?;
+                }
+            }
+            if self.all_done() {
+                return Ok(());
+            }
+            if progressed {
+                self.last_progress = Instant::now();
+            } else {
+                self.check_stall()?;
+                idle_wait(self.last_progress.elapsed());
+            }
+        }
+    }
+
+    /// `--proxy lazy` (see [`Proxy::Lazy`]): every receive slot posted ahead; then every
+    /// ready send isent, round-robin over the senders, spinning on "retry later" until all are
+    /// taken, no receive tested meanwhile; only then the receives and sends tested, oldest
+    /// first, as far as they are done.
+    ///
+    /// A sender's piece `k` is attempted only while `k < c + SLOTS`, `c` being the fewest steps
+    /// this rank has consumed from any peer's group that still has steps to come: a rank then
+    /// never spins on a piece whose receive its peer cannot post before this rank consumes, so
+    /// with a plugin that takes a send once its receive is posted no two ranks wait for each
+    /// other (the peer it waits for has consumed strictly less, which cannot go round in a
+    /// circle).
+    fn run_lazy(
+        &mut self,
+        peers: &mut [Vec<Conn<'n>>],
+        output: &mut [u8],
+        input: &[u8],
+    ) -> Result<()> {
+        let block = output.len() / peers.len().max(1);
+        loop {
+            let mut progressed = false;
+            // 1. Receives posted ahead into every free slot of every group.
+            for (p, conns) in peers.iter_mut().enumerate() {
+                for gi in 0..self.groups[p].len() {
+                    while self.post_receive(conns, p, gi)? {
+                        progressed = true;
+                    }
+                }
+            }
+            // 2. Every ready send isent, round-robin over the senders, each retried on "retry
+            //    later" until every one is taken; no receive is tested meanwhile. A sender is
+            //    its own local rank (its own proxy op) in NCCL, so one refused send must not
+            //    hold back another (front-group matching may refuse a tag until the other
+            //    tags of the oldest step arrived): a sender with nothing refused tests its own
+            //    sends (late: only once its last isend was taken) and stages its next piece.
+            let consumed = self
+                .groups
+                .iter()
+                .flatten()
+                .filter(|g| g.done < g.steps)
+                .map(|g| g.done)
+                .min();
+            let bound = consumed.map_or(usize::MAX, |c| c + SLOTS - 1);
+            let spin = Instant::now();
+            loop {
+                let mut refused = None;
+                for (p, conns) in peers.iter_mut().enumerate() {
+                    for j in 0..self.senders[p].len() {
+                        if self.senders[p][j].staged.is_none() {
+                            while self.test_send(conns, p, j)? {
+                                progressed = true;
+                            }
+                            self.stage(conns, p, j, input, bound)?;
+                        }
+                        if self.senders[p][j].staged.is_some() {
+                            if self.isend(conns, p, j)? {
+                                progressed = true;
+                            } else {
+                                refused = Some((p, j));
+                            }
+                        }
+                    }
+                }
+                let Some((p, j)) = refused else {
+                    break;
+                };
+                if spin.elapsed() > STALL_TIMEOUT {
+                    self.last_progress = spin;
+                    return Err(format!(
+                        "rank {}: alltoall --proxy lazy: isend of tag {j} to rank {p} answered \
+                         \"retry later\" for {STALL_TIMEOUT:?} while every receive was posted \
+                         (the plugin must take a send whose receive is posted without the \
+                         receiver calling it again); {}",
+                        self.me,
+                        self.check_stall()
+                            .err()
+                            .map(|e| e.to_string())
+                            .unwrap_or_default()
+                    )
+                    .into());
+                }
+                idle_wait(spin.elapsed());
+            }
+            // 3. Completions, consumed late: receives, then sends, oldest first.
+            for (p, conns) in peers.iter_mut().enumerate() {
+                for gi in 0..self.groups[p].len() {
+                    while self.test_receive(conns, p, gi, output, block)? {
+                        progressed = true;
+                    }
+                }
+                for j in 0..self.senders[p].len() {
+                    while self.test_send(conns, p, j)? {
+                        progressed = true;
+                    }
+                }
+            }
+            if self.all_done() {
+                return Ok(());
+            }
+            if progressed {
+                self.last_progress = Instant::now();
+            } else {
+                self.check_stall()?;
+                idle_wait(self.last_progress.elapsed());
+            }
+        }
     }
 }
 
@@ -425,5 +773,30 @@ mod tests {
             }
             assert!(covered.iter().all(|&c| c == 1), "{block} {es} {k} {chunk}");
         }
+    }
+
+    /// NCCL shares a connection only when maxRecvs > 1, and groups receives by maxRecvs.
+    #[test]
+    fn the_shape_follows_max_recvs() {
+        let sh = |senders, max_recvs| {
+            Sharing {
+                senders,
+                skew_us: 0,
+                seed: 0,
+                max_recvs,
+            }
+            .shape()
+        };
+        let s = sh(4, 8);
+        assert_eq!((s.conns(), s.group()), (1, 4));
+        assert_eq!(s.groups, vec![vec![vec![0, 1, 2, 3]]]);
+        let s = sh(4, 1);
+        assert_eq!((s.conns(), s.group()), (4, 1));
+        assert_eq!(s.senders, vec![vec![0], vec![1], vec![2], vec![3]]);
+        let s = sh(5, 2);
+        assert_eq!((s.conns(), s.group()), (1, 2));
+        assert_eq!(s.groups, vec![vec![vec![0, 1], vec![2, 3], vec![4]]]);
+        let s = sh(1, 1);
+        assert_eq!((s.conns(), s.group()), (1, 1));
     }
 }

@@ -245,6 +245,12 @@ fn oversize_depth_fails_config_and_init() {
         "set VERBSNET_RQ_DEPTH to an integer in 1..=32768",
     );
     assert_eq!(check(&v, "plugin.init")["verdict"], "fail");
+    // The plugin's WARN reached the doctor through the logger init was given.
+    let init = check(&v, "plugin.init")["observed"].as_str().unwrap();
+    assert!(
+        init.contains("the plugin's WARN") && init.contains("VERBSNET_RQ_DEPTH"),
+        "{init}"
+    );
 }
 
 #[test]

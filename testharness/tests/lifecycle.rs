@@ -98,7 +98,7 @@ fn transfer<'n>(net: &'n Net, s: &mut SendComm<'n>, r: &mut RecvComm<'n>, len: u
         }
         if !rdone {
             if let Some(n) = net.test(&mut rf, &mut rreq).unwrap() {
-                assert_eq!(n, len);
+                assert_eq!(n, Some(len));
                 rdone = true;
             }
         }
@@ -127,7 +127,7 @@ fn threads() -> usize {
 /// One NCCL 2.28-style life: load, init (a context), connect, move data, close, finalize,
 /// dlclose.
 fn cycle(path: &str, version: u32) {
-    let net = Net::load_version(path, "verbsnet", None, Some(version)).unwrap();
+    let net = Net::load_version(path, Some("verbsnet"), None, Some(version)).unwrap();
     net.init().unwrap();
     let (mut s, mut r) = pair(&net, None);
     transfer(&net, &mut s, &mut r, 100_000, 3);
@@ -218,7 +218,7 @@ fn two_v11_communicators_in_one_process_finalize_in_turn() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     env();
     let path = plugin();
-    let net = Net::load_version(&path, "verbsnet", None, Some(11)).unwrap();
+    let net = Net::load_version(&path, Some("verbsnet"), None, Some(11)).unwrap();
     let a = net.init_context(0xa11, -1).unwrap();
     let b = net.init_context(0xb11, 106).unwrap();
     let (mut sa, mut ra) = pair(&net, Some(&a));

@@ -50,15 +50,17 @@ fn canonical(p: &Path) -> PathBuf {
     std::fs::canonicalize(p).unwrap_or_else(|e| panic!("canonicalize {}: {e}", p.display()))
 }
 
-/// A `verbsnet-perf` command with a clean plugin environment.
+/// A `verbsnet-perf` command with a clean plugin environment: no `NCCL_*` or `VERBSNET_*`
+/// variable of the caller (run-tests.sh sets `VERBSNET_REQUIRE_PLOT`, which the plugin would
+/// WARN about as an unknown knob).
 fn perf(args: &[&str]) -> Command {
     let mut c = Command::new(exe());
-    c.args(args)
-        .args(["-T", RUN_TIMEOUT_S])
-        .env_remove("NCCL_NET_PLUGIN")
-        .env_remove("NCCL_NET")
-        .env_remove("VERBSNET_STATS_FILE")
-        .env_remove("VERBSNET_TRANSPORT");
+    c.args(args).args(["-T", RUN_TIMEOUT_S]);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("NCCL_") || k.starts_with("VERBSNET_") {
+            c.env_remove(k);
+        }
+    }
     c
 }
 
@@ -121,6 +123,8 @@ fn assert_clean(coll: &str, nranks: usize, o: &Output, v: &Value) {
         assert_eq!(PathBuf::from(r["plugin_file"].as_str().unwrap()), want);
     }
     assert_eq!(v["plugin"]["name"], "verbsnet");
+    // verbsnet keeps the parts of the contract NCCL does not depend on, too.
+    assert_eq!(v["deviations"], serde_json::json!([]), "{}", show(o));
 }
 
 fn sweep(coll: &str) {
@@ -592,6 +596,9 @@ fn alltoall_with_shared_comms_and_skewed_senders_delivers_every_block() {
         ]);
         assert_clean("alltoall", 4, &o, &v);
         assert_eq!(v["shared_comms"]["senders"].as_u64(), k.parse().ok());
+        // verbsnet's maxRecvs is 8: one shared connection, all K senders in one receive.
+        assert_eq!(v["shared_comms"]["connections_per_peer"], 1);
+        assert_eq!(v["shared_comms"]["receive_group"].as_u64(), k.parse().ok());
         let total = |key: &str| -> u64 {
             v["stats"]
                 .as_array()
@@ -618,5 +625,239 @@ fn alltoall_with_shared_comms_and_skewed_senders_delivers_every_block() {
                 "no send was ever refused for its tag"
             );
         }
+    }
+}
+
+/// The plugin logs through the logger `init` gets, as under NCCL: its WARN reaches the
+/// harness (counted per rank, kept, printed in NCCL's format), and `NCCL_DEBUG` /
+/// `NCCL_DEBUG_SUBSYS` decide what prints.
+#[test]
+fn plugin_lines_reach_the_harness_through_the_logger() {
+    // A typo'd knob: verbsnet WARNs at init ("ignoring unknown variable"), and the run is fine.
+    let _ = plugin();
+    let o = perf(&[
+        "all_reduce",
+        "--ranks",
+        "2",
+        "-b",
+        "8",
+        "-e",
+        "8",
+        "-n",
+        "1",
+        "--transport",
+        "tcp",
+        "--json",
+    ])
+    .env("VERBSNET_RQDEPTH", "512")
+    .output()
+    .unwrap();
+    assert!(o.status.success(), "{}", show(&o));
+    let v: Value = serde_json::from_str(
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .rev()
+            .find(|l| l.starts_with('{'))
+            .unwrap(),
+    )
+    .unwrap();
+    for (r, log) in v["plugin_log"]
+        .as_array()
+        .expect("plugin_log")
+        .iter()
+        .enumerate()
+    {
+        assert!(log["warn"].as_u64().unwrap() >= 1, "rank {r}: {log}");
+        let w = log["warnings"][0].as_str().unwrap();
+        assert!(
+            w.contains("NET/verbsnet : ignoring unknown variable VERBSNET_RQDEPTH"),
+            "{w}"
+        );
+    }
+    // NCCL's WARN format on stderr: `host:pid:tid [0] file:line NCCL WARN NET/verbsnet : ...`.
+    let err = String::from_utf8_lossy(&o.stderr);
+    let line = err
+        .lines()
+        .find(|l| l.contains("NCCL WARN"))
+        .unwrap_or_else(|| panic!("no NCCL WARN line\n{}", show(&o)));
+    let (who, rest) = line.split_once(" [0] ").expect("host:pid:tid [0]");
+    assert_eq!(
+        who.rsplit(' ').next().unwrap().split(':').count(),
+        3,
+        "{line}"
+    );
+    assert!(
+        rest.contains(".rs:") && rest.contains(" NCCL WARN NET/verbsnet : "),
+        "{line}"
+    );
+    // The text table says so too.
+    let o = perf(&[
+        "sendrecv",
+        "--ranks",
+        "2",
+        "-b",
+        "8",
+        "-e",
+        "8",
+        "-n",
+        "1",
+        "--transport",
+        "tcp",
+    ])
+    .env("VERBSNET_RQDEPTH", "512")
+    .output()
+    .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("# Plugin WARN lines (through NCCL's logger): rank 0: 1, rank 1: 1"),
+        "{}",
+        show(&o)
+    );
+
+    // NCCL_DEBUG=INFO with NET in NCCL_DEBUG_SUBSYS: the plugin's INFO lines print as NCCL's.
+    let args = [
+        "sendrecv",
+        "--ranks",
+        "2",
+        "-b",
+        "8",
+        "-e",
+        "8",
+        "-n",
+        "1",
+        "--transport",
+        "tcp",
+    ];
+    let o = perf(&args)
+        .env("NCCL_DEBUG", "INFO")
+        .env("NCCL_DEBUG_SUBSYS", "INIT,NET")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", show(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains(" [0] NCCL INFO NET/verbsnet : using transport tcp"),
+        "{err}"
+    );
+    // NCCL_DEBUG=WARN: no INFO line; NCCL_DEBUG=NONE: nothing, even with the typo's WARN.
+    let o = perf(&args).env("NCCL_DEBUG", "WARN").output().unwrap();
+    assert!(
+        !String::from_utf8_lossy(&o.stderr).contains("NCCL INFO"),
+        "{}",
+        show(&o)
+    );
+    let o = perf(&args)
+        .env("NCCL_DEBUG", "NONE")
+        .env("VERBSNET_RQDEPTH", "512")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", show(&o));
+    assert!(
+        !String::from_utf8_lossy(&o.stderr).contains("NCCL WARN"),
+        "{}",
+        show(&o)
+    );
+}
+
+/// A failing init: the harness's error carries the plugin's WARN when NCCL_DEBUG hides it.
+#[test]
+fn a_failed_init_reports_the_plugins_warning() {
+    let _ = plugin();
+    let o = perf(&["sendrecv", "-b", "8"])
+        .env("VERBSNET_TRANSPORT", "carrier-pigeon")
+        .env("NCCL_DEBUG", "NONE")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("init returned"), "{err}");
+    assert!(
+        err.contains("the plugin's last WARN: NET/verbsnet : ") && err.contains("carrier-pigeon"),
+        "{err}"
+    );
+}
+
+/// `--proxy lazy` through verbsnet: every receive posted ahead, sends spun on, completions
+/// consumed late. The ring collectives whose sends wait for their receives run.
+#[test]
+fn lazy_proxy_runs_the_ring_collectives() {
+    for coll in ["all_reduce", "all_gather", "reduce_scatter"] {
+        for n in ["2", "4"] {
+            let (o, v) = run_json(&[
+                coll,
+                "--ranks",
+                n,
+                "-b",
+                "8",
+                "-e",
+                "1M",
+                "-f",
+                "4",
+                "-n",
+                "2",
+                "--transport",
+                "tcp",
+                "--proxy",
+                "lazy",
+            ]);
+            assert_clean(coll, n.parse().unwrap(), &o, &v);
+            assert_eq!(v["proxy"], "lazy");
+        }
+    }
+}
+
+/// sendrecv under `--proxy lazy`: each rank spins on sends far ahead of its receives, which
+/// hung while verbsnet returned credits only when the receiving comm was called again (issue
+/// 19): a send matching a posted receive must need nothing more from the receiver.
+#[test]
+fn lazy_proxy_runs_sendrecv() {
+    for n in ["2", "4"] {
+        let (o, v) = run_json(&[
+            "sendrecv",
+            "--ranks",
+            n,
+            "-b",
+            "8",
+            "-e",
+            "1M",
+            "-f",
+            "4",
+            "-n",
+            "2",
+            "--transport",
+            "tcp",
+            "--proxy",
+            "lazy",
+        ]);
+        assert_clean("sendrecv", n.parse().unwrap(), &o, &v);
+    }
+}
+
+/// alltoall with shared comms under `--proxy lazy` (the vm-suite runs it on ib too).
+#[test]
+fn lazy_proxy_runs_alltoall_with_shared_comms() {
+    for k in ["1", "4"] {
+        let (o, v) = run_json(&[
+            "alltoall",
+            "--ranks",
+            "4",
+            "--shared-comms",
+            k,
+            "-b",
+            "16K",
+            "-e",
+            "1M",
+            "-f",
+            "8",
+            "--chunk",
+            "4K",
+            "-n",
+            "2",
+            "--transport",
+            "tcp",
+            "--proxy",
+            "lazy",
+        ]);
+        assert_clean("alltoall", 4, &o, &v);
     }
 }

@@ -70,3 +70,6 @@ pub fn capture() -> (Arc<Mutex<Vec<String>>>, tracing::subscriber::DefaultGuard)
     let guard = tracing::subscriber::set_default(warn_capture(&warns));
     (warns, guard)
 }
+
+/// The plugin driven through its exported `ncclNetPlugin_v12` table (explorer, liveness).
+pub mod table;

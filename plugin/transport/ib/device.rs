@@ -1,8 +1,5 @@
-//! Verbs devices: context, protection domain, memory regions, and discovery of usable ports.
-//!
-//! Ownership encodes the verbs teardown order: an [`IbMemoryRegion`] and a queue pair hold an
-//! `Arc<ProtectionDomain>`, which holds an `Arc<Context>`; so MRs and QPs go before the PD, and
-//! the PD before the device context, whatever order the caller drops things in.
+//! Verbs devices: memory regions, QP creation, and discovery of usable ports (the context,
+//! protection domain and port facts they share with the QPs live in [`super::context`]).
 
 use std::ffi::CStr;
 use std::fs;
@@ -10,14 +7,15 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rdma_sys::{
-    ibv_access_flags, ibv_context, ibv_device_attr, ibv_gid, ibv_mr, ibv_pd, ibv_port_attr,
-    ibv_port_state,
-};
+use rdma_sys::{ibv_access_flags, ibv_device_attr, ibv_gid, ibv_mr, ibv_port_attr, ibv_port_state};
 use tracing::{debug, info, warn};
 
+use super::context::{
+    Context, PortInfo, ProtectionDomain, LINK_LAYER_ETHERNET, LINK_LAYER_INFINIBAND,
+    LINK_LAYER_UNSPECIFIED,
+};
 use super::convert;
-use super::dl::{self, Verbs};
+use super::dl;
 use super::filter::HcaFilter;
 use super::gid::{self, GidKind};
 use super::qp::IbQueuePair;
@@ -29,91 +27,6 @@ use crate::transport::{
 
 /// Where the kernel describes verbs devices.
 pub(crate) const SYSFS_IB: &str = "/sys/class/infiniband";
-
-/// `ibv_port_attr::link_layer` values (`IBV_LINK_LAYER_*` in verbs.h).
-pub(crate) const LINK_LAYER_UNSPECIFIED: u8 = 0;
-/// InfiniBand.
-pub(crate) const LINK_LAYER_INFINIBAND: u8 = 1;
-/// Ethernet (RoCE).
-pub(crate) const LINK_LAYER_ETHERNET: u8 = 2;
-
-/// An open device context (`ibv_open_device`); closed on drop.
-pub(crate) struct Context {
-    pub(crate) verbs: &'static Verbs,
-    pub(crate) ctx: *mut ibv_context,
-    pub(crate) name: String,
-}
-
-// SAFETY: libibverbs contexts may be used from any thread; all verbs on one context are
-// thread-safe (verbs.h contract; every provider serialises internally where needed).
-unsafe impl Send for Context {}
-// SAFETY: as above; we only pass the pointer to verbs.
-unsafe impl Sync for Context {}
-
-impl Drop for Context {
-    fn drop(&mut self) {
-        // SAFETY: ctx came from ibv_open_device and every object created on it (PD, CQs, QPs,
-        // MRs) holds an Arc<Context> through the PD, so all of them are already destroyed.
-        let rc = unsafe { (self.verbs.close_device)(self.ctx) };
-        if rc != 0 {
-            warn!(dev = %self.name, rc, "ibv_close_device failed");
-        }
-    }
-}
-
-/// A protection domain (`ibv_alloc_pd`); one per device, shared by its ports; freed on drop.
-pub(crate) struct ProtectionDomain {
-    pub(crate) ctx: Arc<Context>,
-    pub(crate) pd: *mut ibv_pd,
-}
-
-// SAFETY: see Context; a PD is a plain handle for thread-safe verbs.
-unsafe impl Send for ProtectionDomain {}
-// SAFETY: as above.
-unsafe impl Sync for ProtectionDomain {}
-
-impl Drop for ProtectionDomain {
-    fn drop(&mut self) {
-        // SAFETY: pd came from ibv_alloc_pd; MRs and QPs on it hold an Arc to self, so none is
-        // left.
-        let rc = unsafe { (self.ctx.verbs.dealloc_pd)(self.pd) };
-        if rc != 0 {
-            warn!(dev = %self.ctx.name, rc, "ibv_dealloc_pd failed (an MR or QP still uses it?)");
-        }
-    }
-}
-
-/// What queue pairs need to know about their port.
-#[derive(Debug)]
-pub(crate) struct PortInfo {
-    /// Device name, e.g. `rxe0`.
-    pub(crate) dev: String,
-    /// Port number (1-based).
-    pub(crate) port: u8,
-    /// `LINK_LAYER_INFINIBAND` or `LINK_LAYER_ETHERNET`.
-    pub(crate) link_layer: u8,
-    /// GID index used as `sgid_index`.
-    pub(crate) gid_index: u8,
-    /// That GID (network order).
-    pub(crate) gid: [u8; 16],
-    /// Port LID (IB only; 0 on RoCE).
-    pub(crate) lid: u16,
-    /// Active MTU as an `ibv_mtu` code.
-    pub(crate) active_mtu: u32,
-    /// Device limit on CQ entries.
-    pub(crate) max_cqe: u32,
-    /// Device limit on WRs per queue.
-    pub(crate) max_qp_wr: u32,
-    /// Device limit on SGEs per WR.
-    pub(crate) max_sge: u32,
-}
-
-impl PortInfo {
-    /// `rxe0:1`.
-    pub(crate) fn label(&self) -> String {
-        format!("{}:{}", self.dev, self.port)
-    }
-}
 
 /// One active port of a verbs device, as a [`Device`].
 pub struct IbDevice {
@@ -274,7 +187,6 @@ pub fn open_devices(cfg: &crate::config::Config) -> Result<Vec<Arc<dyn Device>>,
         })?,
         None => HcaFilter::default(),
     };
-    super::qp::set_oob_keepalive(cfg.socket_keepalive);
     let verbs = dl::verbs()?;
     let mut num = 0;
     // SAFETY: num is a valid out-pointer; the list is freed below with ibv_free_device_list.

@@ -18,9 +18,12 @@
 //!   how many.
 //!
 //! Modules: `dl` (the run-time symbol table), [`filter`], [`gid`], [`convert`] (pure code
-//! mappings), `device` (context, PD, MR, discovery), [`qp`], [`survey`] (every device and port
-//! with the plugin's verdict on it, for `verbsnet-perf doctor`).
+//! mappings), `context` (the device context, protection domain and port facts that devices and
+//! QPs share), `device` (MRs, QP creation, discovery), [`qp`], [`survey`] (every device and port
+//! with the plugin's verdict on it, for `verbsnet-perf doctor`). Imports run one way:
+//! `device` → `qp` → `context` (and `device` → `context`), never back.
 
+mod context;
 mod device;
 mod dl;
 

@@ -1,12 +1,10 @@
 //! RC queue pairs over verbs: creation (RESET→INIT), connection (RTR→RTS), posting and polling.
 
 use std::cell::Cell;
-use std::io::{self, Read};
+use std::io::{self, Read, Write};
 use std::net::{Ipv6Addr, TcpStream};
 use std::ptr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use rdma_sys::{
     ibv_access_flags, ibv_cq, ibv_qp, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_init_attr,
@@ -15,11 +13,11 @@ use rdma_sys::{
 };
 use tracing::{debug, info, warn};
 
+use super::context::{PortInfo, ProtectionDomain, LINK_LAYER_ETHERNET, LINK_LAYER_INFINIBAND};
 use super::convert;
-use super::device::{PortInfo, ProtectionDomain, LINK_LAYER_ETHERNET, LINK_LAYER_INFINIBAND};
 use crate::transport::{
-    QpConfig, QpCounters, QueuePair, RecvWr, SendOpcode, SendWr, TransportError, Wc, WcStatus,
-    MAX_SEND_SGE,
+    set_keepalive, QpConfig, QpCounters, QueuePair, RecvWr, SendOpcode, SendWr, TransportError, Wc,
+    WcStatus, MAX_SEND_SGE, PEER_SILENT,
 };
 
 /// Completions fetched per `ibv_poll_cq` call.
@@ -137,6 +135,14 @@ pub struct IbQueuePair {
     peer_gone: Cell<bool>,
     /// The set-up socket's keepalive expired: the peer host or its link went silent.
     peer_silent: Cell<bool>,
+    /// The peer's goodbye marker arrived on the set-up stream.
+    peer_orderly: Cell<bool>,
+    /// Bytes of [`GOODBYE`] matched so far at the end of what the set-up stream carried.
+    goodbye_matched: Cell<usize>,
+    /// The QP was moved to the error state because the peer went (so every WR completes).
+    flushed: Cell<bool>,
+    /// Our own goodbye was written.
+    said_goodbye: bool,
     counters: QpCounters,
     warned_error: bool,
     // scratch space reused by every post/poll (no allocation on the data path)
@@ -203,6 +209,10 @@ impl IbQueuePair {
             oob: None,
             peer_gone: Cell::new(false),
             peer_silent: Cell::new(false),
+            peer_orderly: Cell::new(false),
+            goodbye_matched: Cell::new(0),
+            flushed: Cell::new(false),
+            said_goodbye: false,
             counters: QpCounters::default(),
             warned_error: false,
             send_wrs: Vec::new(),
@@ -330,6 +340,90 @@ impl IbQueuePair {
     }
 }
 
+impl IbQueuePair {
+    /// Reads what the set-up stream holds (non-blocking). After the handshake it carries only
+    /// the peer's [`GOODBYE`] (stray bytes are dropped, so an EOF behind them is still seen).
+    /// True when the peer is gone: EOF, an error (a keepalive that expired: the host went
+    /// silent), or its goodbye.
+    fn read_oob(&self) -> bool {
+        let Some(s) = &self.oob else {
+            return false;
+        };
+        let mut buf = [0u8; 64];
+        loop {
+            match (&*s).read(&mut buf) {
+                Ok(0) => return true,
+                Ok(n) => {
+                    let mut matched = self.goodbye_matched.get();
+                    for &b in &buf[..n] {
+                        if matched < GOODBYE.len() && b == GOODBYE[matched] {
+                            matched += 1;
+                        } else if matched < GOODBYE.len() {
+                            matched = usize::from(b == GOODBYE[0]);
+                        }
+                    }
+                    self.goodbye_matched.set(matched);
+                    if matched == GOODBYE.len() {
+                        self.peer_orderly.set(true);
+                        debug!(qp_num = self.qpn, "the peer said goodbye (orderly close)");
+                        return true;
+                    }
+                    debug!(qp_num = self.qpn, n, "bytes on the set-up stream");
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                    // TCP keepalive expired: the peer host, not just its process, is gone
+                    self.peer_silent.set(true);
+                    warn!(
+                        qp_num = self.qpn,
+                        "the peer host stopped answering on the set-up connection (no TCP \
+                         keepalive reply within VERBSNET_SOCKET_KEEPALIVE): it lost power or \
+                         its link is down; outstanding requests fail"
+                    );
+                    return true;
+                }
+                Err(e) => {
+                    debug!(qp_num = self.qpn, "oob stream error: {e}");
+                    return true;
+                }
+            }
+        }
+    }
+
+    /// The peer is gone: move the QP to the error state, so that every outstanding WR
+    /// completes (flushed) instead of waiting for a peer that will never answer (a posted
+    /// receive would never complete otherwise). Once.
+    fn flush_on_peer_gone(&self) {
+        if self.flushed.replace(true) || !self.established {
+            return;
+        }
+        // SAFETY: ibv_qp_attr is plain data; all-zero is valid.
+        let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.qp_state = ibv_qp_state::IBV_QPS_ERR;
+        // SAFETY: qp is a valid QP (destroyed only in Drop); attr sets the one field the mask
+        // names; verbs calls on a QP are thread-safe, and this QP is driven by one thread.
+        let rc = unsafe {
+            (self.pd.ctx.verbs.modify_qp)(
+                self.qp,
+                &mut attr,
+                ibv_qp_attr_mask::IBV_QP_STATE.0 as i32,
+            )
+        };
+        if rc != 0 {
+            warn!(
+                qp_num = self.qpn,
+                rc, "ibv_modify_qp(-> ERR) after the peer went failed"
+            );
+        } else {
+            debug!(
+                qp_num = self.qpn,
+                "the peer went: QP moved to the error state (WRs flush)"
+            );
+        }
+    }
+}
+
 impl QueuePair for IbQueuePair {
     fn local_info(&self) -> Vec<u8> {
         self.info().encode()
@@ -402,9 +496,8 @@ impl QueuePair for IbQueuePair {
         if let Err(e) = oob.set_nonblocking(true) {
             debug!("oob set_nonblocking: {e}");
         }
-        let ka_ms = OOB_KEEPALIVE_MS.load(Ordering::Relaxed);
-        if ka_ms > 0 {
-            if let Err(e) = set_keepalive(&oob, Duration::from_millis(ka_ms)) {
+        if let Some(bound) = self.cfg.oob_keepalive {
+            if let Err(e) = set_keepalive(&oob, bound) {
                 warn!(qp_num = self.qpn, "TCP keepalive on the set-up socket: {e}");
             }
         }
@@ -612,41 +705,45 @@ impl QueuePair for IbQueuePair {
         Ok(got)
     }
 
-    fn peer_closed(&self) -> bool {
-        if self.peer_gone.get() {
-            return true;
+    /// Writes [`GOODBYE`] on the set-up stream without blocking (8 bytes into an idle socket:
+    /// in practice always whole). WRs already posted are left to the QP's destruction.
+    fn goodbye(&mut self) {
+        if self.said_goodbye {
+            return;
         }
         let Some(s) = &self.oob else {
-            return false;
+            return;
         };
-        // After the handshake nothing is expected on the stream: drain stray bytes so that an
-        // EOF behind them is still seen.
-        let mut buf = [0u8; 64];
-        loop {
-            match (&*s).read(&mut buf) {
+        self.said_goodbye = true;
+        let mut off = 0;
+        while off < GOODBYE.len() {
+            match (&*s).write(&GOODBYE[off..]) {
                 Ok(0) => break,
-                Ok(n) => debug!(qp_num = self.qpn, n, "discarded bytes on the oob stream"),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) if e.kind() == io::ErrorKind::TimedOut => {
-                    // TCP keepalive expired: the peer host, not just its process, is gone
-                    self.peer_silent.set(true);
-                    warn!(
-                        qp_num = self.qpn,
-                        "the peer host stopped answering on the set-up connection (no TCP \
-                         keepalive reply within VERBSNET_SOCKET_KEEPALIVE): it lost power or \
-                         its link is down; outstanding requests fail"
-                    );
-                    break;
-                }
+                Ok(n) => off += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
-                    debug!(qp_num = self.qpn, "oob stream error: {e}");
+                    debug!(qp_num = self.qpn, "goodbye on the set-up stream: {e}");
                     break;
                 }
             }
         }
-        self.peer_gone.set(true);
-        true
+        debug!(
+            qp_num = self.qpn,
+            bytes = off,
+            "goodbye sent on the set-up stream"
+        );
+    }
+
+    fn peer_closed(&self) -> bool {
+        if !self.peer_gone.get() && self.read_oob() {
+            self.peer_gone.set(true);
+            self.flush_on_peer_gone();
+        }
+        self.peer_gone.get()
+    }
+
+    fn peer_closed_orderly(&self) -> bool {
+        self.peer_closed() && self.peer_orderly.get()
     }
 
     fn peer_gone_reason(&self) -> Option<&'static str> {
@@ -658,37 +755,11 @@ impl QueuePair for IbQueuePair {
     }
 }
 
-/// Why a comm failed when the set-up socket's keepalive expired.
-const PEER_SILENT: &str = "the peer host stopped answering (no TCP keepalive reply on the set-up \
-                           connection within VERBSNET_SOCKET_KEEPALIVE): it lost power, or its \
-                           link or the path to it is down";
-
-/// `VERBSNET_SOCKET_KEEPALIVE` in milliseconds (0 = off), set by `open_devices`.
-static OOB_KEEPALIVE_MS: AtomicU64 = AtomicU64::new(20_000);
-
-/// Sets the keepalive bound of the set-up sockets of QPs connected from now on (`None`: off).
-pub(crate) fn set_oob_keepalive(bound: Option<Duration>) {
-    let ms = bound.map_or(0, |d| {
-        u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
-    });
-    OOB_KEEPALIVE_MS.store(ms, Ordering::Relaxed);
-}
-
-/// Turns on TCP keepalive on a connection's set-up socket so that a peer HOST that goes silent
-/// (power loss, cut link: no FIN, no RST) makes [`QueuePair::peer_closed`] true within
-/// `bound`, even when no WR is in flight for the transport's own retry timer to expire
-/// (receives never time out; a sender waiting for credits or a CTS posts nothing).
-/// The peer's kernel answers the probes, so a busy or stopped peer process does not trip it.
-/// Probes: first after `bound / 2` idle, then every `bound / 10`, 5 unanswered ones => ETIMEDOUT
-/// (`tcp(7)`: TCP_KEEPIDLE, TCP_KEEPINTVL, TCP_KEEPCNT; whole seconds, at least 1).
-fn set_keepalive(oob: &TcpStream, bound: Duration) -> io::Result<()> {
-    let secs = bound.as_secs().max(2);
-    let ka = socket2::TcpKeepalive::new()
-        .with_time(Duration::from_secs((secs / 2).max(1)))
-        .with_interval(Duration::from_secs((secs / 10).max(1)))
-        .with_retries(5);
-    socket2::SockRef::from(oob).set_tcp_keepalive(&ka)
-}
+/// The goodbye marker a QP writes on the set-up stream before its owner drops it
+/// ([`QueuePair::goodbye`]); the peer's [`QueuePair::peer_closed`] reads it. Nothing else
+/// travels on that stream after the handshake, so an older peer (which drops what it reads
+/// there) takes it for stray bytes and then sees the close as before.
+pub const GOODBYE: [u8; 8] = *b"VNET-BYE";
 
 impl Drop for IbQueuePair {
     fn drop(&mut self) {

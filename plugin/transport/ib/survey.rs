@@ -14,11 +14,9 @@ use std::path::{Path, PathBuf};
 
 use rdma_sys::{ibv_device_attr, ibv_port_attr, ibv_port_state};
 
+use super::context::{Context, LINK_LAYER_ETHERNET, LINK_LAYER_INFINIBAND, LINK_LAYER_UNSPECIFIED};
 use super::convert;
-use super::device::{
-    gid_table, pick_gid, Context, GidPick, LINK_LAYER_ETHERNET, LINK_LAYER_INFINIBAND,
-    LINK_LAYER_UNSPECIFIED, SYSFS_IB,
-};
+use super::device::{gid_table, pick_gid, GidPick, SYSFS_IB};
 use super::dl;
 use super::filter::HcaFilter;
 use super::gid::{self, GidEntry};

@@ -1,20 +1,25 @@
-//! The tcp queue pair: an RC requester and responder over one non-blocking stream, driven
-//! entirely by `poll_cq` (the protocol is described in the parent module's documentation).
+//! The tcp queue pair's state machine: an RC requester and responder over one non-blocking
+//! stream, driven by its owner's calls and, while the owner does not poll, by the device's NIC
+//! thread (`super::nic`, which also holds this state behind the owner's handle; the protocol is
+//! described in the parent module's documentation).
 //!
-//! This file holds the QP's state, the error state every half shares, and the [`QueuePair`]
-//! entry points; the rest is split by role:
+//! This file holds the QP's state, the error state every half shares, and the entry points
+//! (the [`QueuePair`] calls the handle forwards, and [`TcpQp::service`] for the NIC thread);
+//! the rest is split by role:
 //! - [`requester`]: send WRs, PSNs, ACK/NAK/RNR NAK handling, in-order send completions;
 //! - [`responder`]: receive WRs, where each message's payload goes, ACKs and NAKs;
 //! - [`io`]: the socket: staging and writing frames, reading and cutting the stream into frames.
 //!
-//! Time is passed in: only the entry points (`post_send`, `poll_cq`, `end_batch`) and the
-//! socket reads in [`io`] read the clock (before each phase, and after each read that returned
+//! Time is passed in: only the entry points (`post_send`, `poll_cq`, `end_batch`, `goodbye`,
+//! `service`) and the socket reads in [`io`] read the clock (before each phase, and after each read that returned
 //! bytes, so a frame is handled at its arrival), and hand `now` down to what decides
 //! retransmissions (the RNR timer).
 //!
-//! Call order inside [`QueuePair::poll_cq`]: flush the out-queue → read and process frames →
+//! Call order inside [`TcpQp::poll_cq`]: flush the out-queue → read and process frames →
 //! retire decided send WRs → flush again (ACKs/NAKs just generated, retransmissions whose RNR
-//! timer expired) → hand out completions.
+//! timer expired) → hand out completions. [`TcpQp::service`] does the same but hands nothing
+//! out (completions queue for the owner), and gives way to the owner before every socket call
+//! once the owner waits for the state (`preempt`).
 
 mod io;
 mod requester;
@@ -22,6 +27,7 @@ mod responder;
 
 use std::collections::VecDeque;
 use std::net::{Shutdown, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -33,11 +39,15 @@ use self::responder::{recv_wc, Done, RxState};
 use super::registry::Registry;
 use super::wire::{ConnInfo, Frame, NakCode, HEADER_LEN};
 use crate::transport::{
-    QpConfig, QpCounters, QueuePair, RecvWr, Result, SendWr, TransportError, Wc, WcStatus,
-    MAX_SEND_SGE,
+    set_keepalive, QpConfig, QpCounters, RecvWr, Result, SendWr, TransportError, Wc, WcStatus,
+    MAX_SEND_SGE, PEER_SILENT,
 };
 
-/// An RC queue pair over a TCP stream.
+#[cfg(doc)]
+use crate::transport::QueuePair;
+
+/// An RC queue pair over a TCP stream (its state; the owner holds it through
+/// `super::nic::TcpQueuePair`).
 pub(super) struct TcpQp {
     /// Our 24-bit QP number (logs, `local_info`).
     qp_num: u32,
@@ -49,8 +59,10 @@ pub(super) struct TcpQp {
     /// The device's memory registry (lkeys and rkeys).
     registry: Arc<Registry>,
     state: QpState,
-    /// The data channel; `None` until `establish`.
-    stream: Option<TcpStream>,
+    /// The data channel; `None` until `establish` and after the owner dropped the QP. Shared
+    /// with the NIC thread while it waits on the socket (`poll(2)`), never used by it for I/O
+    /// outside this state's lock.
+    stream: Option<Arc<TcpStream>>,
     /// The stream failed or hit EOF: no more I/O on it.
     io_dead: bool,
     /// `post_send` starts transmitting at once (off only in white-box tests that stage by hand).
@@ -59,6 +71,23 @@ pub(super) struct TcpQp {
     in_batch: bool,
     /// The peer closed the connection or the stream failed (`peer_closed()`).
     peer_closed: bool,
+    /// The peer's goodbye (BYE frame) arrived before it closed (`peer_closed_orderly()`).
+    peer_orderly: bool,
+    /// The stream's keepalive expired: the peer host went silent (`peer_gone_reason()`).
+    peer_silent: bool,
+    /// Our own goodbye: once queued, no data frame starts and nothing follows the BYE.
+    closing: Closing,
+    /// The NIC thread is running [`TcpQp::service`] (its socket loops give way on `preempt`).
+    servicing: bool,
+    /// Set by the owner while it waits for this state: the NIC thread stops before its next
+    /// socket call, so the owner waits for at most one non-blocking call.
+    preempt: Arc<AtomicBool>,
+    /// When the owner last called `poll_cq` (the NIC thread leaves the QP alone until it has
+    /// not for a while).
+    last_poll: Option<Instant>,
+    /// Read system calls made (tests: what a skipped read saves).
+    #[cfg(test)]
+    rx_syscalls: u64,
 
     // Requester.
     /// Posted send WRs not yet completed, in posting order; PSNs are consecutive.
@@ -104,6 +133,17 @@ pub(super) struct TcpQp {
     counters: QpCounters,
 }
 
+/// Where our own goodbye stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Closing {
+    /// No goodbye.
+    Open,
+    /// The BYE frame is queued behind the frames already staged.
+    ByeQueued,
+    /// The BYE frame is staged: nothing more is staged after it.
+    ByeStaged,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum QpState {
     /// Created; receives may be posted, sends may not.
@@ -146,6 +186,14 @@ impl TcpQp {
             doorbell: true,
             in_batch: false,
             peer_closed: false,
+            peer_orderly: false,
+            peer_silent: false,
+            closing: Closing::Open,
+            servicing: false,
+            preempt: Arc::new(AtomicBool::new(false)),
+            last_poll: None,
+            #[cfg(test)]
+            rx_syscalls: 0,
             sq: VecDeque::new(),
             next_psn: initial_psn,
             snd_una: initial_psn,
@@ -237,12 +285,22 @@ impl TcpQp {
         if self.state == QpState::Error {
             return;
         }
-        warn!(
-            qp_num = self.qp_num,
-            remote_qp_num = self.remote_qp_num,
-            ?cause,
-            "tcp QP enters the error state: {why}"
-        );
+        if self.peer_orderly || self.closing != Closing::Open {
+            // The peer's goodbye, or our own close: an expected end, not a failure worth a
+            // warning.
+            debug!(
+                qp_num = self.qp_num,
+                remote_qp_num = self.remote_qp_num,
+                "tcp QP enters the error state: {why}"
+            );
+        } else {
+            warn!(
+                qp_num = self.qp_num,
+                remote_qp_num = self.remote_qp_num,
+                ?cause,
+                "tcp QP enters the error state: {why}"
+            );
+        }
         self.state = QpState::Error;
         self.rnr_wait_until = None;
         self.drop_unsent_data();
@@ -282,8 +340,10 @@ impl TcpQp {
     }
 }
 
-impl QueuePair for TcpQp {
-    fn local_info(&self) -> Vec<u8> {
+/// The entry points: the owner's [`QueuePair`] calls (forwarded by the handle, one at a time,
+/// under the state's lock) and the NIC thread's [`TcpQp::service`].
+impl TcpQp {
+    pub(super) fn local_info(&self) -> Vec<u8> {
         ConnInfo {
             qp_num: self.qp_num,
             initial_psn: self.initial_psn,
@@ -291,7 +351,7 @@ impl QueuePair for TcpQp {
         .encode()
     }
 
-    fn establish(&mut self, remote: &[u8], oob: TcpStream) -> Result<()> {
+    pub(super) fn establish(&mut self, remote: &[u8], oob: TcpStream) -> Result<()> {
         if self.state != QpState::Init {
             return Err(TransportError::Unavailable(format!(
                 "tcp QP {:#08x} is already connected",
@@ -308,6 +368,14 @@ impl QueuePair for TcpQp {
             op: "set TCP_NODELAY on the tcp data stream".into(),
             source,
         })?;
+        if let Some(bound) = self.cfg.oob_keepalive {
+            if let Err(e) = set_keepalive(&oob, bound) {
+                warn!(
+                    qp_num = self.qp_num,
+                    "TCP keepalive on the tcp data stream: {e}"
+                );
+            }
+        }
         debug!(
             qp_num = self.qp_num,
             remote_qp_num = info.qp_num,
@@ -316,14 +384,16 @@ impl QueuePair for TcpQp {
         );
         self.remote_qp_num = info.qp_num;
         self.rcv_nxt = info.initial_psn;
-        self.stream = Some(oob);
+        self.stream = Some(Arc::new(oob));
         self.state = QpState::Ready;
         Ok(())
     }
 
     /// All or nothing: a batch that does not fit is refused whole. On a QP in the error state
-    /// the WRs are accepted and complete with `WrFlush` (as verbs do).
-    fn post_send(&mut self, wrs: &[SendWr]) -> Result<()> {
+    /// the WRs are accepted and complete with `WrFlush` (as verbs do). After
+    /// [`TcpQp::goodbye`] every post is refused (`Unavailable`).
+    pub(super) fn post_send(&mut self, wrs: &[SendWr]) -> Result<()> {
+        self.refuse_after_goodbye("post_send")?;
         if self.state == QpState::Init {
             return Err(TransportError::Unavailable(format!(
                 "tcp QP {:#08x}: post_send before establish (the QP is not ready to send)",
@@ -365,7 +435,8 @@ impl QueuePair for TcpQp {
 
     /// All or nothing, like `post_send`. Legal before `establish`; on a QP in the error state
     /// the WRs complete with `WrFlush`.
-    fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<()> {
+    pub(super) fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<()> {
+        self.refuse_after_goodbye("post_recv")?;
         let cap = self.cfg.max_recv_wr as usize;
         if self.rq.len() + wrs.len() > cap {
             return Err(TransportError::Resource(format!(
@@ -387,9 +458,11 @@ impl QueuePair for TcpQp {
         Ok(())
     }
 
-    fn poll_cq(&mut self, out: &mut Vec<Wc>, max: usize) -> Result<usize> {
+    pub(super) fn poll_cq(&mut self, out: &mut Vec<Wc>, max: usize) -> Result<usize> {
+        let now = Instant::now();
+        self.last_poll = Some(now);
         if self.stream.is_some() && !self.io_dead {
-            self.flush_tx(Instant::now());
+            self.flush_tx(now);
             // Again: the flush may have written megabytes.
             self.poll_rx(Instant::now());
             self.retire_sq();
@@ -406,24 +479,143 @@ impl QueuePair for TcpQp {
     /// ACKs (and NAKs, retransmissions) `poll_cq` generates wait in the out-queue for the
     /// next `post_send`, whose doorbell writes them with the new frames in one `sendmsg`, or
     /// for [`QueuePair::end_batch`].
-    fn begin_batch(&mut self) {
+    pub(super) fn begin_batch(&mut self) {
         self.in_batch = true;
     }
 
-    fn end_batch(&mut self) {
+    pub(super) fn end_batch(&mut self) {
         self.in_batch = false;
         if self.stream.is_some() && !self.io_dead {
             self.flush_tx(Instant::now());
         }
     }
 
-    fn peer_closed(&self) -> bool {
+    pub(super) fn peer_closed(&self) -> bool {
         self.peer_closed
     }
 
-    fn counters(&self) -> QpCounters {
+    /// True once the peer's BYE frame arrived (it then also counts as closed).
+    pub(super) fn peer_closed_orderly(&self) -> bool {
+        self.peer_orderly
+    }
+
+    /// Why the peer went, when the stream's keepalive expired.
+    pub(super) fn peer_gone_reason(&self) -> Option<&'static str> {
+        self.peer_silent.then_some(PEER_SILENT)
+    }
+
+    /// The owner announces an orderly close: a BYE frame is queued behind what is already
+    /// staged for the socket (control frames and the frames of messages already started go
+    /// first, in order; a message not yet started is never sent), and the QP writes what the
+    /// socket takes now, without blocking. Nothing is sent after the BYE; later posts are
+    /// refused. Best effort: what the socket did not take before the QP is dropped is lost,
+    /// and the peer then sees a plain close. Idempotent.
+    pub(super) fn goodbye(&mut self) {
+        if self.closing != Closing::Open || self.stream.is_none() {
+            return;
+        }
+        debug!(qp_num = self.qp_num, "goodbye: BYE queued");
+        self.ctrl.push_back(Frame::Bye);
+        self.closing = Closing::ByeQueued;
+        if !self.io_dead {
+            self.flush_tx(Instant::now());
+        }
+    }
+
+    fn refuse_after_goodbye(&self, what: &str) -> Result<()> {
+        if self.closing == Closing::Open {
+            return Ok(());
+        }
+        Err(TransportError::Unavailable(format!(
+            "tcp QP {:#08x}: {what} after goodbye (the QP is closing)",
+            self.qp_num
+        )))
+    }
+
+    /// The NIC thread's call while the owner does not poll: what `poll_cq` does, minus
+    /// handing out completions (they queue for the owner). Not inside the owner's batch (its
+    /// ACKs wait for the batch's send). Before each socket call it gives way when the owner
+    /// waits for the state (`preempt`): the state is consistent between any two calls.
+    pub(super) fn service(&mut self, now: Instant) {
+        if self.in_batch {
+            return;
+        }
+        self.servicing = true;
+        if self.stream.is_some() && !self.io_dead {
+            self.flush_tx(now);
+            if !self.yielding() {
+                self.read_rx(Instant::now());
+            }
+            self.retire_sq();
+            if !self.yielding() {
+                self.flush_tx(Instant::now());
+            }
+        }
+        self.retire_sq();
+        self.servicing = false;
+    }
+
+    /// Inside a [`TcpQp::service`] call that must give way to the owner.
+    pub(super) fn yielding(&self) -> bool {
+        self.servicing && self.preempt.load(Ordering::Relaxed)
+    }
+
+    /// The flag the owner sets while it waits for this state.
+    pub(super) fn preempt_flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.preempt)
+    }
+
+    /// When the owner last called `poll_cq`.
+    pub(super) fn last_poll(&self) -> Option<Instant> {
+        self.last_poll
+    }
+
+    /// Inside the owner's batch.
+    pub(super) fn in_batch(&self) -> bool {
+        self.in_batch
+    }
+
+    /// What the NIC thread waits for on this QP's behalf between services: the socket (to
+    /// read; to write too while staged bytes wait for room) and the RNR timer. `None` when
+    /// there is no socket to wait on (not established, failed, dropped).
+    pub(super) fn interest(&self) -> Option<Interest> {
+        let stream = self.stream.as_ref().filter(|_| !self.io_dead)?;
+        Some(Interest {
+            stream: Arc::clone(stream),
+            write: !self.tx_buf.is_empty() || self.tx_payload.is_some(),
+            // Only while it can resend: after goodbye or in the error state the timer never
+            // clears (nothing is staged), and waking for it would spin.
+            deadline: self
+                .rnr_wait_until
+                .filter(|_| self.state == QpState::Ready && self.closing == Closing::Open),
+        })
+    }
+
+    /// The owner drops the QP: the stream leaves the state (the caller shuts it down, so the
+    /// peer sees the close at once, as at a process death), and the QP does no more I/O.
+    pub(super) fn take_stream(&mut self) -> Option<Arc<TcpStream>> {
+        self.io_dead = true;
+        self.stream.take()
+    }
+
+    /// Our QP number.
+    pub(super) fn qp_num(&self) -> u32 {
+        self.qp_num
+    }
+
+    pub(super) fn counters(&self) -> QpCounters {
         self.counters
     }
+}
+
+/// What the NIC thread waits on for an idle QP ([`TcpQp::interest`]).
+pub(super) struct Interest {
+    /// The QP's socket (kept open by this clone until the wait ends).
+    pub(super) stream: Arc<TcpStream>,
+    /// Staged bytes wait for room in the socket.
+    pub(super) write: bool,
+    /// The RNR timer runs out then (while the QP may resend).
+    pub(super) deadline: Option<Instant>,
 }
 
 #[cfg(test)]
@@ -448,6 +640,7 @@ mod tests {
             retry_cnt: 7,
             traffic_class: 0,
             service_level: 0,
+            oob_keepalive: None,
         };
         let mut qp = TcpQp::new(1, 100, cfg, Arc::clone(&registry));
         qp.doorbell = false;
@@ -774,17 +967,27 @@ mod tests {
         assert_eq!(read_frames(&mut peer, 1)[0].0, Frame::Ack { psn: 9 });
     }
 
-    /// After a read that drained the socket, the next [`io::RX_SKIP_POLLS`] polls (within the
-    /// window) may skip the read, never more in a row: bytes already there are taken in by
-    /// the poll after.
-    #[test]
-    fn a_drained_socket_is_not_read_on_every_poll_but_data_waits_a_bounded_number_of_polls() {
-        let (mut qp, mut peer, region, lkey) = established();
-        let now = Instant::now();
-        qp.poll_rx(now); // EAGAIN: drained
-        assert_eq!(qp.rx_drained_at, Some(now));
+    /// Waits until the QP's socket holds at least `n` unread bytes (the peer's write has
+    /// arrived), without reading them: an event, not a time.
+    fn wait_in_socket(qp: &TcpQp, n: usize) {
+        let stream = qp.stream.as_ref().expect("established");
+        let mut buf = vec![0u8; n];
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            match stream.peek(&mut buf) {
+                Ok(k) if k >= n => return,
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => panic!("peek: {e}"),
+            }
+            assert!(Instant::now() < deadline, "the peer's bytes never arrived");
+            std::thread::yield_now();
+        }
+    }
+
+    fn write_frame(psn: u32, region: &Region, lkey: u32) -> Vec<u8> {
         let mut b = Frame::Write {
-            psn: 7,
+            psn,
             len: 4,
             remote_addr: region.addr(),
             rkey: lkey,
@@ -792,24 +995,72 @@ mod tests {
         .encode()
         .to_vec();
         b.extend_from_slice(&[9; 4]);
+        b
+    }
+
+    /// After a read that drained the socket, the next [`io::RX_SKIP_POLLS`] polls (within the
+    /// window) make no read system call even with bytes waiting, never more in a row: the
+    /// poll after takes them in. Past the window a poll always reads. (The bytes' arrival is
+    /// awaited with `peek`, and the reads are counted, so no sleep decides the outcome.)
+    #[test]
+    fn a_drained_socket_is_not_read_on_every_poll_but_data_waits_a_bounded_number_of_polls() {
+        let (mut qp, mut peer, region, lkey) = established();
+        let now = Instant::now();
+        qp.poll_rx(now); // EAGAIN: drained
+        assert_eq!(qp.rx_drained_at, Some(now));
+        let b = write_frame(7, &region, lkey);
         peer.write_all(&b).expect("peer write");
-        std::thread::sleep(std::time::Duration::from_millis(50)); // it is in our socket now
+        wait_in_socket(&qp, b.len());
+        let reads = qp.rx_syscalls;
         for k in 0..io::RX_SKIP_POLLS {
             qp.poll_rx(now); // within the window: skipped
-            assert_eq!(qp.rcv_nxt, 7, "skipped poll {k} read nothing");
+            assert_eq!(qp.rcv_nxt, 7, "skipped poll {k} took nothing in");
         }
+        assert_eq!(qp.rx_syscalls, reads, "a skipped poll made a read call");
         qp.poll_rx(now); // never more skips in a row
         assert_eq!(qp.rcv_nxt, 8, "the next poll took the message in");
+        assert!(qp.rx_syscalls > reads);
         // Past the window a poll always reads.
-        peer.write_all(&{
-            let mut b = b.clone();
-            b[4..8].copy_from_slice(&8u32.to_be_bytes());
-            b
-        })
-        .expect("peer write");
-        std::thread::sleep(std::time::Duration::from_millis(50));
+        let b = write_frame(8, &region, lkey);
+        peer.write_all(&b).expect("peer write");
+        wait_in_socket(&qp, b.len());
         let t = qp.rx_drained_at.expect("drained");
+        let reads = qp.rx_syscalls;
         qp.poll_rx(t + io::RX_SKIP_WINDOW);
         assert_eq!(qp.rcv_nxt, 9, "a poll after the window reads");
+        assert!(qp.rx_syscalls > reads);
+    }
+
+    /// The NIC thread's service gives way to an owner waiting for the state before any socket
+    /// call (`preempt`), leaving everything for the owner; without it, it does what a poll
+    /// does, minus handing out completions.
+    #[test]
+    fn service_gives_way_to_a_waiting_owner_before_any_socket_call() {
+        let (mut qp, mut peer, region, lkey) = established();
+        let b = write_frame(7, &region, lkey);
+        peer.write_all(&b).expect("peer write");
+        wait_in_socket(&qp, b.len());
+        qp.post_send(&[send_of(&region, lkey, 8)]).expect("post"); // no doorbell: queued
+        qp.preempt.store(true, Ordering::Relaxed);
+        let reads = qp.rx_syscalls;
+        qp.service(Instant::now());
+        assert_eq!(qp.rx_syscalls, reads, "read while the owner waited");
+        assert_eq!(
+            qp.rcv_nxt, 7,
+            "carried a message out while the owner waited"
+        );
+        assert_eq!(qp.snd_nxt, 100, "staged a message while the owner waited");
+        assert!(!qp.servicing);
+        qp.preempt.store(false, Ordering::Relaxed);
+        qp.service(Instant::now());
+        assert_eq!(qp.rcv_nxt, 8, "the service carries the WRITE out");
+        assert_eq!(qp.snd_nxt, 101, "and sends the queued SEND");
+        let got = read_frames(&mut peer, 2);
+        assert_eq!(got[0].0, Frame::Send { psn: 100, len: 8 });
+        assert_eq!(got[1].0, Frame::Ack { psn: 7 });
+        assert!(
+            qp.cq.is_empty(),
+            "nothing completed yet (no ACK from the peer)"
+        );
     }
 }

@@ -14,6 +14,7 @@ use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::nic::TcpQueuePair;
 use super::qp::TcpQp;
 use super::wire::{self, ConnInfo, Frame, FrameError, NakCode, HEADER_LEN, MAX_MSG_LEN};
 use super::{open_devices, TcpDevice};
@@ -30,6 +31,15 @@ use crate::transport::{
 /// A tcp device, as itself (for its registry) and as a `dyn Device` (for the fixture).
 fn tcp_device(index: u32) -> (Arc<TcpDevice>, Arc<dyn Device>) {
     let dev = Arc::new(TcpDevice::new(index));
+    let d: Arc<dyn Device> = dev.clone();
+    (dev, d)
+}
+
+/// A tcp device whose QPs move only inside their owners' calls: for tests that stage a race
+/// by hand (memory deregistered mid-frame) and must not have the progress thread finish the
+/// transfer meanwhile.
+fn tcp_device_without_nic(index: u32) -> (Arc<TcpDevice>, Arc<dyn Device>) {
+    let dev = Arc::new(TcpDevice::without_nic(index));
     let d: Arc<dyn Device> = dev.clone();
     (dev, d)
 }
@@ -72,6 +82,7 @@ fn frames_round_trip() {
             psn: 13,
             code: NakCode::Operation,
         },
+        Frame::Bye,
     ];
     for f in frames {
         assert_eq!(Frame::decode(&f.encode()), Ok(f));
@@ -87,7 +98,7 @@ fn frames_round_trip() {
     assert_eq!(
         h,
         [
-            0x56, 0x4e, 1, 3, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 0x11, 0x12, 0x13, 0x14, 0x15,
+            0x56, 0x4e, 2, 3, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 0x11, 0x12, 0x13, 0x14, 0x15,
             0x16, 0x17, 0x18, 0x19, 0x1a, 0x1b, 0x1c, 0, 0, 0, 0
         ]
     );
@@ -108,7 +119,9 @@ fn malformed_headers_are_refused() {
         h
     };
     assert_eq!(Frame::decode(&with(0, 0)), Err(FrameError::Magic(0x004e)));
-    assert_eq!(Frame::decode(&with(2, 2)), Err(FrameError::Version(2)));
+    // A version-1 peer's frame (before BYE existed), and an unknown later version.
+    assert_eq!(Frame::decode(&with(2, 1)), Err(FrameError::Version(1)));
+    assert_eq!(Frame::decode(&with(2, 3)), Err(FrameError::Version(3)));
     assert_eq!(Frame::decode(&with(3, 0x7f)), Err(FrameError::Opcode(0x7f)));
     assert_eq!(
         Frame::decode(&with(31, 1)),
@@ -141,6 +154,24 @@ fn malformed_headers_are_refused() {
     let mut send = Frame::Send { psn: 1, len: 1 }.encode();
     send[15] = 1;
     assert_eq!(Frame::decode(&send), Err(FrameError::NonZero("rkey")));
+    // BYE: opcode 0x13, every field zero.
+    let bye = Frame::Bye.encode();
+    assert_eq!(bye[3], 0x13);
+    assert!(bye[4..].iter().all(|&b| b == 0));
+    for (i, field) in [
+        (7, "psn"),
+        (11, "length"),
+        (28, "syndrome"),
+        (20, "remote_addr"),
+    ] {
+        let mut b = bye;
+        b[i] = 1;
+        assert_eq!(
+            Frame::decode(&b),
+            Err(FrameError::NonZero(field)),
+            "byte {i}"
+        );
+    }
 }
 
 #[test]
@@ -168,16 +199,20 @@ fn conn_info_round_trips_and_is_checked() {
     let b = info.encode();
     assert_eq!(
         b,
-        [b'V', b'N', b'T', b'Q', 1, 0xab, 0xcd, 0xef, 0xff, 0xff, 0xff, 0xf0]
+        [b'V', b'N', b'T', b'Q', 2, 0xab, 0xcd, 0xef, 0xff, 0xff, 0xff, 0xf0]
     );
     assert_eq!(ConnInfo::decode(&b), Ok(info));
     assert!(ConnInfo::decode(&b[..11]).is_err());
     let mut m = b.clone();
     m[0] = b'X';
     assert!(ConnInfo::decode(&m).is_err());
+    // A version-1 peer (no BYE frame) is refused here, before any frame flows.
     let mut v = b.clone();
-    v[4] = 9;
-    assert!(ConnInfo::decode(&v).is_err());
+    v[4] = 1;
+    match ConnInfo::decode(&v) {
+        Err(m) => assert!(m.contains("wire version 1") && m.contains("mixed"), "{m}"),
+        Ok(i) => panic!("a version-1 peer was accepted: {i:?}"),
+    }
     let mut z = b;
     z[5..8].copy_from_slice(&[0, 0, 0]);
     assert!(ConnInfo::decode(&z).is_err());
@@ -325,17 +360,13 @@ fn psn_wraps_around() {
     let (dev, d) = tcp_device(0);
     let src = Buf::filled(&*dev, 64, 17);
     let dst = Buf::new(&*dev, 64 * 10);
-    let a: Box<dyn QueuePair> = Box::new(TcpQp::new(
-        0x11,
-        u32::MAX - 3,
-        qp_cfg(),
-        Arc::clone(&dev.registry),
+    let a: Box<dyn QueuePair> = Box::new(TcpQueuePair::new(
+        TcpQp::new(0x11, u32::MAX - 3, qp_cfg(), Arc::clone(&dev.registry)),
+        dev.nic.clone(),
     ));
-    let b: Box<dyn QueuePair> = Box::new(TcpQp::new(
-        0x22,
-        u32::MAX,
-        qp_cfg(),
-        Arc::clone(&dev.registry),
+    let b: Box<dyn QueuePair> = Box::new(TcpQueuePair::new(
+        TcpQp::new(0x22, u32::MAX, qp_cfg(), Arc::clone(&dev.registry)),
+        dev.nic.clone(),
     ));
     let mut p = Pair::from_qps(&t, a, b, vec![d]).connect();
     let recvs: Vec<RecvWr> = (0..10)
@@ -820,6 +851,12 @@ fn rnr_nak_during_own_payload_finishes_the_frame_then_resends_it() {
         raw.read_exact(UNBUFFERABLE) == big.bytes(),
         "resent from memory"
     );
+    // The RNR NAK acknowledged 0x51 (the owner or the progress thread took it in; the
+    // completion waits for the owner's poll), and only it.
+    raw.poll_until(1);
+    for _ in 0..50 {
+        raw.qp.poll_cq(&mut raw.wc, 16).expect("poll");
+    }
     assert_eq!(raw.wc, [ok(0x51, WcOpcode::Send, 0, None)]);
     raw.inject(&header(Frame::Ack { psn: psn0 + 1 }));
     raw.poll_until(2);
@@ -919,7 +956,7 @@ fn error_drops_data_frames_not_yet_begun() {
 #[test]
 fn destination_deregistered_mid_write_stops_writing() {
     let t = conformance::tcp();
-    let (_, dev) = tcp_device(0);
+    let (_, dev) = tcp_device_without_nic(0);
     let src = Buf::filled(&*dev, UNBUFFERABLE, 24);
     let Buf { region: dst, mr } = Buf::new(&*dev, UNBUFFERABLE);
     let rkey = mr.keys().rkey;
@@ -958,7 +995,7 @@ fn destination_deregistered_mid_write_stops_writing() {
 #[test]
 fn source_deregistered_mid_send_fails_locally_and_closes() {
     let t = conformance::tcp();
-    let (_, dev) = tcp_device(0);
+    let (_, dev) = tcp_device_without_nic(0);
     let Buf { region: src, mr } = Buf::filled(&*dev, UNBUFFERABLE, 25);
     let lkey = mr.keys().lkey;
     let dst = Buf::new(&*dev, UNBUFFERABLE);
@@ -1069,4 +1106,323 @@ fn hostile_peer_fuzz_never_panics_and_completes_every_wr_once() {
         assert_eq!(ids, [0x51, 0xe1, 0xe2], "round {round}: {:?}", raw.wc);
         assert!(raw.qp.peer_closed(), "round {round}");
     }
+}
+
+// ------------------------------------------------------------------------------------------
+// The progress thread ("NIC") and goodbye.
+
+/// Waits (at most 10 s, a hang guard) until `cond`.
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(std::time::Instant::now() < deadline, "never: {what}");
+        std::thread::sleep(Duration::from_micros(100));
+    }
+}
+
+/// Two handles on `dev` (with its progress thread), connected; as themselves for white-box
+/// access.
+fn handle_pair(dev: &TcpDevice) -> (TcpQueuePair, TcpQueuePair) {
+    let mk = |n| {
+        TcpQueuePair::new(
+            TcpQp::new(n, n * 1000, qp_cfg(), Arc::clone(&dev.registry)),
+            dev.nic.clone(),
+        )
+    };
+    let (mut a, mut b) = (mk(0x31), mk(0x32));
+    let (sa, sb) = stream_pair();
+    let (ia, ib) = (a.local_info(), b.local_info());
+    a.establish(&ib, sa).expect("establish a");
+    b.establish(&ia, sb).expect("establish b");
+    a.handshake_complete();
+    b.handshake_complete();
+    (a, b)
+}
+
+/// `establish` leaves the stream to the caller until `handshake_complete` (the plugin's
+/// acceptor reads the connector's "ready" message from its dup after `establish`): the thread
+/// does not run for the QP, so those bytes are the caller's. `handshake_complete`, or else the
+/// first data-path call, hands the QP over.
+#[test]
+fn the_thread_leaves_the_stream_to_the_callers_handshake_until_it_completes() {
+    let dev = TcpDevice::new(10);
+    let nic = dev.nic.clone().expect("a NIC");
+    let mut qp = TcpQueuePair::new(
+        TcpQp::new(0x41, 1, qp_cfg(), Arc::clone(&dev.registry)),
+        dev.nic.clone(),
+    );
+    let peer_qp = dev.create_qp(&qp_cfg()).expect("create");
+    let (s, mut peer) = stream_pair();
+    let mut mine = s.try_clone().expect("dup");
+    qp.establish(&peer_qp.local_info(), s).expect("establish");
+    peer.write_all(b"RDY!").expect("peer write");
+    // (`mine` shares the QP's file status: it stays non-blocking.)
+    let mut got = [0u8; 4];
+    let mut off = 0;
+    wait_for("the handshake bytes", || {
+        match mine.read(&mut got[off..]) {
+            Ok(n) => off += n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+            Err(e) => panic!("read: {e}"),
+        }
+        off == got.len()
+    });
+    assert_eq!(&got, b"RDY!");
+    assert!(!nic.running(), "no thread before the handshake completes");
+    qp.handshake_complete();
+    assert!(
+        nic.running(),
+        "handshake_complete hands the QP to the thread"
+    );
+    drop(qp);
+    assert!(!nic.running());
+    // Without handshake_complete: the owner's first data-path call.
+    let mut qp = TcpQueuePair::new(
+        TcpQp::new(0x42, 1, qp_cfg(), Arc::clone(&dev.registry)),
+        dev.nic.clone(),
+    );
+    let (s, _peer) = stream_pair();
+    qp.establish(&peer_qp.local_info(), s).expect("establish");
+    assert!(!nic.running());
+    qp.poll_cq(&mut Vec::new(), 1).expect("poll");
+    assert!(nic.running(), "the first poll hands the QP to the thread");
+}
+
+/// Goodbye: the BYE frame goes behind the frames already staged (a large payload being
+/// written is finished first: the stream stays framed), nothing follows it (not even the ACK
+/// of a message that arrives later), and later posts are refused. The drop then closes.
+#[test]
+fn goodbye_follows_the_frames_already_staged_and_nothing_follows_it() {
+    let mut raw = Raw::new();
+    let psn0 = raw.initial_psn();
+    let big = Buf::filled(&raw.dev, UNBUFFERABLE, 41);
+    raw.qp
+        .post_send(&[send(0x60, &[big.sge(0, UNBUFFERABLE as u32)])])
+        .expect("post_send");
+    raw.qp.goodbye();
+    assert!(matches!(
+        raw.qp.post_send(&[send(0x61, &[raw.src.sge(0, 8)])]),
+        Err(TransportError::Unavailable(_))
+    ));
+    assert!(matches!(
+        raw.qp.post_recv(&[recv(0xe3, raw.buf.sge(0, 8))]),
+        Err(TransportError::Unavailable(_))
+    ));
+    assert_eq!(raw.read_header(), Frame::Send { psn: psn0, len: 16 });
+    assert_eq!(raw.read_exact(16), raw.src.bytes()[..16]);
+    assert_eq!(
+        raw.read_header(),
+        Frame::Send {
+            psn: psn0 + 1,
+            len: UNBUFFERABLE as u32
+        }
+    );
+    assert!(
+        raw.read_exact(UNBUFFERABLE) == big.bytes(),
+        "the payload is finished"
+    );
+    assert_eq!(raw.read_header(), Frame::Bye);
+    // A message from the peer is still carried out, but nothing is sent after the BYE.
+    let mut bytes = header(Frame::Send {
+        psn: RAW_PSN,
+        len: 5,
+    })
+    .to_vec();
+    bytes.extend_from_slice(b"hello");
+    raw.inject(&bytes);
+    raw.poll_until(1);
+    assert_eq!(raw.wc, [ok(0xe1, WcOpcode::Recv, 5, None)]);
+    for _ in 0..50 {
+        raw.qp.poll_cq(&mut raw.wc, 16).expect("poll");
+    }
+    assert_eq!(raw.frames_sent(), [], "a frame after the BYE");
+    let Raw { qp, mut peer, .. } = raw;
+    drop(qp);
+    peer.set_nonblocking(false).expect("blocking");
+    peer.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let mut b = [0u8; 1];
+    assert_eq!(
+        peer.read(&mut b).expect("EOF"),
+        0,
+        "the drop closed the stream"
+    );
+}
+
+/// The BYE frame a peer sends after its data: the data lands, then the close is orderly and
+/// the outstanding WRs fail as at a lost connection.
+#[test]
+fn a_peers_bye_after_its_data_is_an_orderly_close() {
+    let mut raw = Raw::new();
+    let mut bytes = header(Frame::Send {
+        psn: RAW_PSN,
+        len: 3,
+    })
+    .to_vec();
+    bytes.extend_from_slice(b"abc");
+    bytes.extend_from_slice(&header(Frame::Bye));
+    raw.inject(&bytes);
+    raw.poll_until(3);
+    assert_eq!(
+        raw.wc,
+        [
+            ok(0xe1, WcOpcode::Recv, 3, None),
+            err(0xe2, WcStatus::WrFlush, WcOpcode::Recv),
+            err(0x51, WcStatus::RetryExceeded, WcOpcode::Send)
+        ]
+    );
+    assert_eq!(&raw.buf.bytes()[..3], b"abc");
+    assert!(raw.qp.peer_closed() && raw.qp.peer_closed_orderly());
+}
+
+/// A QP dropped with WRs in flight (a 64 KiB SEND in RNR retry: its peer has no receive
+/// posted, and a posted receive): the peer sees the close at once (not orderly) and its own
+/// outstanding SEND completes; the dropped QP's state and socket are freed (the thread lets go
+/// of both), and the device's last QP stops the thread.
+#[test]
+fn a_qp_dropped_with_work_in_flight_is_freed_and_the_last_one_stops_the_thread() {
+    let dev = TcpDevice::new(7);
+    let nic = dev.nic.clone().expect("a NIC");
+    assert!(!nic.running(), "no thread before the first QP");
+    let src = Buf::filled(&dev, 64 << 10, 42);
+    let (mut a, mut b) = handle_pair(&dev);
+    assert!(nic.running());
+    a.post_send(&[send(1, &[src.sge(0, 64 << 10)])])
+        .expect("post_send");
+    b.post_send(&[send(2, &[src.sge(0, 8)])])
+        .expect("post_send");
+    let mut wb = Vec::new();
+    wait_for("both SENDs refused for want of a receive", || {
+        b.poll_cq(&mut wb, 16).expect("poll");
+        a.poll_cq(&mut Vec::new(), 16).expect("poll");
+        a.counters().rnr_naks_received > 0 && b.counters().rnr_naks_received > 0
+    });
+    let state = a.shared();
+    let socket = a.with_core(|c| c.interest().map(|i| Arc::downgrade(&i.stream)));
+    let socket = socket.expect("a socket");
+    drop(a);
+    wait_for("b to see the close and fail its SEND", || {
+        b.poll_cq(&mut wb, 16).expect("poll");
+        b.peer_closed() && !wb.is_empty()
+    });
+    assert_eq!(wb, [err(2, WcStatus::RetryExceeded, WcOpcode::Send)]);
+    assert!(!b.peer_closed_orderly(), "a drop is a death");
+    wait_for("the dropped QP's state and socket to be freed", || {
+        state.strong_count() == 0 && socket.strong_count() == 0
+    });
+    assert!(nic.running(), "b still lives");
+    drop(b);
+    assert!(
+        !nic.running(),
+        "the last QP's drop stops (and joins) the thread"
+    );
+}
+
+/// With every QP idle (no owner polls, no traffic) the thread waits in `poll(2)` without a
+/// timeout: it does not wake at all, where a ticker would wake every millisecond.
+#[test]
+fn an_idle_thread_does_not_wake() {
+    let dev = TcpDevice::new(8);
+    let nic = dev.nic.clone().expect("a NIC");
+    let (a, b) = handle_pair(&dev);
+    wait_for("both QPs to be idle and watched", || {
+        a.watched() && b.watched()
+    });
+    let w0 = nic.wakeups().expect("running");
+    std::thread::sleep(Duration::from_millis(100));
+    let w1 = nic.wakeups().expect("running");
+    // At most one wake already on its way (the second registration's) when the QPs were
+    // first found idle.
+    assert!(w1 - w0 <= 1, "{} wakeups in 100 ms while idle", w1 - w0);
+}
+
+/// The thread never services a QP inside its owner's batch (its ACKs wait for the batch's
+/// send): b's owner opens a batch and stays; a's SEND is not carried out however many rounds
+/// the thread makes; once b's owner ends the batch (and polls no more) the thread does it.
+#[test]
+fn the_thread_never_services_a_qp_inside_its_owners_batch() {
+    let dev = TcpDevice::new(9);
+    let nic = dev.nic.clone().expect("a NIC");
+    let src = Buf::filled(&dev, 64, 43);
+    let dst = Buf::new(&dev, 64);
+    let (mut a, mut b) = handle_pair(&dev);
+    b.post_recv(&[recv(0xb1, dst.sge(0, 64))])
+        .expect("post_recv");
+    b.begin_batch();
+    a.post_send(&[send(1, &[src.sge(0, 64)])])
+        .expect("post_send");
+    let mut wa = Vec::new();
+    let w0 = nic.wakeups().expect("running");
+    // Rounds are at least IDLE_AFTER apart while a QP is in a batch: 20 of them cover b
+    // being long idle.
+    wait_for("20 rounds of the thread", || {
+        a.poll_cq(&mut wa, 16).expect("poll");
+        nic.wakeups().expect("running") >= w0 + 20
+    });
+    assert!(wa.is_empty(), "b was serviced inside its batch: {wa:?}");
+    assert!(dst.bytes().iter().all(|&x| x == 0));
+    b.end_batch();
+    wait_for("the SEND to complete", || {
+        a.poll_cq(&mut wa, 16).expect("poll");
+        !wa.is_empty()
+    });
+    assert_eq!(wa, [ok(1, WcOpcode::Send, 0, None)]);
+    let mut wb = Vec::new();
+    b.poll_cq(&mut wb, 16).expect("poll");
+    assert_eq!(wb, [ok(0xb1, WcOpcode::Recv, 64, None)]);
+    assert_eq!(dst.bytes(), src.bytes());
+}
+
+/// An RNR timer that ran out on a QP that may no longer resend (it said goodbye) is no reason
+/// to wake: the idle QP's thread does not spin on it. (The raw peer keeps the connection open
+/// and answers nothing, so only the timer could wake the thread.)
+#[test]
+fn a_spent_rnr_timer_after_goodbye_does_not_make_the_thread_spin() {
+    let dev = TcpDevice::new(11);
+    let nic = dev.nic.clone().expect("a NIC");
+    let src = Buf::filled(&dev, 64, 44);
+    let mut qp = TcpQueuePair::new(
+        TcpQp::new(0x51, 500, qp_cfg(), Arc::clone(&dev.registry)),
+        dev.nic.clone(),
+    );
+    let (s, mut peer) = stream_pair();
+    let info = ConnInfo {
+        qp_num: 0x52,
+        initial_psn: RAW_PSN,
+    }
+    .encode();
+    qp.establish(&info, s).expect("establish");
+    qp.handshake_complete();
+    qp.post_send(&[send(1, &[src.sge(0, 16)])])
+        .expect("post_send");
+    peer.set_nonblocking(false).expect("blocking");
+    peer.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let mut h = [0u8; HEADER_LEN];
+    let mut read_frame = |peer: &mut TcpStream| {
+        peer.read_exact(&mut h).expect("a header");
+        let f = Frame::decode(&h).expect("valid");
+        if let Frame::Send { len, .. } = f {
+            let mut payload = vec![0u8; len as usize];
+            peer.read_exact(&mut payload).expect("the payload");
+        }
+        f
+    };
+    assert_eq!(read_frame(&mut peer), Frame::Send { psn: 500, len: 16 });
+    // RNR NAK with the shortest timer (10 µs), then goodbye before the QP resends.
+    peer.write_all(&header(Frame::RnrNak { psn: 500, timer: 1 }))
+        .expect("inject");
+    let mut wc = Vec::new();
+    while qp.counters().rnr_naks_received == 0 {
+        qp.poll_cq(&mut wc, 16).expect("poll");
+    }
+    qp.goodbye();
+    assert_eq!(read_frame(&mut peer), Frame::Bye);
+    // The owner stops calling: once the thread has taken the QP (it waits on its socket),
+    // count its wakeups.
+    wait_for("the QP to be idle and watched", || qp.watched());
+    let w0 = nic.wakeups().expect("running");
+    std::thread::sleep(Duration::from_millis(100));
+    let w1 = nic.wakeups().expect("running");
+    assert!(w1 - w0 <= 1, "{} wakeups in 100 ms for an idle QP", w1 - w0);
 }

@@ -15,7 +15,9 @@ pub(super) const HEADER_LEN: usize = 32;
 pub(super) const MAGIC: u16 = 0x564e;
 
 /// Wire version; a peer with another version is refused in `establish` and per frame.
-pub(super) const VERSION: u8 = 1;
+/// 2: the BYE frame (version 1 had no way to announce an orderly close; a version-1 peer
+/// would take a BYE for a malformed frame, so the two are refused at `establish` instead).
+pub(super) const VERSION: u8 = 2;
 
 /// Largest payload of one message (1 GiB): longer send WRs complete with
 /// [`WcStatus::LocalLength`], and a header announcing more is a protocol violation.
@@ -131,6 +133,9 @@ pub(super) enum Frame {
         /// Why.
         code: NakCode,
     },
+    /// The sender closes its QP in order (its owner called `goodbye`): every frame it will
+    /// ever send came before this one, and the connection closes next. All fields are zero.
+    Bye,
 }
 
 const OP_SEND: u8 = 0x01;
@@ -139,6 +144,7 @@ const OP_WRITE_IMM: u8 = 0x03;
 const OP_ACK: u8 = 0x10;
 const OP_RNR_NAK: u8 = 0x11;
 const OP_NAK: u8 = 0x12;
+const OP_BYE: u8 = 0x13;
 
 /// A header that fails validation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -193,6 +199,7 @@ impl Frame {
             Frame::Ack { psn } => (OP_ACK, psn, 0, 0, 0, 0, 0),
             Frame::RnrNak { psn, timer } => (OP_RNR_NAK, psn, 0, 0, 0, 0, timer),
             Frame::Nak { psn, code } => (OP_NAK, psn, 0, 0, 0, 0, code as u8),
+            Frame::Bye => (OP_BYE, 0, 0, 0, 0, 0, 0),
         };
         let mut h = [0u8; HEADER_LEN];
         h[0..2].copy_from_slice(&MAGIC.to_be_bytes());
@@ -243,7 +250,7 @@ impl Frame {
                 }
                 zero(u64::from(syndrome), "syndrome")?;
             }
-            OP_ACK | OP_RNR_NAK | OP_NAK => {
+            OP_ACK | OP_RNR_NAK | OP_NAK | OP_BYE => {
                 zero(u64::from(len), "length")?;
                 zero(u64::from(rkey), "rkey")?;
                 zero(remote_addr, "remote_addr")?;
@@ -277,6 +284,11 @@ impl Frame {
             OP_ACK => {
                 zero(u64::from(syndrome), "syndrome")?;
                 Ok(Frame::Ack { psn })
+            }
+            OP_BYE => {
+                zero(u64::from(psn), "psn")?;
+                zero(u64::from(syndrome), "syndrome")?;
+                Ok(Frame::Bye)
             }
             OP_RNR_NAK => {
                 if syndrome > 31 {

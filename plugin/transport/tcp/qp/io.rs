@@ -9,7 +9,7 @@ use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
 use super::responder::{RxState, Sink};
-use super::TcpQp;
+use super::{Closing, TcpQp};
 use crate::mem::{self, IoPiece, Region};
 use crate::transport::tcp::wire::{Frame, HEADER_LEN};
 use crate::transport::MAX_SEND_SGE;
@@ -92,7 +92,7 @@ impl TcpQp {
     /// Writes staged bytes until the socket would block, staging more frames as room frees.
     pub(super) fn flush_tx(&mut self, now: Instant) {
         let mut budget = IO_BUDGET;
-        while !self.io_dead {
+        while !self.io_dead && !self.yielding() {
             match self.write_some() {
                 TxStep::Wrote(n) => {
                     budget = budget.saturating_sub(n);
@@ -203,13 +203,19 @@ impl TcpQp {
     /// payload is pending. Returns whether anything was staged.
     pub(super) fn stage_frames(&mut self, now: Instant) -> bool {
         let mut staged = false;
-        while self.tx_buf.len() < TX_BUF_CAP && self.tx_payload.is_none() {
+        while self.tx_buf.len() < TX_BUF_CAP
+            && self.tx_payload.is_none()
+            && self.closing != Closing::ByeStaged
+        {
             if let Some(f) = self.ctrl.pop_front() {
                 self.tx_buf.extend_from_slice(&f.encode());
                 self.tx_frames.push_back(Staged {
                     end: self.tx_buf.len(),
                     data: false,
                 });
+                if f == Frame::Bye {
+                    self.closing = Closing::ByeStaged; // the last frame this QP sends
+                }
                 staged = true;
                 continue;
             }
@@ -298,9 +304,16 @@ impl TcpQp {
                 self.rx_drained_at = Some(now);
                 return;
             }
-            let Some(stream) = self.stream.as_mut() else {
+            if self.yielding() {
+                return; // the owner waits: it reads next (the socket may hold more)
+            }
+            let Some(stream) = self.stream.as_ref() else {
                 return;
             };
+            #[cfg(test)]
+            {
+                self.rx_syscalls += 1;
+            }
             let buffered = self.rx_end - self.rx_start;
             let (r, asked) = match &mut self.rx {
                 RxState::Payload {
@@ -348,7 +361,7 @@ impl TcpQp {
                     };
                     let end = self.rx_buf.len().min(self.rx_end.saturating_add(cap));
                     let asked = end - self.rx_end;
-                    let r = match stream.read(&mut self.rx_buf[self.rx_end..end]) {
+                    let r = match (&**stream).read(&mut self.rx_buf[self.rx_end..end]) {
                         Ok(n) => {
                             self.rx_end += n;
                             Ok(n)
@@ -370,7 +383,13 @@ impl TcpQp {
                     return;
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return self.connection_lost(format!("read: {e}")),
+                Err(e) => {
+                    if e.kind() == io::ErrorKind::TimedOut {
+                        // The keepalive expired: the host, not just the process, went silent.
+                        self.peer_silent = true;
+                    }
+                    return self.connection_lost(format!("read: {e}"));
+                }
             }
         }
     }

@@ -7,7 +7,7 @@ use std::time::Instant;
 use tracing::{debug, warn};
 
 use super::io::{Staged, TxPayload, INLINE_MAX};
-use super::{Cause, QpState, TcpQp};
+use super::{Cause, Closing, QpState, TcpQp};
 use crate::transport::tcp::wire::{self, Frame, NakCode, MAX_MSG_LEN};
 use crate::transport::{SendOpcode, SendWr, Wc, WcOpcode, WcStatus, MAX_SEND_SGE};
 
@@ -28,7 +28,7 @@ impl TcpQp {
     /// resolve fails here (`LocalProtection`, `LocalLength`) and blocks the ones behind it; it
     /// completes once everything before it is acknowledged (completions stay in order).
     pub(super) fn stage_data(&mut self, now: Instant) -> bool {
-        if self.state != QpState::Ready {
+        if self.state != QpState::Ready || self.closing != Closing::Open {
             return false;
         }
         if let Some(t) = self.rnr_wait_until {

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use tracing::debug;
 
-use super::{Cause, TcpQp};
+use super::{Cause, Closing, TcpQp};
 use crate::mem::Region;
 use crate::transport::tcp::wire::{Frame, FrameError, NakCode};
 use crate::transport::{Wc, WcOpcode, WcStatus};
@@ -95,6 +95,9 @@ impl TcpQp {
     }
 
     pub(super) fn push_ctrl(&mut self, f: Frame) {
+        if self.closing != Closing::Open {
+            return; // nothing is sent after our BYE
+        }
         if self.ctrl.len() >= MAX_CTRL_QUEUE {
             // Only a peer that sends without ever reading our replies gets here.
             return self.protocol_error(format!(
@@ -135,7 +138,16 @@ impl TcpQp {
             Frame::Ack { psn } => self.on_ack(psn),
             Frame::RnrNak { psn, timer } => self.on_rnr_nak(psn, timer, now),
             Frame::Nak { psn, code } => self.on_nak(psn, code),
+            Frame::Bye => self.on_bye(),
         }
+    }
+
+    /// The peer's goodbye: it closes in order, nothing more comes. The QP fails as at a lost
+    /// connection (outstanding sends `RetryExceeded`, receives `WrFlush`: no message after the
+    /// BYE will be acknowledged or arrive), with the close marked orderly.
+    pub(super) fn on_bye(&mut self) {
+        self.peer_orderly = true;
+        self.connection_lost("the peer closed its QP in order (goodbye)".into());
     }
 
     /// Responder: a data frame header. Decides where its payload goes.

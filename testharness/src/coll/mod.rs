@@ -1,0 +1,480 @@
+//! Collectives as ring schedules ("plans", [`plan`]), and the per-connection proxy that executes
+//! them.
+//!
+//! A [`Plan`] is what one rank sends to its ring successor and receives from its predecessor,
+//! in order, cut into pieces of at most one proxy slot. Both neighbours derive their plans from
+//! the same sizes, so rank r's sends match rank r+1's receives piece for piece.
+//!
+//! The proxy ([`Ring::run`]) is modelled on NCCL's net proxy: per connection [`SLOTS`] slots
+//! (NCCL_STEPS) in one registered send FIFO and one registered receive FIFO; irecv is posted
+//! ahead into every free receive slot; a send slot is filled ("the GPU produced it") once the
+//! data it carries is available and isend is retried while the plugin returns no request; only
+//! the oldest request of each direction is tested; a completed receive is consumed at once
+//! (copied or reduced into the work buffer), which frees its slot for the next irecv. That is
+//! the default, [`Proxy::Eager`]; [`Proxy::Lazy`] calls the plugin in the least polite order
+//! NCCL may (every receive posted ahead, sends spun on, completions consumed late).
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use crate::cli::Proxy;
+use crate::data::{reduce_into, DataType, RedOp};
+use crate::deviations;
+use crate::plugin::{self, Fifo, Handle, ListenComm, Net, RecvComm, SendComm};
+
+pub mod plan;
+
+pub(crate) use plan::pieces;
+pub use plan::{
+    all_gather_plan, all_reduce_plan, reduce_scatter_plan, segment, sendrecv_plan, Plan, RecvOp,
+    SendOp, Src,
+};
+
+/// Slots per connection direction (NCCL_STEPS).
+pub const SLOTS: usize = 8;
+
+/// Without any completion for this long, a run fails instead of hanging.
+pub const STALL_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Without any progress for this long, an idle pass of [`Ring::run`] sleeps for [`NAP`]
+/// instead of only yielding (see `idle_wait`).
+pub const SPIN_BEFORE_NAP: Duration = Duration::from_micros(500);
+
+/// How long an idle pass sleeps once [`SPIN_BEFORE_NAP`] has passed without progress.
+pub const NAP: Duration = Duration::from_micros(20);
+
+/// What an idle pass of the proxy loop does: yield for the first [`SPIN_BEFORE_NAP`] without
+/// progress, then sleep [`NAP`] per pass until something moves.
+///
+/// Ranks are processes that may outnumber the cores (`--ranks 4` on a 2-core host), and
+/// `sched_yield` gives a core to another runnable task only for a moment: a rank that keeps
+/// polling while its peer has the work holds a core the peer needs, and a busy rank is
+/// scheduled behind tasks that slept. Short naps leave the core to whoever produces the data
+/// and cost at most about one nap of latency once the wait is already longer than the spin.
+pub(crate) fn idle_wait(idle_for: Duration) {
+    if idle_for < SPIN_BEFORE_NAP {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(NAP);
+    }
+}
+
+/// How long connect/accept may take before the ring setup fails.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Errors of the ring.
+pub type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+/// Checks the size `test` reported for a receive of `expected` bytes; a missing or different
+/// size is a contract deviation NCCL does not depend on ([`deviations`]), not an error: the
+/// data check decides whether the bytes are right. `what` names the receive.
+pub(crate) fn check_size(reported: Option<usize>, expected: usize, what: impl FnOnce() -> String) {
+    match reported {
+        None => deviations::note(deviations::SIZE_UNWRITTEN, || {
+            format!("{} ({expected} bytes sent)", what())
+        }),
+        Some(n) if n != expected => deviations::note(deviations::SIZE_WRONG, || {
+            format!("{}: {n} bytes reported, {expected} sent", what())
+        }),
+        Some(_) => {}
+    }
+}
+
+/// This rank's two connections (to the successor and from the predecessor) with their FIFOs.
+pub struct Ring<'n> {
+    net: &'n Net,
+    rank: usize,
+    prev: usize,
+    send: SendComm<'n>,
+    recv: RecvComm<'n>,
+    send_fifo: Fifo<'n>,
+    recv_fifo: Fifo<'n>,
+}
+
+impl<'n> Ring<'n> {
+    /// Connects to the successor's handle and accepts the predecessor on `listen`, polling
+    /// both (neither is assumed to finish in one call), closes the listen comm right after
+    /// accept, then registers one FIFO of [`SLOTS`] × `chunk` bytes per direction.
+    ///
+    /// # Errors
+    /// Plugin errors or a timeout.
+    pub fn connect(
+        net: &'n Net,
+        dev: i32,
+        rank: usize,
+        handles: &[Handle],
+        listen: ListenComm<'n>,
+        chunk: usize,
+    ) -> Result<Ring<'n>> {
+        let n = handles.len();
+        let next = (rank + 1) % n;
+        let prev = (rank + n - 1) % n;
+        // The plugin may keep connection progress in the handle: keep the same one throughout.
+        let mut handle = handles[next].clone();
+        let mut listen = Some(listen);
+        let mut send = None;
+        let mut recv = None;
+        let start = Instant::now();
+        while send.is_none() || recv.is_none() {
+            if send.is_none() {
+                send = net.connect(dev, &mut handle)?;
+            }
+            if recv.is_none() {
+                if let Some(l) = listen.as_mut() {
+                    recv = net.accept(l)?;
+                }
+                if recv.is_some() {
+                    if let Some(l) = listen.take() {
+                        net.close_listen(l)?;
+                    }
+                }
+            }
+            if start.elapsed() > CONNECT_TIMEOUT {
+                return Err(format!(
+                    "rank {rank}: ring setup incomplete after {CONNECT_TIMEOUT:?}: connect to rank \
+                     {next} {}, accept from rank {prev} {}",
+                    if send.is_some() { "done" } else { "pending" },
+                    if recv.is_some() { "done" } else { "pending" },
+                )
+                .into());
+            }
+            if send.is_none() || recv.is_none() {
+                std::thread::yield_now();
+            }
+        }
+        let (send, recv) = (send.expect("loop exit"), recv.expect("loop exit"));
+        let send_fifo = net.reg_mr(&send, SLOTS, chunk)?;
+        let recv_fifo = net.reg_mr(&recv, SLOTS, chunk)?;
+        Ok(Ring {
+            net,
+            rank,
+            prev,
+            send,
+            recv,
+            send_fifo,
+            recv_fifo,
+        })
+    }
+
+    /// Bytes per slot.
+    pub fn chunk(&self) -> usize {
+        self.send_fifo.slot_size()
+    }
+
+    /// Executes `plan` with `proxy`'s calling order: sends read `input` or `work`, receives land
+    /// in `work`.
+    ///
+    /// # Errors
+    /// Plugin errors or no progress for [`STALL_TIMEOUT`].
+    pub fn run(
+        &mut self,
+        proxy: Proxy,
+        plan: &Plan,
+        input: &[u8],
+        work: &mut [u8],
+        dtype: DataType,
+        op: RedOp,
+    ) -> Result<()> {
+        match proxy {
+            Proxy::Eager => self.run_eager(plan, input, work, dtype, op),
+            Proxy::Lazy => self.run_lazy(plan, input, work, dtype, op),
+        }
+    }
+
+    /// Consumes the completed receive `idx` of `plan` from FIFO slot `slot`: copies or reduces
+    /// it into `work` ("the GPU consumed it"), which frees the slot.
+    #[allow(clippy::too_many_arguments)]
+    fn consume(
+        &self,
+        plan: &Plan,
+        idx: usize,
+        slot: usize,
+        size: Option<usize>,
+        work: &mut [u8],
+        dtype: DataType,
+        op: RedOp,
+    ) -> Result<()> {
+        let r = plan.recvs[idx];
+        check_size(size, r.len, || {
+            format!("receive {idx} from rank {} (tag {})", self.prev, self.prev)
+        });
+        let data = &self
+            .recv_fifo
+            .slot(slot)
+            .ok_or("completed receive slot still busy")?[..r.len];
+        let dst = &mut work[r.off..r.off + r.len];
+        if r.reduce {
+            reduce_into(dtype, op, dst, data);
+        } else {
+            dst.copy_from_slice(data);
+        }
+        Ok(())
+    }
+
+    /// `--proxy lazy` ([`Proxy::Lazy`]): every free receive slot posted; then every send whose
+    /// data is there isent, each retried on "retry later" without any other call; only then
+    /// the receives (consumed) and the sends tested, oldest first, as far as they are done.
+    ///
+    /// Send `k` is attempted only while `k < c + SLOTS` (`c`: receives consumed, unless all
+    /// are): a rank never spins on a piece whose receive its successor can post only after
+    /// this rank consumes more. With a plugin that takes a send once its receive is posted, a
+    /// rank spinning on its successor then has consumed more than that successor, which cannot
+    /// hold all the way round the ring, so the spins end.
+    fn run_lazy(
+        &mut self,
+        plan: &Plan,
+        input: &[u8],
+        work: &mut [u8],
+        dtype: DataType,
+        op: RedOp,
+    ) -> Result<()> {
+        let net = self.net;
+        let chunk = self.chunk();
+        let (tag, prev_tag) = (self.rank as i32, self.prev as i32);
+        let (nsends, nrecvs) = (plan.sends.len(), plan.recvs.len());
+        let mut sends_in_flight: VecDeque<plugin::Request<'n>> = VecDeque::new();
+        let (mut next_send, mut sends_done) = (0, 0);
+        let mut recvs_posted: VecDeque<(plugin::Request<'n>, usize)> = VecDeque::new();
+        let (mut next_recv, mut recvs_done) = (0, 0);
+        let mut last_progress = Instant::now();
+        let state = |what: &str, sd: usize, inflight: usize, rd: usize, posted: usize| {
+            format!(
+                "rank {}: --proxy lazy: {what}: sends {sd}/{nsends} done ({inflight} in flight), \
+                 receives {rd}/{nrecvs} done ({posted} posted)",
+                self.rank
+            )
+        };
+        while sends_done < nsends || recvs_done < nrecvs {
+            let mut progressed = false;
+            // 1. Receives posted ahead into every free slot.
+            while next_recv < nrecvs && recvs_posted.len() < SLOTS {
+                let slot = next_recv % SLOTS;
+                match net.irecv(&mut self.recv, &mut self.recv_fifo, slot, chunk, prev_tag)? {
+                    Some(req) => {
+                        recvs_posted.push_back((req, next_recv));
+                        next_recv += 1;
+                        progressed = true;
+                    }
+                    None => break,
+                }
+            }
+            // 2. Every send whose data is there, each isend retried until taken.
+            while next_send < nsends
+                && sends_in_flight.len() < SLOTS
+                && (recvs_done == nrecvs || next_send < recvs_done + SLOTS)
+                && !matches!(plan.sends[next_send].after, Some(i) if i >= recvs_done)
+            {
+                let s = plan.sends[next_send];
+                let src: &[u8] = match s.src {
+                    Src::Input => input,
+                    Src::Work => work,
+                };
+                let slot = next_send % SLOTS;
+                self.send_fifo
+                    .slot_mut(slot)
+                    .ok_or("send slot still busy")?[..s.len]
+                    .copy_from_slice(&src[s.off..s.off + s.len]);
+                let spin = Instant::now();
+                loop {
+                    if let Some(req) =
+                        net.isend(&mut self.send, &mut self.send_fifo, slot, s.len, tag)?
+                    {
+                        sends_in_flight.push_back(req);
+                        break;
+                    }
+                    if spin.elapsed() > STALL_TIMEOUT {
+                        return Err(state(
+                            &format!(
+                                "isend {next_send} answered \"retry later\" for {STALL_TIMEOUT:?} \
+                                 (the successor posts its receives ahead and tests them only after \
+                                 its own sends: the plugin must take a send whose receive is \
+                                 posted without the receiver calling it again)"
+                            ),
+                            sends_done,
+                            sends_in_flight.len(),
+                            recvs_done,
+                            recvs_posted.len(),
+                        )
+                        .into());
+                    }
+                    idle_wait(spin.elapsed());
+                }
+                next_send += 1;
+                progressed = true;
+            }
+            // 3. Completions, consumed late and in order: receives, then sends.
+            while let Some((req, idx)) = recvs_posted.front_mut() {
+                let Some(size) = net.test(&mut self.recv_fifo, req)? else {
+                    break;
+                };
+                let (slot, idx) = (req.slot(), *idx);
+                self.consume(plan, idx, slot, size, work, dtype, op)?;
+                recvs_posted.pop_front();
+                recvs_done += 1;
+                progressed = true;
+            }
+            while let Some(req) = sends_in_flight.front_mut() {
+                if net.test(&mut self.send_fifo, req)?.is_none() {
+                    break;
+                }
+                sends_in_flight.pop_front();
+                sends_done += 1;
+                progressed = true;
+            }
+            if progressed {
+                last_progress = Instant::now();
+            } else {
+                if last_progress.elapsed() > STALL_TIMEOUT {
+                    return Err(state(
+                        &format!("no progress for {STALL_TIMEOUT:?}"),
+                        sends_done,
+                        sends_in_flight.len(),
+                        recvs_done,
+                        recvs_posted.len(),
+                    )
+                    .into());
+                }
+                idle_wait(last_progress.elapsed());
+            }
+        }
+        Ok(())
+    }
+
+    /// The default proxy ([`Proxy::Eager`]): each pass posts receives into free slots, tests
+    /// the oldest receive (consumed at once), fills and isends the next send once, and tests
+    /// the oldest send.
+    fn run_eager(
+        &mut self,
+        plan: &Plan,
+        input: &[u8],
+        work: &mut [u8],
+        dtype: DataType,
+        op: RedOp,
+    ) -> Result<()> {
+        let net = self.net;
+        let chunk = self.chunk();
+        let tag = self.rank as i32;
+        let prev_tag = self.prev as i32;
+        let mut sends_in_flight: VecDeque<plugin::Request<'n>> = VecDeque::new();
+        let mut staged: Option<usize> = None;
+        let mut next_send = 0;
+        let mut sends_done = 0;
+        let mut recvs_posted: VecDeque<(plugin::Request<'n>, usize)> = VecDeque::new();
+        let mut next_recv = 0;
+        let mut recvs_done = 0;
+        let mut last_progress = Instant::now();
+        let mut idle: u32 = 0;
+
+        while sends_done < plan.sends.len() || recvs_done < plan.recvs.len() {
+            let mut progressed = false;
+
+            // Post receives ahead into every free slot.
+            while next_recv < plan.recvs.len() && recvs_posted.len() < SLOTS {
+                let slot = next_recv % SLOTS;
+                let posted =
+                    net.irecv(&mut self.recv, &mut self.recv_fifo, slot, chunk, prev_tag)?;
+                match posted {
+                    Some(req) => {
+                        recvs_posted.push_back((req, next_recv));
+                        next_recv += 1;
+                        progressed = true;
+                    }
+                    None => break,
+                }
+            }
+
+            // Test the oldest receive; consume it at once.
+            if let Some((req, idx)) = recvs_posted.front_mut() {
+                if let Some(size) = net.test(&mut self.recv_fifo, req)? {
+                    let (slot, idx) = (req.slot(), *idx);
+                    self.consume(plan, idx, slot, size, work, dtype, op)?;
+                    recvs_posted.pop_front();
+                    recvs_done += 1;
+                    progressed = true;
+                }
+            }
+
+            // Fill the next send slot once its data is there.
+            if staged.is_none() && next_send < plan.sends.len() && sends_in_flight.len() < SLOTS {
+                let s = plan.sends[next_send];
+                if !matches!(s.after, Some(i) if i >= recvs_done) {
+                    let src: &[u8] = match s.src {
+                        Src::Input => input,
+                        Src::Work => work,
+                    };
+                    let slot = self
+                        .send_fifo
+                        .slot_mut(next_send % SLOTS)
+                        .ok_or("send slot still busy")?;
+                    slot[..s.len].copy_from_slice(&src[s.off..s.off + s.len]);
+                    staged = Some(next_send);
+                    next_send += 1;
+                }
+            }
+
+            // isend the filled slot; no request means "not now".
+            if let Some(i) = staged {
+                let len = plan.sends[i].len;
+                if let Some(req) =
+                    net.isend(&mut self.send, &mut self.send_fifo, i % SLOTS, len, tag)?
+                {
+                    sends_in_flight.push_back(req);
+                    staged = None;
+                    progressed = true;
+                }
+            }
+
+            // Test the oldest send.
+            if let Some(req) = sends_in_flight.front_mut() {
+                if net.test(&mut self.send_fifo, req)?.is_some() {
+                    sends_in_flight.pop_front();
+                    sends_done += 1;
+                    progressed = true;
+                }
+            }
+
+            if progressed {
+                last_progress = Instant::now();
+                idle = 0;
+            } else {
+                idle += 1;
+                if idle & 1023 == 0 && last_progress.elapsed() > STALL_TIMEOUT {
+                    return Err(format!(
+                        "rank {}: no progress for {STALL_TIMEOUT:?}: sends {sends_done}/{} done \
+                         ({} in flight, staged {}), receives {recvs_done}/{} done ({} posted)",
+                        self.rank,
+                        plan.sends.len(),
+                        sends_in_flight.len(),
+                        staged.is_some(),
+                        plan.recvs.len(),
+                        recvs_posted.len(),
+                    )
+                    .into());
+                }
+                // Other ranks (and the plugin's threads) may need this core.
+                idle_wait(last_progress.elapsed());
+            }
+        }
+        Ok(())
+    }
+
+    /// deregMr both FIFOs, then closeSend and closeRecv.
+    ///
+    /// # Errors
+    /// Plugin errors.
+    pub fn close(self) -> Result<()> {
+        let Ring {
+            net,
+            send,
+            recv,
+            send_fifo,
+            recv_fifo,
+            ..
+        } = self;
+        net.dereg_mr(&send, send_fifo)?;
+        net.dereg_mr(&recv, recv_fifo)?;
+        net.close_send(send)?;
+        net.close_recv(recv)?;
+        Ok(())
+    }
+}
