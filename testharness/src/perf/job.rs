@@ -38,7 +38,11 @@ impl Layout {
         let es = dtype.size();
         let elems = (bytes / es as u64) as usize;
         let (per, in_elems, out_elems, total) = match coll {
-            Collective::AllReduce | Collective::Sendrecv => (elems, elems, elems, elems),
+            // The point-to-point modes move whole messages of `bytes`; they run in `crate::p2p`.
+            Collective::AllReduce
+            | Collective::Sendrecv
+            | Collective::Stream
+            | Collective::Latency => (elems, elems, elems, elems),
             Collective::AllGather => {
                 let per = elems / nranks;
                 (per, per, per * nranks, per * nranks)
@@ -82,8 +86,9 @@ pub fn plan_for(
         Collective::AllGather => coll::all_gather_plan(l.per, es, rank, n, chunk),
         Collective::ReduceScatter => coll::reduce_scatter_plan(l.per, es, rank, n, chunk),
         Collective::Sendrecv => coll::sendrecv_plan(l.in_elems * es, chunk),
-        // The mesh derives its pieces from the block size itself.
-        Collective::Alltoall => Plan::default(),
+        // The mesh derives its pieces from the block size itself; the point-to-point modes
+        // (`crate::p2p`) have no plan.
+        Collective::Alltoall | Collective::Stream | Collective::Latency => Plan::default(),
     }
 }
 
@@ -244,6 +249,9 @@ impl Job<'_> {
                 ring.run(self.proxy, self.plan, scratch, output, dtype, op)
             }
             (Collective::Alltoall, _) => Err("alltoall needs the mesh".into()),
+            (Collective::Stream | Collective::Latency, _) => {
+                Err("the point-to-point modes run in p2p, not as a collective".into())
+            }
         }
     }
 
@@ -284,6 +292,8 @@ impl Job<'_> {
                     index: i,
                 })
             }
+            // Not run here (see `call`): everything would be wrong.
+            Collective::Stream | Collective::Latency => b.output.len() as u64,
             // Output block q holds rank q's input block for us.
             Collective::Alltoall => count_wrong(self.dtype, &b.output, |i| Expected::Input {
                 pattern: p,
@@ -304,19 +314,19 @@ impl Job<'_> {
     ) -> Result<Measure> {
         let mut b = self.buffers(inplace);
         self.init(&mut b, 0);
-        for _ in 0..args.warmup_iters {
+        for _ in 0..args.warmup_iters() {
             self.call(ring, &mut b)?;
         }
         boot.barrier()?;
         let start = Instant::now();
         let (timed, used) = cputime::measure(|| -> Result<()> {
-            for _ in 0..args.iters {
+            for _ in 0..args.iters() {
                 self.call(ring, &mut b)?;
             }
             Ok(())
         });
         timed?;
-        let time_us = start.elapsed().as_secs_f64() * 1e6 / f64::from(args.iters);
+        let time_us = start.elapsed().as_secs_f64() * 1e6 / f64::from(args.iters());
         let mut wrong = None;
         for c in 0..args.check {
             let seed = u64::from(c) + 1;
@@ -330,7 +340,7 @@ impl Job<'_> {
         Ok(Measure {
             time_us,
             wrong,
-            cpu: used.map(|u| CpuUse::per_iter(u, args.iters)),
+            cpu: used.map(|u| CpuUse::per_iter(u, args.iters())),
         })
     }
 }
