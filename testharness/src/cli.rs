@@ -225,6 +225,12 @@ pub struct Args {
     #[arg(long)]
     pub bidir: bool,
 
+    /// Idle passes of the proxy loop spent spinning (no system call) before it yields the core
+    /// [default: 0 for the collectives (ranks may share cores), 128 for stream and latency
+    /// (perftest busy-polls)]. Not alltoall, which always yields.
+    #[arg(long, value_name = "PASSES")]
+    pub spin: Option<u32>,
+
     /// Bytes per proxy slot (NCCL SIMPLE step: NCCL_BUFFSIZE 4 MiB / 8 steps).
     #[arg(long, value_name = "SIZE", default_value = "512K", value_parser = parse_size)]
     pub chunk: u64,
@@ -400,6 +406,15 @@ impl Args {
             (self.iters() / 10).max(self.window() as u32)
         } else {
             1
+        })
+    }
+
+    /// Idle passes spent spinning before yielding (`--spin`, or the mode's default).
+    pub fn spin(&self) -> u32 {
+        self.spin.unwrap_or(if self.collective.is_p2p() {
+            crate::coll::SPIN_PASSES
+        } else {
+            0
         })
     }
 
@@ -591,6 +606,23 @@ mod tests {
         let a = Args::try_parse_from(["x", "allreduce", "-d", "int32", "-o", "prod"]).unwrap();
         assert_eq!(a.collective, Collective::AllReduce);
         assert_eq!(a.datatype, DataType::Int32);
+    }
+
+    #[test]
+    fn point_to_point_defaults_follow_perftest_and_nccl() {
+        let a = Args::try_parse_from(["x", "stream"]).unwrap();
+        assert_eq!(
+            (a.iters(), a.warmup_iters(), a.window(), a.spin()),
+            (1000, 100, 32, 128)
+        );
+        assert!(a.validate().is_ok());
+        let a = Args::try_parse_from(["x", "latency", "-n", "50"]).unwrap();
+        assert_eq!((a.iters(), a.warmup_iters(), a.window()), (50, 8, 8));
+        let a = Args::try_parse_from(["x", "stream", "-n", "10", "-w", "0", "-W", "4"]).unwrap();
+        assert_eq!((a.iters(), a.warmup_iters(), a.window()), (10, 0, 4));
+        let a = Args::try_parse_from(["x", "sendrecv", "--spin", "7"]).unwrap();
+        assert_eq!((a.iters(), a.warmup_iters(), a.spin()), (20, 1, 7));
+        assert_eq!(Args::try_parse_from(["x", "all_reduce"]).unwrap().spin(), 0);
     }
 
     #[test]

@@ -10,9 +10,9 @@
 //!   a later pass, after the other direction has been served.
 //! - Completions are tested oldest first, as far as they are done; a completed receive frees
 //!   its slot for the next `irecv`.
-//! - A pass that moved nothing spins ([`SPIN_PASSES`] passes, no system call), then yields
-//!   and naps as the ring proxy does (`crate::coll::idle_wait`); no completion for
-//!   [`STALL_TIMEOUT`] fails the rank with the proxy's state.
+//! - A pass that moved nothing spins (`--spin`, default [`crate::coll::SPIN_PASSES`] passes,
+//!   no system call, as perftest busy-polls), then yields and naps as the ring proxy does;
+//!   nothing moving for [`STALL_TIMEOUT`] fails the rank with the proxy's state.
 //!
 //! Data: each message starts with an 8-byte stamp (sender rank and sequence number, the low
 //! bytes for shorter messages), written into the send slot before `isend` and checked after the
@@ -25,14 +25,11 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use crate::coll::{check_size, idle_wait, CONNECT_TIMEOUT, STALL_TIMEOUT};
+use crate::coll::{check_size, Idle, CONNECT_TIMEOUT, STALL_TIMEOUT};
 use crate::plugin::{Fifo, Handle, ListenComm, Net, RecvComm, Request, SendComm};
 
 /// Errors of the point-to-point proxy.
 pub type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
-
-/// Idle passes spent spinning (no system call) before an idle pass yields the core.
-pub const SPIN_PASSES: u32 = 1024;
 
 /// Byte value of a receive slot before a checked receive lands in it.
 const SENTINEL: u8 = 0x7F;
@@ -143,6 +140,8 @@ pub struct Endpoint<'n> {
     rx: Option<Rx<'n>>,
     /// Test hook: damage every received message before it is checked.
     corrupt: bool,
+    /// Idle passes spent spinning before yielding (`--spin`).
+    spin: u32,
 }
 
 impl<'n> Endpoint<'n> {
@@ -227,7 +226,13 @@ impl<'n> Endpoint<'n> {
             tx,
             rx,
             corrupt: false,
+            spin: crate::coll::SPIN_PASSES,
         })
+    }
+
+    /// Idle passes to spin through before yielding (`--spin`).
+    pub fn set_spin(&mut self, passes: u32) {
+        self.spin = passes;
     }
 
     /// Test hook (`--debug-corrupt-rank`): from now on, every message this end receives is
@@ -359,28 +364,15 @@ impl<'n> Endpoint<'n> {
         phase: Phase,
         until: impl Fn(&Self) -> bool,
     ) -> Result<()> {
-        let mut idle: u32 = 0;
-        let mut idle_since = Instant::now();
+        let mut idle = Idle::new(self.spin);
         while !until(self) {
             if self.pass(tx_end, rx_end, size, phase)? {
-                idle = 0;
-                continue;
-            }
-            idle = idle.saturating_add(1);
-            if idle < SPIN_PASSES {
-                std::hint::spin_loop();
-                continue;
-            }
-            if idle == SPIN_PASSES {
-                idle_since = Instant::now();
-            }
-            let waited = idle_since.elapsed();
-            if waited > STALL_TIMEOUT {
+                idle.progressed();
+            } else if idle.wait() > STALL_TIMEOUT {
                 return Err(self
                     .state(&format!("no progress for {STALL_TIMEOUT:?}"))
                     .into());
             }
-            idle_wait(waited);
         }
         Ok(())
     }

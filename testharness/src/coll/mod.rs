@@ -59,6 +59,53 @@ pub(crate) fn idle_wait(idle_for: Duration) {
     }
 }
 
+/// `--spin` of the point-to-point modes: idle passes spent spinning before the first yield.
+pub const SPIN_PASSES: u32 = 128;
+
+/// How a proxy loop waits while nothing moves (`--spin N`): the first `N` idle passes only
+/// spin, without a system call (perftest's loops never yield; on cores of its own a rank
+/// gets its answer sooner), then each idle pass yields, and naps once [`SPIN_BEFORE_NAP`] has
+/// passed (`idle_wait`: on a host whose cores are shared, a spinning rank holds the core its
+/// peer needs, so the collectives yield at once by default).
+pub(crate) struct Idle {
+    spin: u32,
+    passes: u32,
+    /// When the spinning ended (read only after it has).
+    since: Option<Instant>,
+}
+
+impl Idle {
+    /// A loop that has just moved something, spinning `spin` idle passes before yielding.
+    pub(crate) fn new(spin: u32) -> Idle {
+        Idle {
+            spin,
+            passes: 0,
+            since: None,
+        }
+    }
+
+    /// A pass moved something.
+    pub(crate) fn progressed(&mut self) {
+        self.passes = 0;
+    }
+
+    /// A pass moved nothing: spins, yields or naps. Returns how long nothing has moved
+    /// (counted from the end of the spin; zero while spinning).
+    pub(crate) fn wait(&mut self) -> Duration {
+        self.passes = self.passes.saturating_add(1);
+        if self.passes <= self.spin {
+            std::hint::spin_loop();
+            return Duration::ZERO;
+        }
+        if self.passes == self.spin + 1 {
+            self.since = Some(Instant::now());
+        }
+        let waited = self.since.get_or_insert_with(Instant::now).elapsed();
+        idle_wait(waited);
+        waited
+    }
+}
+
 /// How long connect/accept may take before the ring setup fails.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -81,6 +128,12 @@ pub(crate) fn check_size(reported: Option<usize>, expected: usize, what: impl Fn
 }
 
 /// This rank's two connections (to the successor and from the predecessor) with their FIFOs.
+///
+/// Sends outlive the call that posted them, as in NCCL: a collective is over for its caller
+/// once its last piece was received and its last send was taken by `isend` (NCCL's kernel
+/// does not wait for the network to finish a send; the proxy tests it later and frees the
+/// slot, `src/transport/net.cc`). The next call tests them before reusing their slots, and
+/// [`Ring::drain`] waits for all of them before the rank blocks outside the plugin.
 pub struct Ring<'n> {
     net: &'n Net,
     rank: usize,
@@ -89,6 +142,14 @@ pub struct Ring<'n> {
     recv: RecvComm<'n>,
     send_fifo: Fifo<'n>,
     recv_fifo: Fifo<'n>,
+    /// Sends taken by `isend` and not yet tested done, oldest first (at most [`SLOTS`]).
+    sends_in_flight: VecDeque<plugin::Request<'n>>,
+    /// Sends taken by `isend` since the ring was made: send `k` uses slot `k % SLOTS`.
+    sends_posted: usize,
+    /// Idle passes spent spinning before yielding ([`Idle`]; `--spin`).
+    spin: u32,
+    /// The receives posted by the current call (empty between calls; kept for its memory).
+    recvs_posted: VecDeque<(plugin::Request<'n>, usize)>,
 }
 
 impl<'n> Ring<'n> {
@@ -153,7 +214,16 @@ impl<'n> Ring<'n> {
             recv,
             send_fifo,
             recv_fifo,
+            sends_in_flight: VecDeque::with_capacity(SLOTS),
+            sends_posted: 0,
+            spin: 0,
+            recvs_posted: VecDeque::with_capacity(SLOTS),
         })
+    }
+
+    /// Idle passes to spin through before yielding (`--spin`; 0 after connect).
+    pub fn set_spin(&mut self, passes: u32) {
+        self.spin = passes;
     }
 
     /// Bytes per slot.
@@ -232,19 +302,20 @@ impl<'n> Ring<'n> {
         let chunk = self.chunk();
         let (tag, prev_tag) = (self.rank as i32, self.prev as i32);
         let (nsends, nrecvs) = (plan.sends.len(), plan.recvs.len());
-        let mut sends_in_flight: VecDeque<plugin::Request<'n>> = VecDeque::new();
-        let (mut next_send, mut sends_done) = (0, 0);
-        let mut recvs_posted: VecDeque<(plugin::Request<'n>, usize)> = VecDeque::new();
+        let base = self.sends_posted;
+        let mut next_send = 0;
+        // The receives all complete within the call: the queue is the ring's, kept empty.
+        let mut recvs_posted = std::mem::take(&mut self.recvs_posted);
         let (mut next_recv, mut recvs_done) = (0, 0);
-        let mut last_progress = Instant::now();
+        let mut idle = Idle::new(self.spin);
+        let rank = self.rank;
         let state = |what: &str, sd: usize, inflight: usize, rd: usize, posted: usize| {
             format!(
-                "rank {}: --proxy lazy: {what}: sends {sd}/{nsends} done ({inflight} in flight), \
-                 receives {rd}/{nrecvs} done ({posted} posted)",
-                self.rank
+                "rank {rank}: --proxy lazy: {what}: sends {sd}/{nsends} taken by isend \
+                 ({inflight} in flight), receives {rd}/{nrecvs} done ({posted} posted)"
             )
         };
-        while sends_done < nsends || recvs_done < nrecvs {
+        while next_send < nsends || recvs_done < nrecvs {
             let mut progressed = false;
             // 1. Receives posted ahead into every free slot.
             while next_recv < nrecvs && recvs_posted.len() < SLOTS {
@@ -260,7 +331,7 @@ impl<'n> Ring<'n> {
             }
             // 2. Every send whose data is there, each isend retried until taken.
             while next_send < nsends
-                && sends_in_flight.len() < SLOTS
+                && self.sends_in_flight.len() < SLOTS
                 && (recvs_done == nrecvs || next_send < recvs_done + SLOTS)
                 && !matches!(plan.sends[next_send].after, Some(i) if i >= recvs_done)
             {
@@ -269,20 +340,21 @@ impl<'n> Ring<'n> {
                     Src::Input => input,
                     Src::Work => work,
                 };
-                let slot = next_send % SLOTS;
+                let slot = (base + next_send) % SLOTS;
                 self.send_fifo
                     .slot_mut(slot)
                     .ok_or("send slot still busy")?[..s.len]
                     .copy_from_slice(&src[s.off..s.off + s.len]);
-                let spin = Instant::now();
+                let mut spin = Idle::new(self.spin);
                 loop {
                     if let Some(req) =
                         net.isend(&mut self.send, &mut self.send_fifo, slot, s.len, tag)?
                     {
-                        sends_in_flight.push_back(req);
+                        self.sends_in_flight.push_back(req);
+                        self.sends_posted += 1;
                         break;
                     }
-                    if spin.elapsed() > STALL_TIMEOUT {
+                    if spin.wait() > STALL_TIMEOUT {
                         return Err(state(
                             &format!(
                                 "isend {next_send} answered \"retry later\" for {STALL_TIMEOUT:?} \
@@ -290,14 +362,13 @@ impl<'n> Ring<'n> {
                                  its own sends: the plugin must take a send whose receive is \
                                  posted without the receiver calling it again)"
                             ),
-                            sends_done,
-                            sends_in_flight.len(),
+                            next_send,
+                            self.sends_in_flight.len(),
                             recvs_done,
                             recvs_posted.len(),
                         )
                         .into());
                     }
-                    idle_wait(spin.elapsed());
                 }
                 next_send += 1;
                 progressed = true;
@@ -313,30 +384,27 @@ impl<'n> Ring<'n> {
                 recvs_done += 1;
                 progressed = true;
             }
-            while let Some(req) = sends_in_flight.front_mut() {
+            while let Some(req) = self.sends_in_flight.front_mut() {
                 if net.test(&mut self.send_fifo, req)?.is_none() {
                     break;
                 }
-                sends_in_flight.pop_front();
-                sends_done += 1;
+                self.sends_in_flight.pop_front();
                 progressed = true;
             }
             if progressed {
-                last_progress = Instant::now();
-            } else {
-                if last_progress.elapsed() > STALL_TIMEOUT {
-                    return Err(state(
-                        &format!("no progress for {STALL_TIMEOUT:?}"),
-                        sends_done,
-                        sends_in_flight.len(),
-                        recvs_done,
-                        recvs_posted.len(),
-                    )
-                    .into());
-                }
-                idle_wait(last_progress.elapsed());
+                idle.progressed();
+            } else if idle.wait() > STALL_TIMEOUT {
+                return Err(state(
+                    &format!("no progress for {STALL_TIMEOUT:?}"),
+                    next_send,
+                    self.sends_in_flight.len(),
+                    recvs_done,
+                    recvs_posted.len(),
+                )
+                .into());
             }
         }
+        self.recvs_posted = recvs_posted;
         Ok(())
     }
 
@@ -355,17 +423,16 @@ impl<'n> Ring<'n> {
         let chunk = self.chunk();
         let tag = self.rank as i32;
         let prev_tag = self.prev as i32;
-        let mut sends_in_flight: VecDeque<plugin::Request<'n>> = VecDeque::new();
+        let base = self.sends_posted;
         let mut staged: Option<usize> = None;
         let mut next_send = 0;
-        let mut sends_done = 0;
-        let mut recvs_posted: VecDeque<(plugin::Request<'n>, usize)> = VecDeque::new();
+        // The receives all complete within the call: the queue is the ring's, kept empty.
+        let mut recvs_posted = std::mem::take(&mut self.recvs_posted);
         let mut next_recv = 0;
         let mut recvs_done = 0;
-        let mut last_progress = Instant::now();
-        let mut idle: u32 = 0;
+        let mut idle = Idle::new(self.spin);
 
-        while sends_done < plan.sends.len() || recvs_done < plan.recvs.len() {
+        while next_send < plan.sends.len() || staged.is_some() || recvs_done < plan.recvs.len() {
             let mut progressed = false;
 
             // Post receives ahead into every free slot.
@@ -395,7 +462,10 @@ impl<'n> Ring<'n> {
             }
 
             // Fill the next send slot once its data is there.
-            if staged.is_none() && next_send < plan.sends.len() && sends_in_flight.len() < SLOTS {
+            if staged.is_none()
+                && next_send < plan.sends.len()
+                && self.sends_in_flight.len() < SLOTS
+            {
                 let s = plan.sends[next_send];
                 if !matches!(s.after, Some(i) if i >= recvs_done) {
                     let src: &[u8] = match s.src {
@@ -404,7 +474,7 @@ impl<'n> Ring<'n> {
                     };
                     let slot = self
                         .send_fifo
-                        .slot_mut(next_send % SLOTS)
+                        .slot_mut((base + next_send) % SLOTS)
                         .ok_or("send slot still busy")?;
                     slot[..s.len].copy_from_slice(&src[s.off..s.off + s.len]);
                     staged = Some(next_send);
@@ -415,54 +485,84 @@ impl<'n> Ring<'n> {
             // isend the filled slot; no request means "not now".
             if let Some(i) = staged {
                 let len = plan.sends[i].len;
-                if let Some(req) =
-                    net.isend(&mut self.send, &mut self.send_fifo, i % SLOTS, len, tag)?
-                {
-                    sends_in_flight.push_back(req);
+                if let Some(req) = net.isend(
+                    &mut self.send,
+                    &mut self.send_fifo,
+                    (base + i) % SLOTS,
+                    len,
+                    tag,
+                )? {
+                    self.sends_in_flight.push_back(req);
+                    self.sends_posted += 1;
                     staged = None;
                     progressed = true;
                 }
             }
 
-            // Test the oldest send.
-            if let Some(req) = sends_in_flight.front_mut() {
+            // Test the oldest send (of this call or an earlier one).
+            if let Some(req) = self.sends_in_flight.front_mut() {
                 if net.test(&mut self.send_fifo, req)?.is_some() {
-                    sends_in_flight.pop_front();
-                    sends_done += 1;
+                    self.sends_in_flight.pop_front();
                     progressed = true;
                 }
             }
 
             if progressed {
-                last_progress = Instant::now();
-                idle = 0;
-            } else {
-                idle += 1;
-                if idle & 1023 == 0 && last_progress.elapsed() > STALL_TIMEOUT {
-                    return Err(format!(
-                        "rank {}: no progress for {STALL_TIMEOUT:?}: sends {sends_done}/{} done \
-                         ({} in flight, staged {}), receives {recvs_done}/{} done ({} posted)",
-                        self.rank,
-                        plan.sends.len(),
-                        sends_in_flight.len(),
-                        staged.is_some(),
-                        plan.recvs.len(),
-                        recvs_posted.len(),
-                    )
-                    .into());
-                }
-                // Other ranks (and the plugin's threads) may need this core.
-                idle_wait(last_progress.elapsed());
+                idle.progressed();
+            } else if idle.wait() > STALL_TIMEOUT {
+                return Err(format!(
+                    "rank {}: no progress for {STALL_TIMEOUT:?}: sends {next_send}/{} staged \
+                         ({} in flight, the last not yet taken: {}), receives {recvs_done}/{} \
+                         done ({} posted)",
+                    self.rank,
+                    plan.sends.len(),
+                    self.sends_in_flight.len(),
+                    staged.is_some(),
+                    plan.recvs.len(),
+                    recvs_posted.len(),
+                )
+                .into());
+            }
+        }
+        self.recvs_posted = recvs_posted;
+        Ok(())
+    }
+
+    /// Tests the sends still in flight until all are done, as NCCL's proxy keeps testing
+    /// them: call it before the rank blocks outside the plugin (a barrier), since a plugin
+    /// may need more calls to finish a send it took.
+    ///
+    /// # Errors
+    /// Plugin errors or no progress for [`STALL_TIMEOUT`].
+    pub fn drain(&mut self) -> Result<()> {
+        let net = self.net;
+        let mut idle = Idle::new(self.spin);
+        while let Some(req) = self.sends_in_flight.front_mut() {
+            if net.test(&mut self.send_fifo, req)?.is_some() {
+                self.sends_in_flight.pop_front();
+                idle.progressed();
+                continue;
+            }
+            if idle.wait() > STALL_TIMEOUT {
+                return Err(format!(
+                    "rank {}: {} send(s) not done after {STALL_TIMEOUT:?} (the receiver has \
+                     consumed them: the plugin did not complete the send)",
+                    self.rank,
+                    self.sends_in_flight.len()
+                )
+                .into());
             }
         }
         Ok(())
     }
 
-    /// deregMr both FIFOs, then closeSend and closeRecv.
+    /// Waits for the sends in flight ([`Ring::drain`]), deregMr both FIFOs, then closeSend and
+    /// closeRecv.
     ///
     /// # Errors
     /// Plugin errors.
-    pub fn close(self) -> Result<()> {
+    pub fn close(mut self) -> Result<()> {
+        self.drain()?;
         let Ring {
             net,
             send,

@@ -94,7 +94,7 @@ pub fn plan_for(
 
 /// The plugin connections of a run: a ring for the ring collectives, a full mesh for alltoall.
 pub(super) enum Conns<'n> {
-    Ring(Ring<'n>),
+    Ring(Box<Ring<'n>>),
     Mesh(Mesh<'n>),
 }
 
@@ -108,8 +108,16 @@ impl<'n> Conns<'n> {
 
     pub(super) fn close(self) -> Result<()> {
         match self {
-            Conns::Ring(r) => r.close(),
+            Conns::Ring(r) => (*r).close(),
             Conns::Mesh(m) => m.close(),
+        }
+    }
+
+    /// Waits for the ring's sends still in flight ([`Ring::drain`]); the mesh leaves none.
+    fn drain(&mut self) -> Result<()> {
+        match self {
+            Conns::Ring(r) => r.drain(),
+            Conns::Mesh(_) => Ok(()),
         }
     }
 }
@@ -317,6 +325,7 @@ impl Job<'_> {
         for _ in 0..args.warmup_iters() {
             self.call(ring, &mut b)?;
         }
+        ring.drain()?;
         boot.barrier()?;
         let start = Instant::now();
         let (timed, used) = cputime::measure(|| -> Result<()> {
@@ -327,6 +336,9 @@ impl Job<'_> {
         });
         timed?;
         let time_us = start.elapsed().as_secs_f64() * 1e6 / f64::from(args.iters());
+        // Sends still in flight are the network's, not the collective's (NCCL's kernel does
+        // not wait for them): tested after the clock stops, before the checks.
+        ring.drain()?;
         let mut wrong = None;
         for c in 0..args.check {
             let seed = u64::from(c) + 1;
@@ -337,6 +349,8 @@ impl Job<'_> {
             }
             *wrong.get_or_insert(0) += self.check(&b, seed);
         }
+        // The rank blocks in the rendezvous next.
+        ring.drain()?;
         Ok(Measure {
             time_us,
             wrong,

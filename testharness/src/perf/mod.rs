@@ -477,9 +477,9 @@ pub fn run(args: &Args) -> Result<i32> {
                 .iter()
                 .map(|b| Handle::from_bytes(b).ok_or("a rank sent a handle of the wrong size"))
                 .collect::<std::result::Result<_, _>>()?;
-            Conns::Ring(Ring::connect(
-                &net, args.dev, place.rank, &handles, listen, chunk,
-            )?)
+            let mut ring = Ring::connect(&net, args.dev, place.rank, &handles, listen, chunk)?;
+            ring.set_spin(args.spin());
+            Conns::Ring(Box::new(ring))
         }
         None => Conns::Mesh(Mesh::connect(
             &net,
@@ -505,7 +505,7 @@ pub fn run(args: &Args) -> Result<i32> {
         writeln!(
             o,
             "#  minBytes {} maxBytes {} step: {} warmup iters: {} iters: {} validation: {} \
-             chunk: {chunk} slots: {} proxy: {}",
+             chunk: {chunk} slots: {} proxy: {} spin: {}",
             args.min_bytes,
             args.max_bytes(),
             match (args.step_factor, args.step_bytes) {
@@ -517,6 +517,7 @@ pub fn run(args: &Args) -> Result<i32> {
             args.check,
             coll::SLOTS,
             args.proxy.name(),
+            args.spin(),
         )?;
         if alltoall {
             writeln!(
@@ -626,6 +627,7 @@ pub fn run(args: &Args) -> Result<i32> {
                     "receive_group": sharing.shape().group(),
                 })),
                 "proxy": args.proxy.name(),
+                "spin": args.spin(),
                 "plugin": session.plugin_json(),
                 "transport": env::var("VERBSNET_TRANSPORT").ok(),
                 "device": session.device_json(),
