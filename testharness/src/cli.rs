@@ -226,10 +226,11 @@ pub struct Args {
     pub bidir: bool,
 
     /// Idle passes of the proxy loop spent spinning (no system call) before it yields the core
-    /// [default: 0 for the collectives (ranks may share cores), 128 for stream and latency
-    /// (perftest busy-polls)]. Not alltoall, which always yields.
-    #[arg(long, value_name = "PASSES")]
-    pub spin: Option<u32>,
+    /// (perftest's loops never yield). 0: yield at once, the best choice where ranks share
+    /// cores with each other or other work, and on soft-RoCE (rxe progresses in kernel threads
+    /// a spinning rank starves). Not alltoall, which always yields.
+    #[arg(long, value_name = "PASSES", default_value_t = 0)]
+    pub spin: u32,
 
     /// Bytes per proxy slot (NCCL SIMPLE step: NCCL_BUFFSIZE 4 MiB / 8 steps).
     #[arg(long, value_name = "SIZE", default_value = "512K", value_parser = parse_size)]
@@ -406,15 +407,6 @@ impl Args {
             (self.iters() / 10).max(self.window() as u32)
         } else {
             1
-        })
-    }
-
-    /// Idle passes spent spinning before yielding (`--spin`, or the mode's default).
-    pub fn spin(&self) -> u32 {
-        self.spin.unwrap_or(if self.collective.is_p2p() {
-            crate::coll::SPIN_PASSES
-        } else {
-            0
         })
     }
 
@@ -612,8 +604,8 @@ mod tests {
     fn point_to_point_defaults_follow_perftest_and_nccl() {
         let a = Args::try_parse_from(["x", "stream"]).unwrap();
         assert_eq!(
-            (a.iters(), a.warmup_iters(), a.window(), a.spin()),
-            (1000, 100, 32, 128)
+            (a.iters(), a.warmup_iters(), a.window(), a.spin),
+            (1000, 100, 32, 0)
         );
         assert!(a.validate().is_ok());
         let a = Args::try_parse_from(["x", "latency", "-n", "50"]).unwrap();
@@ -621,8 +613,7 @@ mod tests {
         let a = Args::try_parse_from(["x", "stream", "-n", "10", "-w", "0", "-W", "4"]).unwrap();
         assert_eq!((a.iters(), a.warmup_iters(), a.window()), (10, 0, 4));
         let a = Args::try_parse_from(["x", "sendrecv", "--spin", "7"]).unwrap();
-        assert_eq!((a.iters(), a.warmup_iters(), a.spin()), (20, 1, 7));
-        assert_eq!(Args::try_parse_from(["x", "all_reduce"]).unwrap().spin(), 0);
+        assert_eq!((a.iters(), a.warmup_iters(), a.spin), (20, 1, 7));
     }
 
     #[test]

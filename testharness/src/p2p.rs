@@ -10,9 +10,9 @@
 //!   a later pass, after the other direction has been served.
 //! - Completions are tested oldest first, as far as they are done; a completed receive frees
 //!   its slot for the next `irecv`.
-//! - A pass that moved nothing spins (`--spin`, default [`crate::coll::SPIN_PASSES`] passes,
-//!   no system call, as perftest busy-polls), then yields and naps as the ring proxy does;
-//!   nothing moving for [`STALL_TIMEOUT`] fails the rank with the proxy's state.
+//! - A pass that moved nothing yields (after `--spin` passes spent spinning) and naps, as the
+//!   ring proxy does (`crate::coll::Idle`); nothing moving for [`STALL_TIMEOUT`] fails the
+//!   rank with the proxy's state.
 //!
 //! Data: each message starts with an 8-byte stamp (sender rank and sequence number, the low
 //! bytes for shorter messages), written into the send slot before `isend` and checked after the
@@ -226,7 +226,7 @@ impl<'n> Endpoint<'n> {
             tx,
             rx,
             corrupt: false,
-            spin: crate::coll::SPIN_PASSES,
+            spin: 0,
         })
     }
 

@@ -478,7 +478,7 @@ pub fn run(args: &Args) -> Result<i32> {
                 .map(|b| Handle::from_bytes(b).ok_or("a rank sent a handle of the wrong size"))
                 .collect::<std::result::Result<_, _>>()?;
             let mut ring = Ring::connect(&net, args.dev, place.rank, &handles, listen, chunk)?;
-            ring.set_spin(args.spin());
+            ring.set_spin(args.spin);
             Conns::Ring(Box::new(ring))
         }
         None => Conns::Mesh(Mesh::connect(
@@ -517,7 +517,7 @@ pub fn run(args: &Args) -> Result<i32> {
             args.check,
             coll::SLOTS,
             args.proxy.name(),
-            args.spin(),
+            args.spin,
         )?;
         if alltoall {
             writeln!(
@@ -627,7 +627,7 @@ pub fn run(args: &Args) -> Result<i32> {
                     "receive_group": sharing.shape().group(),
                 })),
                 "proxy": args.proxy.name(),
-                "spin": args.spin(),
+                "spin": args.spin,
                 "plugin": session.plugin_json(),
                 "transport": env::var("VERBSNET_TRANSPORT").ok(),
                 "device": session.device_json(),

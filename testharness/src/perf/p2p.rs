@@ -352,7 +352,7 @@ pub(super) fn run(
         window,
         slot,
     )?;
-    ep.set_spin(args.spin());
+    ep.set_spin(args.spin);
     if args.debug_corrupt_rank == Some(rank) {
         ep.corrupt_received();
     }
@@ -389,7 +389,7 @@ pub(super) fn run(
              (messages with every byte checked) spin: {}; MB = 2^20 B, Gb = 10^9 bit",
             args.min_bytes,
             args.max_bytes(),
-            args.spin()
+            args.spin
         )?;
         s.write_plugin_lines(&mut o)?;
         writeln!(o, "#")?;
@@ -491,7 +491,7 @@ pub(super) fn run(
                 "iters": iters,
                 "warmup_iters": warm,
                 "check": check,
-                "spin": args.spin(),
+                "spin": args.spin,
                 "plugin": s.plugin_json(),
                 "transport": std::env::var("VERBSNET_TRANSPORT").ok(),
                 "device": s.device_json(),
