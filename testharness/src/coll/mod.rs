@@ -148,8 +148,15 @@ pub struct Ring<'n> {
     sends_posted: usize,
     /// Idle passes spent spinning before yielding ([`Idle`]; `--spin`).
     spin: u32,
-    /// The receives posted by the current call (empty between calls; kept for its memory).
-    recvs_posted: VecDeque<(plugin::Request<'n>, usize)>,
+    /// Receives posted and not yet consumed, oldest first (at most [`SLOTS`]); they may belong
+    /// to coming calls ([`Ring::expect_recvs`]).
+    recvs_posted: VecDeque<plugin::Request<'n>>,
+    /// Receives posted since the ring was made: receive `k` uses slot `k % SLOTS`.
+    recvs_posted_total: usize,
+    /// Receives consumed since the ring was made.
+    recvs_consumed: usize,
+    /// Receives the calls so far and the announced ones consume in all: the most ever posted.
+    recv_budget: usize,
 }
 
 impl<'n> Ring<'n> {
@@ -218,7 +225,19 @@ impl<'n> Ring<'n> {
             sends_posted: 0,
             spin: 0,
             recvs_posted: VecDeque::with_capacity(SLOTS),
+            recvs_posted_total: 0,
+            recvs_consumed: 0,
+            recv_budget: 0,
         })
+    }
+
+    /// Announces that the coming calls will consume `n` more receives, as NCCL's proxy knows
+    /// the operations launched ahead of the one the GPU runs: each call then posts receives
+    /// ahead into every free slot, also for the calls after it (capacity and tag do not depend
+    /// on the call), so a peer's send of the next call finds its receive posted. Never more
+    /// than announced: no receive is left posted when the calls are over.
+    pub fn expect_recvs(&mut self, n: usize) {
+        self.recv_budget = self.recv_budget.max(self.recvs_consumed + n);
     }
 
     /// Idle passes to spin through before yielding (`--spin`; 0 after connect).
@@ -304,9 +323,10 @@ impl<'n> Ring<'n> {
         let (nsends, nrecvs) = (plan.sends.len(), plan.recvs.len());
         let base = self.sends_posted;
         let mut next_send = 0;
-        // The receives all complete within the call: the queue is the ring's, kept empty.
+        self.expect_recvs(nrecvs);
+        // The ring's queue; put back at the end, possibly with receives of the next calls.
         let mut recvs_posted = std::mem::take(&mut self.recvs_posted);
-        let (mut next_recv, mut recvs_done) = (0, 0);
+        let mut recvs_done = 0;
         let mut idle = Idle::new(self.spin);
         let rank = self.rank;
         let state = |what: &str, sd: usize, inflight: usize, rd: usize, posted: usize| {
@@ -318,12 +338,12 @@ impl<'n> Ring<'n> {
         while next_send < nsends || recvs_done < nrecvs {
             let mut progressed = false;
             // 1. Receives posted ahead into every free slot.
-            while next_recv < nrecvs && recvs_posted.len() < SLOTS {
-                let slot = next_recv % SLOTS;
+            while self.recvs_posted_total < self.recv_budget && recvs_posted.len() < SLOTS {
+                let slot = self.recvs_posted_total % SLOTS;
                 match net.irecv(&mut self.recv, &mut self.recv_fifo, slot, chunk, prev_tag)? {
                     Some(req) => {
-                        recvs_posted.push_back((req, next_recv));
-                        next_recv += 1;
+                        recvs_posted.push_back(req);
+                        self.recvs_posted_total += 1;
                         progressed = true;
                     }
                     None => break,
@@ -374,14 +394,18 @@ impl<'n> Ring<'n> {
                 progressed = true;
             }
             // 3. Completions, consumed late and in order: receives, then sends.
-            while let Some((req, idx)) = recvs_posted.front_mut() {
+            while recvs_done < nrecvs {
+                let Some(req) = recvs_posted.front_mut() else {
+                    break;
+                };
                 let Some(size) = net.test(&mut self.recv_fifo, req)? else {
                     break;
                 };
-                let (slot, idx) = (req.slot(), *idx);
-                self.consume(plan, idx, slot, size, work, dtype, op)?;
+                let slot = req.slot();
+                self.consume(plan, recvs_done, slot, size, work, dtype, op)?;
                 recvs_posted.pop_front();
                 recvs_done += 1;
+                self.recvs_consumed += 1;
                 progressed = true;
             }
             while let Some(req) = self.sends_in_flight.front_mut() {
@@ -426,37 +450,42 @@ impl<'n> Ring<'n> {
         let base = self.sends_posted;
         let mut staged: Option<usize> = None;
         let mut next_send = 0;
-        // The receives all complete within the call: the queue is the ring's, kept empty.
+        self.expect_recvs(plan.recvs.len());
+        // The ring's queue; put back at the end, possibly with receives of the next calls.
         let mut recvs_posted = std::mem::take(&mut self.recvs_posted);
-        let mut next_recv = 0;
         let mut recvs_done = 0;
         let mut idle = Idle::new(self.spin);
 
         while next_send < plan.sends.len() || staged.is_some() || recvs_done < plan.recvs.len() {
             let mut progressed = false;
 
-            // Post receives ahead into every free slot.
-            while next_recv < plan.recvs.len() && recvs_posted.len() < SLOTS {
-                let slot = next_recv % SLOTS;
+            // Post receives ahead into every free slot (of this call and, as announced, of
+            // the next ones).
+            while self.recvs_posted_total < self.recv_budget && recvs_posted.len() < SLOTS {
+                let slot = self.recvs_posted_total % SLOTS;
                 let posted =
                     net.irecv(&mut self.recv, &mut self.recv_fifo, slot, chunk, prev_tag)?;
                 match posted {
                     Some(req) => {
-                        recvs_posted.push_back((req, next_recv));
-                        next_recv += 1;
+                        recvs_posted.push_back(req);
+                        self.recvs_posted_total += 1;
                         progressed = true;
                     }
                     None => break,
                 }
             }
 
-            // Test the oldest receive; consume it at once.
-            if let Some((req, idx)) = recvs_posted.front_mut() {
+            // Test the oldest receive of this call; consume it at once.
+            if let Some(req) = recvs_posted
+                .front_mut()
+                .filter(|_| recvs_done < plan.recvs.len())
+            {
                 if let Some(size) = net.test(&mut self.recv_fifo, req)? {
-                    let (slot, idx) = (req.slot(), *idx);
-                    self.consume(plan, idx, slot, size, work, dtype, op)?;
+                    let slot = req.slot();
+                    self.consume(plan, recvs_done, slot, size, work, dtype, op)?;
                     recvs_posted.pop_front();
                     recvs_done += 1;
+                    self.recvs_consumed += 1;
                     progressed = true;
                 }
             }

@@ -113,6 +113,14 @@ impl<'n> Conns<'n> {
         }
     }
 
+    /// Announces `calls` more calls of `plan` ([`Ring::expect_recvs`]), so the ring posts
+    /// receives ahead across them as NCCL's proxy does for operations launched ahead.
+    fn expect(&mut self, plan: &crate::coll::Plan, calls: u32) {
+        if let Conns::Ring(r) = self {
+            r.expect_recvs(plan.recvs.len() * calls as usize);
+        }
+    }
+
     /// Waits for the ring's sends still in flight ([`Ring::drain`]); the mesh leaves none.
     fn drain(&mut self) -> Result<()> {
         match self {
@@ -322,6 +330,8 @@ impl Job<'_> {
     ) -> Result<Measure> {
         let mut b = self.buffers(inplace);
         self.init(&mut b, 0);
+        // Every call of this measurement, as a host launches them ahead of the GPU.
+        ring.expect(self.plan, args.warmup_iters() + args.iters() + args.check);
         for _ in 0..args.warmup_iters() {
             self.call(ring, &mut b)?;
         }
