@@ -232,10 +232,13 @@ impl<'n> Ring<'n> {
     }
 
     /// Announces that the coming calls will consume `n` more receives, as NCCL's proxy knows
-    /// the operations launched ahead of the one the GPU runs: each call then posts receives
-    /// ahead into every free slot, also for the calls after it (capacity and tag do not depend
-    /// on the call), so a peer's send of the next call finds its receive posted. Never more
-    /// than announced: no receive is left posted when the calls are over.
+    /// the operations launched ahead of the one the GPU runs (`src/transport/net.cc`:
+    /// `recvProxyProgress` gives each operation its base step on the connection when the
+    /// operation reaches the proxy and posts its receives from there, while earlier operations
+    /// are still in progress): each call then posts receives ahead into every free slot, also
+    /// for the calls after it (capacity and tag do not depend on the call), so a peer's send
+    /// of the next call finds its receive posted. Never more than announced: no receive is
+    /// left posted when the calls are over.
     pub fn expect_recvs(&mut self, n: usize) {
         self.recv_budget = self.recv_budget.max(self.recvs_consumed + n);
     }
