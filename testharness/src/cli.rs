@@ -309,6 +309,13 @@ pub struct Args {
     /// Test hook: this rank fails at start-up (before the rendezvous).
     #[arg(long, hide = true)]
     pub debug_fail_rank: Option<usize>,
+
+    /// Fault trials (`stream`, `latency`): after this many messages received, the receiving
+    /// end stops calling the plugin for good (the process stays alive, its comms open): the
+    /// peer's `isend` then answers "retry later", waiting for receives that never come, until
+    /// the peer is killed or cut off (`testharness/softroce/twohost-trials.sh`, `*_retry`).
+    #[arg(long, hide = true, value_name = "MESSAGES")]
+    pub debug_stall_recv_after: Option<u64>,
 }
 
 impl Args {

@@ -142,6 +142,8 @@ pub struct Endpoint<'n> {
     corrupt: bool,
     /// Idle passes spent spinning before yielding (`--spin`).
     spin: u32,
+    /// Stop calling the plugin after this many messages received (fault trials).
+    stall_after: Option<u64>,
 }
 
 impl<'n> Endpoint<'n> {
@@ -227,6 +229,7 @@ impl<'n> Endpoint<'n> {
             rx,
             corrupt: false,
             spin: 0,
+            stall_after: None,
         })
     }
 
@@ -239,6 +242,13 @@ impl<'n> Endpoint<'n> {
     /// damaged (its first byte flipped) before it is checked, so the check must count it.
     pub fn corrupt_received(&mut self) {
         self.corrupt = true;
+    }
+
+    /// Fault-trial hook (`--debug-stall-recv-after`): once this end has received `n` messages
+    /// it stops calling the plugin for good (the next pass sleeps until the process is
+    /// killed), leaving its comms open and its peer's sends without receives.
+    pub fn stall_receiving_after(&mut self, n: u64) {
+        self.stall_after = Some(n);
     }
 
     /// What this end has moved so far.
@@ -273,6 +283,18 @@ impl<'n> Endpoint<'n> {
     /// `tx_end`, then receives and sends tested as far as they are done. `size` is every
     /// message's length. Returns whether anything moved.
     fn pass(&mut self, tx_end: u64, rx_end: u64, size: usize, phase: Phase) -> Result<bool> {
+        if let (Some(n), Some(rx)) = (self.stall_after, self.rx.as_ref()) {
+            if rx.done >= n {
+                eprintln!(
+                    "rank {}: stalled after {} messages received (--debug-stall-recv-after): \
+                     no more calls on the plugin",
+                    self.rank, rx.done
+                );
+                loop {
+                    std::thread::sleep(std::time::Duration::from_secs(3600));
+                }
+            }
+        }
         let net = self.net;
         let w = self.window;
         let full = phase == Phase::Checked;

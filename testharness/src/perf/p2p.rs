@@ -356,6 +356,9 @@ pub(super) fn run(
     if args.debug_corrupt_rank == Some(rank) {
         ep.corrupt_received();
     }
+    if let Some(n) = args.debug_stall_recv_after {
+        ep.stall_receiving_after(n);
+    }
     boot.barrier()?;
 
     let root = rank == 0;
