@@ -143,17 +143,27 @@ fn check_memlock(cfg: &Config, f: Footprint, limit: Option<u64>) -> Result<(), E
     let Some(limit) = limit else {
         return Ok(());
     };
-    let need = f.recv.max(f.send);
+    // The larger side names itself: a receive comm (bounce buffers) at every sane setting.
+    let (need, side) = if f.recv >= f.send {
+        (f.recv, "receive")
+    } else {
+        (f.send, "send")
+    };
     if need > limit {
-        return Err(Error::new(Check::Memlock, Class::System, format!(
-            "one receive comm pins {need} bytes ({}: VERBSNET_RQ_DEPTH={} x (VERBSNET_EAGER_BUF_SIZE={} \
-             + {EAGER_HDR_LEN}) of bounce buffers plus rings) but RLIMIT_MEMLOCK is {limit} bytes (`ulimit -l` \
-             {}) and the process lacks CAP_IPC_LOCK: {MEMLOCK_FIX}",
-            mib(need),
-            cfg.rq_depth,
-            cfg.eager_buf_size,
-            limit / 1024
-        )));
+        return Err(Error::new(
+            Check::Memlock,
+            Class::System,
+            format!(
+                "one {side} comm pins {need} bytes ({}; a receive comm: VERBSNET_RQ_DEPTH={} x \
+             (VERBSNET_EAGER_BUF_SIZE={} + {EAGER_HDR_LEN}) of bounce buffers plus rings) but \
+             RLIMIT_MEMLOCK is {limit} bytes (`ulimit -l` {}) and the process lacks CAP_IPC_LOCK: \
+             {MEMLOCK_FIX}",
+                mib(need),
+                cfg.rq_depth,
+                cfg.eager_buf_size,
+                limit / 1024
+            ),
+        ));
     }
     Ok(())
 }
@@ -229,6 +239,7 @@ mod tests {
         assert_eq!(e.class(), Class::System, "{e:?}");
         let m = e.to_string();
         for part in [
+            "one receive comm pins",
             "RLIMIT_MEMLOCK is 65536 bytes",
             "ulimit -l` 64",
             "CAP_IPC_LOCK",

@@ -192,7 +192,10 @@ knobs! {
              does a zero-copy RDMA WRITE with immediate. The default sends everything that fits a \
              bounce buffer eagerly; lower it to trade latency for fewer copies. It follows \
              `VERBSNET_EAGER_BUF_SIZE` when only that is set; a limit above the buffer size is an \
-             error naming both variables.",
+             error naming both variables. The limit applies only to a send issued before the \
+             receiver's CTS for it arrived: once the CTS is known, a send of any size is one \
+             RDMA WRITE with immediate straight into the posted buffer (no bounce buffer, no \
+             copy).",
         nccl_ib:
             "`NCCL_IB_AR_THRESHOLD` (8192) is the closest size threshold, but it only splits data \
              and immediate, it does not change the protocol",
@@ -210,7 +213,12 @@ knobs! {
              sender never has more eager SENDs in flight than credits, so an `isend` never \
              outruns the receiver's posted receives and RNR NAKs do not happen. `0` sends without \
              waiting for credits, mimicking NCCL IB, which relies on RNR retry (below) as its \
-             safety net; useful to compare behaviour, or when credit returns add latency.",
+             safety net; useful to compare behaviour, or when credit returns add latency. With \
+             `0` the receive comm also posts no zero-length receive WRs for its posted buffers: \
+             a direct write into a posted receive may then meet an RNR NAK and rely on RNR \
+             retry, and a send is no longer guaranteed to complete while the receiver makes no \
+             further call (with `1` it is: docs/protocol.md, \"No send waits for the receiver's next \
+             call\").",
         nccl_ib: "none; NCCL IB's CTS FIFO gates data writes, and RNR retry covers the rest",
     }
 
@@ -477,8 +485,8 @@ knobs! {
         nccl_ib: "none: NCCL IB's connect/accept have no deadline",
     }
 
-    /// `VERBSNET_PEER_CHECK_INTERVAL`: how often a comm with work outstanding asks the set-up
-    /// socket whether the peer closed (the data path itself makes no such system call).
+    /// `VERBSNET_PEER_CHECK_INTERVAL`: how often a comm asks the set-up socket whether the peer
+    /// closed, on any call, with or without work outstanding.
     peer_check_interval: Duration {
         var: "VERBSNET_PEER_CHECK_INTERVAL",
         group: Setup,
@@ -489,9 +497,11 @@ knobs! {
         doc: "How often a comm asks its set-up socket whether the peer closed. The data path \
              (`isend`/`irecv`/`test`) makes no system call of its own: a dead peer is learnt from \
              the transport (error completions; on tcp the data stream's EOF) and from this check, \
-             made at most once per interval. 1 s bounds how late a peer's exit is noticed when \
-             the transport says nothing (ib: the peer's QP is gone but nothing was outstanding), \
-             at one `read` per second per comm.",
+             made at most once per interval on any call (`isend`, `irecv`, `test`), also when \
+             nothing is in flight: an `isend` answering \"retry later\" while it waits for a \
+             credit or a CTS learns this way that the peer died or closed. 1 s bounds how late a \
+             peer's exit is noticed when the transport says nothing (ib: the peer's QP is gone \
+             but nothing was outstanding), at one `read` per second per comm.",
         nccl_ib: "none (NCCL IB learns peer death from completions only)",
     }
 }

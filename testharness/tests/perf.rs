@@ -112,8 +112,17 @@ fn assert_clean(coll: &str, nranks: usize, o: &Output, v: &Value) {
                 "{coll} n={nranks} row {r}\n{}",
                 show(o)
             );
+            // A measured time (a transfer takes time), and algbw derived from it as
+            // nccl-tests does: bytes / time, in GB/s.
             let t = r[placement]["time_us"].as_f64().expect("time");
-            assert!(t >= 0.0 && t.is_finite());
+            assert!(t > 0.0 && t.is_finite(), "{coll} row {r}");
+            let size = r["size"].as_f64().expect("size");
+            let algbw = r[placement]["algbw"].as_f64().expect("algbw");
+            let want = size / (t * 1e3);
+            assert!(
+                (algbw - want).abs() <= 1e-9 * want.max(1.0),
+                "{coll} row {r}: algbw {algbw} GB/s, size / time gives {want}"
+            );
         }
     }
     let want = canonical(&plugin());
