@@ -210,7 +210,7 @@ if [ "${1:-}" = --guest ]; then
     fi
     if [ -n "${PERF_BIN:-}" ] && "$PERF_BIN" doctor --help > /dev/null 2>&1; then
         doctor_step doctor_ok 0 "" "" \
-            '^ok +transport +auto: ib \(rxe0:1\)' '^ok +port rxe0:1 +ACTIVE, Ethernet, active MTU [0-9]+' \
+            '^ok +transport +auto: ib \(rxe0\)' '^ok +port rxe0:1 +ACTIVE, Ethernet, active MTU [0-9]+' \
             '^ok +gid rxe0:1 +index 1 ::ffff:192\.0\.2\.1 RoCE v2' '^ok +depth\.(rq|sq|cq) rxe0' \
             '^ok +memlock' '^ok +counters rxe0:1 +none moved' 'doctor: [0-9]+ ok, 0 warn, 0 fail'
         doctor_step doctor_json 0 "" "--json" '"exit":0' '"verdict":"ok"' '"name":"gid rxe0:1"'
@@ -235,7 +235,7 @@ if [ "${1:-}" = --guest ]; then
             --interval 0 --listen 127.0.0.1:29650 --pings 200 --bw-bytes 16M > "$logs/doctor_listen.log" 2>&1 &
         lpid=$!
         doctor_step doctor_peer 0 "" "--peer 127.0.0.1:29650 --pings 200 --bw-bytes 16M" \
-            '^ok +peer\.transport +here ib \(rxe0:1\)' '^ok +peer\.mtu +here 4096, peer 4096: path MTU 4096' \
+            '^ok +peer\.transport +here ib \(rxe0\)' '^ok +peer\.mtu +here 4096, peer 4096: path MTU 4096' \
             '^ok +peer\.connect' '^ok +peer\.latency +[0-9.]+ us' '^ok +peer\.bandwidth +[0-9.]+ GB/s'
         wait "$lpid" || fail doctor_listen "the listening side exited $?"
     else
