@@ -234,9 +234,10 @@ mod tests {
     }
 
     const CARD: &str = "pci0000:00/0000:00:01.0";
-    /// `sys_image_guid` of `0c42:a103:0012:3456` as `ibv_device_attr` holds it.
-    const GUID_A: u64 = u64::from_be_bytes([0x0c, 0x42, 0xa1, 0x03, 0x00, 0x12, 0x34, 0x56]);
-    const GUID_B: u64 = u64::from_be_bytes([0x0c, 0x42, 0xa1, 0x03, 0x00, 0x99, 0x88, 0x77]);
+    /// `sys_image_guid` of `0c42:a103:0012:3456` as `ibv_device_attr` holds it (the bytes in
+    /// network order, read as a host integer).
+    const GUID_A: u64 = u64::from_ne_bytes([0x0c, 0x42, 0xa1, 0x03, 0x00, 0x12, 0x34, 0x56]);
+    const GUID_B: u64 = u64::from_ne_bytes([0x0c, 0x42, 0xa1, 0x03, 0x00, 0x99, 0x88, 0x77]);
 
     /// The check: a dual-port card is two PCI functions, each one verbs device with
     /// port 1 and the card's `sys_image_guid`; NCCL IB reports them as ports 1 and 2 of one
