@@ -194,7 +194,7 @@ fn run(
                     loop {
                         match l.send.isend(sb.addr(0), size as u64, 0, &sb.mr).unwrap() {
                             Some(h) => {
-                                pending.push(h.id());
+                                pending.push(h);
                                 break;
                             }
                             None => {
@@ -226,7 +226,7 @@ fn run(
                             .unwrap()
                         {
                             Some(h) => {
-                                outstanding.push_back(h.id());
+                                outstanding.push_back(h);
                                 posted += 1;
                             }
                             None => break,

@@ -53,7 +53,7 @@ fn registered(links: &[Link], cfg: &Config) -> (u64, u64) {
         .iter()
         .map(|l| counter(&l.send, "pinned_bytes") + counter(&l.recv, "pinned_bytes"))
         .sum();
-    // The same buffers as comm.rs SendBuffers / RecvBuffers register them.
+    // The same buffers as comm/buffers.rs SendBuffers / RecvBuffers register them.
     let stride = (EAGER_HDR_LEN + cfg.eager_buf_size as usize) as u64;
     let min = u64::from(cfg.rq_min_depth.min(cfg.rq_depth));
     let send = [
@@ -67,7 +67,7 @@ fn registered(links: &[Link], cfg: &Config) -> (u64, u64) {
         (REC_SLOTS * MAX_RECVS * 8) as u64,
         (CTRL_STAGE_SLOTS * CTS_ENTRY_LEN) as u64,
     ];
-    // One registration per comm and side (`Owned::alloc_parts`), parts on 64-byte boundaries.
+    // One registration per comm and side (`Mr::alloc_parts`), parts on 64-byte boundaries.
     let whole = |parts: &[u64]| pages(parts.iter().map(|&n| n.next_multiple_of(64)).sum());
     let per = whole(&send) + whole(&recv);
     (bytes, per * links.len() as u64)
@@ -84,7 +84,7 @@ fn burst(l: &Link, dev: &Arc<dyn Device>, n: usize) {
             let off = (next % 32) * 4096;
             match l.recv.irecv(&[(rb.addr(off), 4096, 0, &rb.mr)]).unwrap() {
                 Some(h) => {
-                    posted.push_back(h.id());
+                    posted.push_back(h);
                     next += 1;
                 }
                 None => break,
@@ -93,7 +93,7 @@ fn burst(l: &Link, dev: &Arc<dyn Device>, n: usize) {
         while sent < n {
             match l.send.isend(sb.addr(0), 4096, 0, &sb.mr).unwrap() {
                 Some(h) => {
-                    sends.push(h.id());
+                    sends.push(h);
                     sent += 1;
                 }
                 None => break,

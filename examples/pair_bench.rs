@@ -98,12 +98,11 @@ fn parse_args() -> Result<Opts, String> {
 const MAX_POLLS: u64 = 2_000_000_000;
 
 fn isend(c: &SendComm, b: &Buf, off: usize, size: usize) -> Result<Option<ReqId>, Error> {
-    Ok(c.isend(b.addr(off), size as u64, 0, &b.mr)?.map(|h| h.id()))
+    Ok(c.isend(b.addr(off), size as u64, 0, &b.mr)?)
 }
 
 fn irecv(c: &RecvComm, b: &Buf, off: usize, cap: usize) -> Result<Option<ReqId>, Error> {
-    Ok(c.irecv(&[(b.addr(off), cap as u64, 0, &b.mr)])?
-        .map(|h| h.id()))
+    Ok(c.irecv(&[(b.addr(off), cap as u64, 0, &b.mr)])?)
 }
 
 /// Streams `iters` messages of `size` bytes; returns the seconds the timed part took.

@@ -4,10 +4,12 @@
 //! - [`ffi`]: the exported `ncclNetPlugin_v7` … `ncclNetPlugin_v12` tables (one adapter per
 //!   version), shim bodies written once, panic containment, error → `ncclResult_t`.
 //! - [`api`]: the version-independent plugin API: per-communicator contexts, the shared,
-//!   reference-counted plugin state, typed listen/send/receive comms, one error type.
-//! - [`comm`] / [`conn`] / [`net`] / [`limits`]: send/receive comms: drive the engine, post its
-//!   WRs to a transport, run the non-blocking connection handshake; [`comm::pool`]: the shared
-//!   bounce pool receive queues grow from; the devices from `init`; what a comm may pin.
+//!   reference-counted plugin state, typed listen/send/receive comms, the objects NCCL holds
+//!   pointers to (registrations, requests), one error type.
+//! - [`comm`] / [`conn`] / [`net`] / [`limits`]: send/receive comms: drive the engine, carry
+//!   out its actions on a transport QP, hand out request ids; run the non-blocking connection
+//!   handshake; [`comm::pool`]: the shared bounce pool receive queues grow from; the devices
+//!   from `init`; what a comm may pin.
 //! - [`engine`]: the pure protocol engine (no I/O, no clock): request slots, posting-order
 //!   matching, eager and rendezvous paths, RQ batching, credits.
 //! - [`transport`]: one verbs-shaped interface; `ib` (libibverbs) and `tcp` (userspace).

@@ -19,7 +19,7 @@
 //!
 //! Fields of the spans the event is inside follow the event's own fields, outermost first,
 //! except a span's `label` field: it names what the event is about (a comm's span carries
-//! `label = "send comm <local> -> <peer> (<dev>)"`, see `comm.rs`) and is written
+//! `label = "send comm <local> -> <peer> (<dev>)"`, see `comm/mod.rs`) and is written
 //! first, as `<label>: <message> ...`, so the label leads the line NCCL prints.
 //! The level ([`DebugLevel`], from `VERBSNET_DEBUG`) is applied per callsite
 //! (`register_callsite` answers always/never and `max_level_hint` is exact), so a disabled

@@ -13,17 +13,41 @@
 //! at any time, and a `Region` is `Clone + Sync`. A `&[u8]` or `&mut [u8]` over such memory
 //! would promise Rust that nobody else writes it (or, for `&mut`, reads it) while the reference
 //! lives: undefined behaviour the first time a peer writes. So no method hands out a reference
-//! to region memory. Every access is a copy through raw pointers ([`Region::read`],
-//! [`Region::write`], [`Region::copy_from`], [`Region::append_to`]), a volatile 8-byte load or
-//! store ([`Region::read_u64_volatile`], [`Region::write_u64_volatile`]), or a system call
-//! that moves bytes between a socket and the raw range ([`Region::recv_into`],
-//! [`Region::send_from`], [`sendmsg`]): the kernel writes the memory as a NIC's DMA would.
-//! Bytes another party writes concurrently may arrive torn; the protocol above tolerates that
-//! (it checks sequence words after the copy), as it does for a NIC.
+//! to region memory. Every access is a copy ([`Region::read`], [`Region::write`],
+//! [`Region::copy_from`], [`Region::append_to`]), an 8-byte word ([`Region::load_u64`],
+//! [`Region::store_u64`]), or a system call that moves bytes between a socket and the raw
+//! range ([`Region::recv_into`], [`Region::send_from`], [`sendmsg`]): the kernel writes the
+//! memory as a NIC's DMA would.
+//!
+//! # Why atomic copies
+//!
+//! Every method takes `&self`, so two Rust threads holding clones of one region (the comm's
+//! thread and the tcp transport's, or NCCL's progress and service threads) may write the same
+//! bytes, or one write what the other reads, through safe code: that is a data race, undefined
+//! behaviour in Rust's memory model even where the hardware would not mind, unless every such
+//! access is atomic. So every copy into or out of a region is a byte-wise atomic memcpy (the
+//! C++ proposal P1478's `atomic_load_per_byte_memcpy`/`atomic_store_per_byte_memcpy`, as the
+//! `atomic-memcpy` crate implements it): relaxed atomic loads and stores, a machine word at a
+//! time where the address is word-aligned and a byte at a time at the edges, with an acquire
+//! fence after a read and a release fence before a write; the 8-byte words are acquire loads
+//! and release stores. On x86-64 and aarch64 relaxed word accesses are the plain loads and
+//! stores `memcpy` makes (what the compiler gives up is vectorising them), and the fences cost
+//! nothing on x86-64, so the data path pays no measurable price (docs/performance.md). Bytes
+//! another party writes concurrently may still arrive torn, as they may from a NIC; the
+//! protocol above tolerates that (it checks sequence words after the copy). One gap is left
+//! as the `atomic-memcpy` crate leaves it: two racing copies that reach the same bytes at
+//! different word alignments make atomic accesses of different sizes, which the C++ model
+//! does not define; both compile to plain loads and stores, and only bytes the protocol already
+//! treats as torn are affected.
+//!
+//! The alternative, `unsafe` writes with a "no other thread writes this range" contract,
+//! would push `unsafe` into the tcp transport (`#![forbid(unsafe_code)]`), whose responder
+//! writes incoming RDMA data from whichever thread drives the QP.
 
 use std::fmt;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// A byte range `[addr, addr + len)` that stays readable and writable while any clone of the
@@ -39,27 +63,24 @@ pub struct Region {
     _owned: Option<Arc<OwnedBuf>>,
 }
 
+/// A heap allocation a region owns, freed with the last clone. It keeps the address as an
+/// integer, as `Region` does (its pointer was exposed when it was turned into one), so it is
+/// `Send + Sync` like any integer, with no `unsafe impl`.
 struct OwnedBuf {
-    ptr: *mut u8,
+    addr: usize,
     layout: std::alloc::Layout,
 }
 
-// SAFETY: OwnedBuf is a plain heap allocation with no thread affinity; it is only freed (Drop),
-// and its bytes are only reached through Region's raw-pointer methods, never through references.
-unsafe impl Send for OwnedBuf {}
-// SAFETY: see above; a shared OwnedBuf exposes nothing but the pointer value.
-unsafe impl Sync for OwnedBuf {}
-
 impl Drop for OwnedBuf {
     fn drop(&mut self) {
-        // SAFETY: ptr was returned by alloc_zeroed with exactly this layout and is freed once
-        // (the last Arc clone drops it).
-        unsafe { std::alloc::dealloc(self.ptr, self.layout) }
+        // SAFETY: addr is the address alloc_zeroed returned for exactly this layout (its
+        // provenance exposed by the cast in `try_alloc`), freed once: the last Arc clone drops
+        // it, and no region of it is used after that.
+        unsafe { std::alloc::dealloc(self.addr as *mut u8, self.layout) }
     }
 }
 
-/// An access outside a region's bounds (or, for the 8-byte volatile accesses, a misaligned
-/// one).
+/// An access outside a region's bounds (or, for the 8-byte word accesses, a misaligned one).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OutOfBounds {
     /// Offset asked for.
@@ -170,16 +191,183 @@ pub fn sendmsg(fd: BorrowedFd<'_>, pieces: &[IoPiece<'_>]) -> io::Result<usize> 
     Ok(r as usize)
 }
 
-/// `memmove` of `len` bytes from `src` to `dst` (the ranges may overlap); nothing at all for
-/// `len` 0, since a region may start at address 0 (`regMr(NULL, 0)`) and even a zero-length
-/// `ptr::copy` through a null pointer is undefined behaviour.
-///
-/// # Safety
-/// For `len > 0`: `src` valid for reads and `dst` for writes of `len` bytes.
-unsafe fn copy_bytes(src: *const u8, dst: *mut u8, len: usize) {
-    if len > 0 {
-        // SAFETY: the caller's contract, for a non-zero length.
-        unsafe { std::ptr::copy(src, dst, len) }
+/// Byte-wise atomic copies between region memory (raw pointers, shared with other threads,
+/// a NIC or the kernel) and memory the caller owns (slices). See the module docs for why.
+/// Nothing here dereferences a pointer for a zero length: a region may start at address 0
+/// (`regMr(NULL, 0)`).
+mod atomic {
+    use std::sync::atomic::{fence, AtomicU8, AtomicUsize, Ordering};
+
+    const W: usize = std::mem::size_of::<usize>();
+
+    /// Bytes a region-to-region copy moves through the stack at a time when the two sides are
+    /// not word-aligned alike, or overlap.
+    const CHUNK: usize = 512;
+
+    /// # Safety
+    /// `p` is valid for reads and writes of one byte, and accessed only atomically by others.
+    unsafe fn load_u8(p: *const u8) -> u8 {
+        // SAFETY: the caller's contract; an `AtomicU8` has the layout of a `u8`.
+        unsafe { AtomicU8::from_ptr(p.cast_mut()) }.load(Ordering::Relaxed)
+    }
+
+    /// # Safety
+    /// As [`load_u8`].
+    unsafe fn store_u8(p: *mut u8, v: u8) {
+        // SAFETY: the caller's contract.
+        unsafe { AtomicU8::from_ptr(p) }.store(v, Ordering::Relaxed)
+    }
+
+    /// # Safety
+    /// `p` is word-aligned, valid for reads and writes of a word, and accessed only atomically
+    /// by others.
+    unsafe fn load_word(p: *const u8) -> usize {
+        // SAFETY: the caller's contract (alignment included).
+        unsafe { AtomicUsize::from_ptr(p.cast_mut().cast()) }.load(Ordering::Relaxed)
+    }
+
+    /// # Safety
+    /// As [`load_word`].
+    unsafe fn store_word(p: *mut u8, v: usize) {
+        // SAFETY: the caller's contract.
+        unsafe { AtomicUsize::from_ptr(p.cast()) }.store(v, Ordering::Relaxed)
+    }
+
+    /// Bytes before `p` reaches word alignment, at most `len`.
+    fn head(p: *const u8, len: usize) -> usize {
+        ((p as usize).wrapping_neg() & (W - 1)).min(len)
+    }
+
+    /// Words of `n` bytes moved four at a time, then one at a time: the copy loops below are
+    /// this function with a word access each (loads and stores the compiler may neither merge
+    /// nor vectorise, so unrolling is what keeps the loop overhead down).
+    #[inline(always)]
+    fn words(n: usize, mut each: impl FnMut(usize)) {
+        let mut at = 0;
+        while at + 4 * W <= n {
+            each(at);
+            each(at + W);
+            each(at + 2 * W);
+            each(at + 3 * W);
+            at += 4 * W;
+        }
+        while at + W <= n {
+            each(at);
+            at += W;
+        }
+    }
+
+    /// Fills `dst` from `src` with relaxed atomic loads, then an acquire fence.
+    ///
+    /// # Safety
+    /// For a non-empty `dst`: `src..src + dst.len()` is valid for reads and writes (region
+    /// memory, by `Region`'s contract) and not accessed non-atomically by another thread
+    /// during the call; `dst` is not inside it.
+    #[inline]
+    pub(super) unsafe fn load(src: *const u8, dst: &mut [u8]) {
+        // SAFETY: the caller's contract; a live `&mut [u8]` is valid for writes of its length.
+        unsafe { load_raw(src, dst.as_mut_ptr(), dst.len()) }
+    }
+
+    /// [`load`] into `len` bytes at `d`, which may be uninitialised.
+    ///
+    /// # Safety
+    /// As [`load`], with `d..d + len` valid for writes, owned by the caller and outside the
+    /// source range.
+    #[inline]
+    pub(super) unsafe fn load_raw(src: *const u8, d: *mut u8, len: usize) {
+        let h = head(src, len);
+        let body = (len - h) & !(W - 1);
+        let byte = |i: usize| {
+            // SAFETY: `i < len`: inside the source range (the contract) and inside `dst`.
+            unsafe { d.add(i).write(load_u8(src.add(i))) }
+        };
+        (0..h).for_each(byte);
+        (h + body..len).for_each(byte);
+        words(body, |at| {
+            // SAFETY: `src + h + at` is word-aligned (past the head) and a whole word of the
+            // source range; `d + h + at` is a whole word of `dst`, written unaligned.
+            unsafe {
+                let v = load_word(src.add(h + at));
+                d.add(h + at).cast::<usize>().write_unaligned(v);
+            }
+        });
+        fence(Ordering::Acquire);
+    }
+
+    /// A release fence, then writes `src` to `dst` with relaxed atomic stores.
+    ///
+    /// # Safety
+    /// For a non-empty `src`: `dst..dst + src.len()` is valid for reads and writes and not
+    /// accessed non-atomically by another thread during the call; `src` is not inside it.
+    #[inline]
+    pub(super) unsafe fn store(dst: *mut u8, src: &[u8]) {
+        fence(Ordering::Release);
+        let len = src.len();
+        let s = src.as_ptr();
+        let h = head(dst, len);
+        let body = (len - h) & !(W - 1);
+        let byte = |i: usize| {
+            // SAFETY: `i < len`: inside the destination range and inside `src`.
+            unsafe { store_u8(dst.add(i), s.add(i).read()) }
+        };
+        (0..h).for_each(byte);
+        (h + body..len).for_each(byte);
+        words(body, |at| {
+            // SAFETY: `dst + h + at` is word-aligned and a whole word of the destination
+            // range; `s + h + at` a whole word of `src`, read unaligned.
+            unsafe {
+                let v = s.add(h + at).cast::<usize>().read_unaligned();
+                store_word(dst.add(h + at), v);
+            }
+        });
+    }
+
+    /// `memmove` of `len` bytes from `src` to `dst` (the ranges may overlap) with atomic
+    /// loads and stores: word to word when both are word-aligned alike and apart, else through
+    /// the stack in chunks taken in the direction that never overwrites bytes not yet read.
+    ///
+    /// # Safety
+    /// For `len > 0`: both ranges valid for reads and writes and not accessed non-atomically by
+    /// another thread during the call.
+    pub(super) unsafe fn copy(src: *const u8, dst: *mut u8, len: usize) {
+        if len == 0 {
+            return;
+        }
+        let (s, d) = (src as usize, dst as usize);
+        let apart = s + len <= d || d + len <= s;
+        if apart && s % W == d % W {
+            fence(Ordering::Release);
+            let h = head(src, len);
+            let body = (len - h) & !(W - 1);
+            let byte = |i: usize| {
+                // SAFETY: inside both ranges, per the contract.
+                unsafe { store_u8(dst.add(i), load_u8(src.add(i))) }
+            };
+            (0..h).for_each(byte);
+            (h + body..len).for_each(byte);
+            words(body, |at| {
+                // SAFETY: both `src + h + at` and `dst + h + at` are word-aligned (equal
+                // offsets modulo W, past the head) and a whole word of each is inside its range.
+                unsafe { store_word(dst.add(h + at), load_word(src.add(h + at))) };
+            });
+            fence(Ordering::Acquire);
+            return;
+        }
+        let mut buf = [0u8; CHUNK];
+        let n = len.div_ceil(CHUNK);
+        for k in 0..n {
+            // Forwards when the destination starts first, backwards otherwise: every chunk
+            // is read whole before it is written, and no write reaches a chunk still unread.
+            let k = if d <= s { k } else { n - 1 - k };
+            let off = k * CHUNK;
+            let b = &mut buf[..CHUNK.min(len - off)];
+            // SAFETY: `off..off + b.len()` is inside both ranges; `buf` is our own.
+            unsafe {
+                load(src.add(off), b);
+                store(dst.add(off), b);
+            }
+        }
     }
 }
 
@@ -230,7 +418,10 @@ impl Region {
         Ok(Region {
             addr: ptr as u64,
             len,
-            _owned: Some(Arc::new(OwnedBuf { ptr, layout })),
+            _owned: Some(Arc::new(OwnedBuf {
+                addr: ptr as usize,
+                layout,
+            })),
         })
     }
 
@@ -283,9 +474,11 @@ impl Region {
     /// [`OutOfBounds`] (nothing written) when the range is not inside the region.
     pub fn write(&self, offset: usize, src: &[u8]) -> Result<(), OutOfBounds> {
         let dst = self.ptr(offset, src.len())?;
-        // SAFETY: `dst..dst + src.len()` is inside the region (checked), valid for writes by the
-        // constructor's contract; `src` is a live slice.
-        unsafe { copy_bytes(src.as_ptr(), dst, src.len()) };
+        // SAFETY: `dst..dst + src.len()` is inside the region (checked), valid for reads and
+        // writes by the constructor's contract and reached by every Rust thread only through
+        // these atomic copies; `src` is a live slice the caller owns, not region memory a
+        // `&[u8]` could alias (no method hands one out).
+        unsafe { atomic::store(dst, src) };
         Ok(())
     }
 
@@ -295,13 +488,14 @@ impl Region {
     /// [`OutOfBounds`] (`dst` untouched) when the range is not inside the region.
     pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), OutOfBounds> {
         let src = self.ptr(offset, dst.len())?;
-        // SAFETY: the source range is inside the region (checked), valid for reads by the
-        // constructor's contract; `dst` is a distinct live buffer the caller owns exclusively.
-        unsafe { copy_bytes(src.cast_const(), dst.as_mut_ptr(), dst.len()) };
+        // SAFETY: the source range is inside the region (checked), valid by the constructor's
+        // contract and reached only through atomic copies; `dst` is a distinct live buffer the
+        // caller owns exclusively.
+        unsafe { atomic::load(src.cast_const(), dst) };
         Ok(())
     }
 
-    /// Appends `len` bytes from `offset` to `dst` (no zero-fill of the new tail first).
+    /// Appends `len` bytes from `offset` to `dst`.
     ///
     /// # Errors
     /// [`OutOfBounds`] (`dst` untouched) when the range is not inside the region.
@@ -314,38 +508,40 @@ impl Region {
         let src = self.ptr(offset, len)?;
         dst.reserve(len);
         let at = dst.len();
-        // SAFETY: `reserve` made room for `len` more bytes after `at`; the copy fills exactly
-        // those from a checked range of the region (valid for reads by contract), which is not
-        // the Vec's own allocation; only then does `set_len` expose them, all initialised.
+        // SAFETY: the source range is inside the region (checked), valid by contract and
+        // reached only through atomic copies; `reserve` made room for `len` bytes after `at`,
+        // the Vec's own memory (not the region's), which the load fills entirely before
+        // `set_len` exposes them.
         unsafe {
-            copy_bytes(src.cast_const(), dst.as_mut_ptr().add(at), len);
+            atomic::load_raw(src.cast_const(), dst.as_mut_ptr().add(at), len);
             dst.set_len(at + len);
         }
         Ok(())
     }
 
-    /// Reads a little-endian u64 at `offset` with a volatile load (a NIC may write it at any
-    /// time). The address must be 8-byte aligned.
+    /// Reads a little-endian u64 at `offset` with one atomic acquire load (a NIC or another
+    /// thread may write it at any time). The address must be 8-byte aligned.
     ///
     /// # Errors
     /// [`OutOfBounds`] when the 8 bytes are not inside the region or not aligned.
-    pub fn read_u64_volatile(&self, offset: usize) -> Result<u64, OutOfBounds> {
+    pub fn load_u64(&self, offset: usize) -> Result<u64, OutOfBounds> {
         let p = self.aligned_u64(offset)?;
-        // SAFETY: in bounds and aligned (checked); the memory is valid per the contract. A
-        // volatile load is a single access the compiler may neither elide nor merge.
-        Ok(u64::from_le(unsafe { std::ptr::read_volatile(p) }))
+        // SAFETY: in bounds and aligned (checked); valid for reads and writes per the
+        // contract, and reached only through atomic accesses.
+        let v = unsafe { AtomicU64::from_ptr(p) }.load(Ordering::Acquire);
+        Ok(u64::from_le(v))
     }
 
-    /// Stores `v` little-endian at `offset` with a volatile store. The address must be 8-byte
-    /// aligned.
+    /// Stores `v` little-endian at `offset` with one atomic release store. The address must be
+    /// 8-byte aligned.
     ///
     /// # Errors
     /// [`OutOfBounds`] (nothing written) when the 8 bytes are not inside the region or not
     /// aligned.
-    pub fn write_u64_volatile(&self, offset: usize, v: u64) -> Result<(), OutOfBounds> {
+    pub fn store_u64(&self, offset: usize, v: u64) -> Result<(), OutOfBounds> {
         let p = self.aligned_u64(offset)?;
-        // SAFETY: in bounds and aligned (checked); valid for writes per the contract.
-        unsafe { std::ptr::write_volatile(p, v.to_le()) };
+        // SAFETY: as in `load_u64`.
+        unsafe { AtomicU64::from_ptr(p) }.store(v.to_le(), Ordering::Release);
         Ok(())
     }
 
@@ -375,9 +571,9 @@ impl Region {
     ) -> Result<(), OutOfBounds> {
         let s = src.ptr(src_off, len)?;
         let d = self.ptr(dst_off, len)?;
-        // SAFETY: both ranges are inside their regions (checked) and valid by contract;
-        // overlapping ranges are fine (a memmove).
-        unsafe { copy_bytes(s.cast_const(), d, len) };
+        // SAFETY: both ranges are inside their regions (checked), valid by contract and
+        // reached only through atomic copies; overlapping ranges are fine (a memmove).
+        unsafe { atomic::copy(s.cast_const(), d, len) };
         Ok(())
     }
 
@@ -440,217 +636,4 @@ impl fmt::Debug for Region {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::io::{Read, Write};
-    use std::net::{TcpListener, TcpStream};
-    use std::os::fd::AsFd;
-
-    use super::*;
-
-    fn pair() -> (TcpStream, TcpStream) {
-        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-        let a = TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
-        let (b, _) = l.accept().expect("accept");
-        (a, b)
-    }
-
-    /// `regMr(NULL, 0)` makes a region at address 0: zero-length accesses succeed without a
-    /// copy through the null pointer, anything longer is out of bounds.
-    #[test]
-    fn an_empty_region_at_address_zero_is_never_dereferenced() {
-        // SAFETY: zero bytes at address 0; nothing is ever read or written through it.
-        let r = unsafe { Region::from_raw(0, 0) };
-        let other = Region::alloc(8);
-        assert_eq!(r.write(0, &[]), Ok(()));
-        assert_eq!(r.read(0, &mut []), Ok(()));
-        let mut v = vec![7u8];
-        assert_eq!(r.append_to(0, 0, &mut v), Ok(()));
-        assert_eq!(v, [7]);
-        assert_eq!(r.copy_from(0, &other, 0, 0), Ok(()));
-        assert_eq!(other.copy_from(0, &r, 0, 0), Ok(()));
-        assert!(r.write(0, &[1]).is_err());
-        assert!(!r.contains(0, 1));
-        assert!(
-            !r.contains(u64::MAX, 2),
-            "a range that wraps is never inside"
-        );
-    }
-
-    #[test]
-    fn bounds_are_enforced() {
-        let r = Region::alloc(16);
-        assert!(r.write(8, &[1; 8]).is_ok());
-        assert_eq!(
-            r.write(9, &[1; 8]),
-            Err(OutOfBounds {
-                offset: 9,
-                len: 8,
-                region_len: 16
-            })
-        );
-        assert!(r.write(usize::MAX, &[1]).is_err());
-        let mut b = [0u8; 8];
-        r.read(8, &mut b).unwrap();
-        assert_eq!(b, [1; 8]);
-        let mut big = [9u8; 17];
-        assert!(r.read(0, &mut big).is_err());
-        assert_eq!(big, [9; 17], "a refused read leaves the buffer alone");
-        assert_eq!(r.read_u64_volatile(8).unwrap(), 0x0101_0101_0101_0101);
-        assert!(r.read_u64_volatile(9).is_err(), "misaligned");
-        assert!(r.read_u64_volatile(16).is_err(), "out of bounds");
-        assert!(r.contains(r.addr() + 8, 8));
-        assert!(!r.contains(r.addr() + 9, 8));
-        assert!(!r.contains(r.addr() - 1, 1));
-    }
-
-    #[test]
-    fn volatile_store_round_trips_little_endian() {
-        let r = Region::alloc(16);
-        r.write_u64_volatile(8, 0x0102_0304_0506_0708).unwrap();
-        let mut b = [0u8; 8];
-        r.read(8, &mut b).unwrap();
-        assert_eq!(b, [8, 7, 6, 5, 4, 3, 2, 1]);
-        assert_eq!(r.read_u64_volatile(8).unwrap(), 0x0102_0304_0506_0708);
-        assert!(r.write_u64_volatile(4, 1).is_err());
-        assert!(r.write_u64_volatile(16, 1).is_err());
-    }
-
-    #[test]
-    fn slices_share_memory() {
-        let r = Region::alloc(32);
-        let s = r.slice(16, 16).unwrap();
-        s.write(0, &[7; 4]).unwrap();
-        let mut b = [0u8; 4];
-        r.read(16, &mut b).unwrap();
-        assert_eq!(b, [7; 4]);
-        assert!(r.slice(17, 16).is_err());
-    }
-
-    #[test]
-    fn copy_from_handles_overlap_and_bounds() {
-        let a = Region::alloc(16);
-        a.write(0, &[1, 2, 3, 4, 5, 6, 7, 8]).unwrap();
-        a.copy_from(2, &a, 0, 6).unwrap(); // overlapping, forwards
-        let mut b = [0u8; 8];
-        a.read(0, &mut b).unwrap();
-        assert_eq!(b, [1, 2, 1, 2, 3, 4, 5, 6]);
-        let c = Region::alloc(8);
-        c.copy_from(0, &a, 8, 8).unwrap();
-        assert!(c.copy_from(1, &a, 0, 8).is_err(), "destination too short");
-        assert!(c.copy_from(0, &a, 9, 8).is_err(), "source too short");
-    }
-
-    #[test]
-    fn append_to_extends_a_vec() {
-        let r = Region::alloc(8);
-        r.write(0, b"abcdefgh").unwrap();
-        let mut v = b"xy".to_vec();
-        r.append_to(2, 3, &mut v).unwrap();
-        assert_eq!(v, b"xycde");
-        assert!(r.append_to(6, 3, &mut v).is_err());
-        assert_eq!(v, b"xycde", "a refused append leaves the vec alone");
-    }
-
-    #[test]
-    fn recv_into_reads_partially_and_reports_would_block() {
-        let (mut a, b) = pair();
-        b.set_nonblocking(true).unwrap();
-        let r = Region::alloc(64);
-        // Nothing sent yet: EAGAIN surfaces as WouldBlock, nothing written.
-        let e = r.recv_into(0, 64, b.as_fd()).unwrap_err();
-        assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
-        a.write_all(b"hello").unwrap();
-        // A partial read: asked for 64, 5 are there.
-        let mut got = 0;
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while got < 5 && std::time::Instant::now() < deadline {
-            match r.recv_into(10 + got, 64 - 10 - got, b.as_fd()) {
-                Ok(n) => got += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
-                Err(e) => panic!("recv_into: {e}"),
-            }
-        }
-        assert_eq!(got, 5);
-        let mut v = [0u8; 5];
-        r.read(10, &mut v).unwrap();
-        assert_eq!(&v, b"hello");
-        // Out of bounds: refused before the call.
-        let e = r.recv_into(60, 8, b.as_fd()).unwrap_err();
-        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
-        // The peer closes: 0.
-        drop(a);
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        loop {
-            match r.recv_into(0, 8, b.as_fd()) {
-                Ok(n) => break assert_eq!(n, 0),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    assert!(std::time::Instant::now() < deadline, "no EOF");
-                    std::thread::yield_now()
-                }
-                Err(e) => panic!("recv_into: {e}"),
-            }
-        }
-    }
-
-    #[test]
-    fn send_from_and_sendmsg_gather_in_order() {
-        let (a, mut b) = pair();
-        let r = Region::alloc(16);
-        r.write(0, b"0123456789abcdef").unwrap();
-        assert_eq!(r.send_from(4, 4, a.as_fd()).unwrap(), 4);
-        let e = r.send_from(14, 4, a.as_fd()).unwrap_err();
-        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
-        let pieces = [
-            IoPiece::Bytes(b"<"),
-            IoPiece::Region {
-                region: &r,
-                off: 10,
-                len: 6,
-            },
-            IoPiece::Bytes(b""),
-            IoPiece::Region {
-                region: &r,
-                off: 0,
-                len: 0,
-            },
-            IoPiece::Bytes(b">"),
-        ];
-        assert_eq!(sendmsg(a.as_fd(), &pieces).unwrap(), 8);
-        let bad = [
-            IoPiece::Bytes(b"x"),
-            IoPiece::Region {
-                region: &r,
-                off: 12,
-                len: 5,
-            },
-        ];
-        let e = sendmsg(a.as_fd(), &bad).unwrap_err();
-        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
-        drop(a);
-        let mut got = Vec::new();
-        b.read_to_end(&mut got).unwrap();
-        assert_eq!(
-            got, b"4567<abcdef>",
-            "nothing of the refused gather went out"
-        );
-    }
-
-    #[test]
-    fn sendmsg_reports_would_block_on_a_full_socket() {
-        let (a, _b) = pair();
-        a.set_nonblocking(true).unwrap();
-        let r = Region::alloc(1 << 20);
-        let mut total = 0usize;
-        let e = loop {
-            match r.send_from(0, r.len(), a.as_fd()) {
-                Ok(n) => {
-                    total += n;
-                    assert!(total < 1 << 30, "the socket never filled");
-                }
-                Err(e) => break e,
-            }
-        };
-        assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
-        assert!(total > 0);
-    }
-}
+mod tests;

@@ -8,9 +8,10 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
 use crate::api::{Error, NetComm, Op};
-use crate::comm::{Class, Comm, MrHandle, RecvComm, ReqHandle, Role, SendComm};
+use crate::comm::{Class, Comm, Mr, RecvComm, Role, SendComm};
 use crate::config::{Config, TransportChoice};
 use crate::conn::{Connects, Listen, HANDLE_SIZE};
+use crate::engine::ReqId;
 use crate::mem::Region;
 use crate::transport::{self, Device, Kind};
 
@@ -43,9 +44,9 @@ fn first_tcp(cfg: &Config) -> Result<Arc<dyn Device>, Error> {
 /// A connected send/receive comm pair in one process.
 pub struct Link {
     /// Sending side.
-    pub send: Box<SendComm>,
+    pub send: SendComm,
     /// Receiving side.
-    pub recv: Box<RecvComm>,
+    pub recv: RecvComm,
     /// The device both use.
     pub dev: Arc<dyn Device>,
 }
@@ -103,14 +104,14 @@ pub struct Buf {
     /// The memory.
     pub region: Region,
     /// Its registration.
-    pub mr: MrHandle,
+    pub mr: Mr,
 }
 
 impl Buf {
     /// Allocates and registers `len` zeroed bytes on `dev`.
     pub fn new(dev: &Arc<dyn Device>, len: usize) -> Result<Buf, Error> {
         let region = Region::alloc(len);
-        let mr = MrHandle::register(&**dev, region.clone()).map_err(|e| e.lift(Op::RegMr))?;
+        let mr = Mr::register(&**dev, region.clone()).map_err(|e| e.lift(Op::RegMr))?;
         Ok(Buf { region, mr })
     }
 
@@ -136,16 +137,15 @@ impl Buf {
     }
 }
 
-/// Polls `test` on `req` until done or an error, at most `max_polls` times, calling `pump`
-/// between polls (e.g. to let the other comm of the pair make progress: a userspace transport
-/// moves data only inside plugin calls, as NCCL's proxy threads make them).
+/// Polls `test` on request `id` until done or an error, at most `max_polls` times, calling
+/// `pump` between polls (e.g. to let the other comm of the pair make progress: a userspace
+/// transport moves data only inside plugin calls, as NCCL's proxy threads make them).
 pub fn wait_with<R: Role>(
     comm: &Comm<R>,
-    req: &ReqHandle,
+    id: ReqId,
     max_polls: u64,
     mut pump: impl FnMut(),
 ) -> Result<Vec<u64>, Error> {
-    let id = req.id();
     for _ in 0..max_polls {
         if let Some(s) = comm.test(id).map_err(|e| e.lift(Op::Test))? {
             return Ok(s);
@@ -155,9 +155,8 @@ pub fn wait_with<R: Role>(
     Err(not_done(max_polls))
 }
 
-/// Polls `test` on `req` until done or an error, at most `max_polls` times.
-pub fn wait<R: Role>(comm: &Comm<R>, req: &ReqHandle, max_polls: u64) -> Result<Vec<u64>, Error> {
-    let id = req.id();
+/// Polls `test` on request `id` until done or an error, at most `max_polls` times.
+pub fn wait<R: Role>(comm: &Comm<R>, id: ReqId, max_polls: u64) -> Result<Vec<u64>, Error> {
     for _ in 0..max_polls {
         if let Some(s) = comm.test(id).map_err(|e| e.lift(Op::Test))? {
             return Ok(s);
@@ -175,15 +174,15 @@ fn not_done(max_polls: u64) -> Error {
 }
 
 /// `isend` retried (with receiver progress in between via `pump`) until it starts.
-pub fn isend_retry<'a>(
-    send: &'a SendComm,
+pub fn isend_retry(
+    send: &SendComm,
     buf: &Buf,
     off: usize,
     size: usize,
     tag: i32,
     max_polls: u64,
     mut pump: impl FnMut(),
-) -> Result<&'a ReqHandle, Error> {
+) -> Result<ReqId, Error> {
     for _ in 0..max_polls {
         if let Some(r) = send
             .isend(buf.addr(off), size as u64, tag, &buf.mr)

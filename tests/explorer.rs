@@ -124,9 +124,9 @@ impl StateMachineTest for Explorer {
     }
 }
 
-/// Runs the explorer with `profile`: `cases` sequences (unless `VERBSNET_EXPLORER_CASES`
-/// says otherwise) of up to 40 steps from the fixed seed; on a failure, shrinks it and fails
-/// with the minimal sequence.
+/// Runs the explorer with `profile`: `cases` sequences (unless `VERBSNET_EXPLORER_CASES_<NAME>`
+/// (e.g. `..._DEATH`) or else `VERBSNET_EXPLORER_CASES` says otherwise) of up to 40 steps from
+/// the fixed seed; on a failure, shrinks it and fails with the minimal sequence.
 fn explore(name: &str, p: Profile, cases: u32) {
     let _g = common::serial();
     table::set_env(&[
@@ -140,7 +140,11 @@ fn explore(name: &str, p: Profile, cases: u32) {
     assert_eq!(table::finalize(ctx), table::OK);
 
     let seed = env_u64("VERBSNET_EXPLORER_SEED", 0x5eed_0019);
-    let cases = env_u64("VERBSNET_EXPLORER_CASES", u64::from(cases)) as u32;
+    let cases = env_u64("VERBSNET_EXPLORER_CASES", u64::from(cases));
+    let cases = env_u64(
+        &format!("VERBSNET_EXPLORER_CASES_{}", name.to_uppercase()),
+        cases,
+    ) as u32;
     let steps = env_u64("VERBSNET_EXPLORER_STEPS", 40).max(1) as usize;
     let config = Config {
         cases,

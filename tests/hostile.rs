@@ -422,7 +422,7 @@ fn a_listener_under_attack_serves_the_real_peer_and_returns_its_descriptors() {
     let mut ch = h;
     let connects = Connects::new();
     let started = Instant::now();
-    let (mut send, mut recv): (Option<Box<SendComm>>, Option<Box<RecvComm>>) = (None, None);
+    let (mut send, mut recv): (Option<SendComm>, Option<RecvComm>) = (None, None);
     let mut connect_took = None;
     while send.is_none() || recv.is_none() {
         assert!(
@@ -447,14 +447,10 @@ fn a_listener_under_attack_serves_the_real_peer_and_returns_its_descriptors() {
     let sb = Buf::new(&dev, 64).unwrap();
     let rb = Buf::new(&dev, 64).unwrap();
     sb.fill(0, b"through the storm");
-    let r = recv
-        .irecv(&[(rb.addr(0), 64, 3, &rb.mr)])
-        .unwrap()
-        .unwrap()
-        .id();
+    let r = recv.irecv(&[(rb.addr(0), 64, 3, &rb.mr)]).unwrap().unwrap();
     let s = loop {
         if let Some(s) = send.isend(sb.addr(0), 17, 3, &sb.mr).unwrap() {
-            break s.id();
+            break s;
         }
         recv.progress().unwrap();
     };
@@ -608,13 +604,12 @@ fn too_large_send(size: usize, cap: u64) {
         .recv
         .irecv(&[(rb.addr(0), cap, 7, &rb.mr)])
         .unwrap()
-        .unwrap()
-        .id();
+        .unwrap();
     // The sender may learn the receive's size (its CTS) before the isend: then the isend
     // itself fails.
     let s = loop {
         match l.send.isend(sb.addr(0), size as u64, 7, &sb.mr) {
-            Ok(Some(h)) => break Ok(h.id()),
+            Ok(Some(h)) => break Ok(h),
             Ok(None) => {}
             Err(e) => break Err(e),
         }
@@ -643,10 +638,7 @@ fn too_large_send(size: usize, cap: u64) {
     };
     // docs/protocol.md: ncclInvalidUsage on both ends.
     assert_eq!(se.class(), Class::Usage, "{se:?}");
-    let later = l
-        .send
-        .isend(sb.addr(0), 8, 9, &sb.mr)
-        .map(|o| o.map(|h| h.id()));
+    let later = l.send.isend(sb.addr(0), 8, 9, &sb.mr);
     assert_eq!(later, Err(se.clone()));
     if let Ok(s) = s {
         assert_eq!(l.send.test(s).unwrap_err(), se);
@@ -661,9 +653,7 @@ fn too_large_send(size: usize, cap: u64) {
     assert_eq!(l.recv.sticky_error(), Some(re.clone()));
     assert_eq!(l.recv.test(r).unwrap_err(), re);
     assert_eq!(
-        l.recv
-            .irecv(&[(rb.addr(0), 64, 8, &rb.mr)])
-            .map(|o| o.map(|h| h.id())),
+        l.recv.irecv(&[(rb.addr(0), 64, 8, &rb.mr)]),
         Err(re.clone())
     );
     assert_eq!(l.recv.progress(), Err(re));
@@ -707,7 +697,7 @@ fn completions_in_the_cq_are_delivered_before_the_peer_close_is_reported() {
             let bufs: Vec<_> = (0..GROUP)
                 .map(|k| (rb.addr(64 * (i * GROUP + k)), 64, 0, &rb.mr))
                 .collect();
-            recv.irecv(&bufs).unwrap().unwrap().id()
+            recv.irecv(&bufs).unwrap().unwrap()
         })
         .collect();
     let mut sent = 0;
@@ -759,7 +749,7 @@ fn completions_in_the_cq_are_delivered_before_the_peer_close_is_reported() {
     for _ in 0..1_000_000 {
         match recv.irecv(&[(rb.addr(0), 64, 0, &rb.mr)]) {
             Ok(Some(h)) => {
-                let id = h.id();
+                let id = h;
                 loop {
                     match recv.test(id) {
                         Ok(None) => {}
@@ -795,12 +785,7 @@ fn a_too_large_send_that_arrives_before_its_receive_fails_both_comms_for_every_l
     let sb = Buf::new(&dev, 256).unwrap();
     let rb = Buf::new(&dev, 256).unwrap();
     // Eager: the 128 bytes land in a bounce buffer before any receive is posted.
-    let s = l
-        .send
-        .isend(sb.addr(0), 128, 7, &sb.mr)
-        .unwrap()
-        .unwrap()
-        .id();
+    let s = l.send.isend(sb.addr(0), 128, 7, &sb.mr).unwrap().unwrap();
     for _ in 0..10_000 {
         l.recv.progress().unwrap();
         l.send.progress().unwrap();
@@ -809,8 +794,7 @@ fn a_too_large_send_that_arrives_before_its_receive_fails_both_comms_for_every_l
         .recv
         .irecv(&[(rb.addr(0), 64, 7, &rb.mr)])
         .unwrap()
-        .unwrap()
-        .id();
+        .unwrap();
     let (mut so, mut ro) = (None, None);
     for _ in 0..1_000_000 {
         if so.is_none() {
@@ -831,17 +815,10 @@ fn a_too_large_send_that_arrives_before_its_receive_fails_both_comms_for_every_l
         panic!("receiver: {ro:?}")
     };
     // The next send is refused at once instead of never completing; so is every later call.
-    assert_eq!(
-        l.send
-            .isend(sb.addr(0), 8, 8, &sb.mr)
-            .map(|o| o.map(|h| h.id())),
-        Err(se.clone())
-    );
+    assert_eq!(l.send.isend(sb.addr(0), 8, 8, &sb.mr), Err(se.clone()));
     assert_eq!(l.send.test(s), Err(se));
     assert_eq!(
-        l.recv
-            .irecv(&[(rb.addr(0), 64, 8, &rb.mr)])
-            .map(|o| o.map(|h| h.id())),
+        l.recv.irecv(&[(rb.addr(0), 64, 8, &rb.mr)]),
         Err(re.clone())
     );
     assert_eq!(l.recv.test(r), Err(re));

@@ -65,7 +65,7 @@ fn eager_and_rendezvous_sizes_around_the_limits_deliver_exact_bytes() {
             .unwrap()
             .expect("irecv slot");
         let s = nccl_net_verbsnet::testkit::isend_retry(&l.send, &sb, 0, size, 3, POLLS, || {
-            let _ = l.recv.test(r.id());
+            let _ = l.recv.test(r);
         })
         .unwrap();
         let got = wait_with(&l.recv, r, POLLS, || {
@@ -94,7 +94,7 @@ fn send_larger_than_receive_fails_on_both_ends() {
     // Wait for the CTS so the sender knows the receive size.
     let mut send_err = None;
     for _ in 0..POLLS {
-        let _ = l.recv.test(r.id());
+        let _ = l.recv.test(r);
         match l.send.isend(sb.addr(0), 50_000, 0, &sb.mr) {
             Ok(Some(_)) => panic!("oversized rendezvous send started"),
             Ok(None) => {}
@@ -209,7 +209,7 @@ fn the_receiver_adopts_the_senders_traffic_class_and_sl() {
             .unwrap()
             .expect("irecv slot");
         let s = nccl_net_verbsnet::testkit::isend_retry(&l.send, &sb, 0, 4096, 1, POLLS, || {
-            let _ = l.recv.test(r.id());
+            let _ = l.recv.test(r);
         })
         .unwrap();
         wait_with(&l.recv, r, POLLS, || {

@@ -209,7 +209,7 @@ fn burst(test: &'static str, kind: Kind, credits: bool) -> Option<Outcome> {
                 .send
                 .isend(sb.addr(i * STRIDE), sizes[i] as u64, 7, &sb.mr)
             {
-                Ok(Some(h)) => ids.push(h.id()),
+                Ok(Some(h)) => ids.push(h),
                 Ok(None) => break,
                 Err(e) => panic!("isend {i}: {e}"),
             }
@@ -254,7 +254,7 @@ fn burst(test: &'static str, kind: Kind, credits: bool) -> Option<Outcome> {
                 .recv
                 .irecv(&[(rb.addr(i * STRIDE), STRIDE as u64, 7, &rb.mr)])
             {
-                Ok(Some(r)) => break r.id(),
+                Ok(Some(r)) => break r,
                 Ok(None) => {}
                 Err(e) => panic!("irecv {i}: {e}"),
             }
@@ -385,7 +385,7 @@ fn close_under_pending_send(test: &'static str, kind: Kind, stuck_in_rnr: bool) 
             .isend(sb.addr(i * STRIDE), 100, 0, &sb.mr)
             .unwrap()
             .expect("isend starts (credits or none needed)");
-        ids.push(h.id());
+        ids.push(h);
     }
     // Let the sends reach the receiver (with RNR: until it has NAKed one, by the counters)
     // before it goes.

@@ -219,8 +219,8 @@ impl<'a> Flow<'a> {
             })?;
             match r {
                 Some(h) => {
-                    self.sends.push_back((k, h.id()));
-                    self.send_gens.push(h.id().gen);
+                    self.sends.push_back((k, h));
+                    self.send_gens.push(h.gen);
                     self.next_send += 1;
                 }
                 None => break,
@@ -243,7 +243,7 @@ impl<'a> Flow<'a> {
             })?;
             match r {
                 Some(h) => {
-                    self.recvs.push_back((k, h.id()));
+                    self.recvs.push_back((k, h));
                     self.next_recv += 1;
                 }
                 None => break,
@@ -481,7 +481,7 @@ fn connect_then(
         &mut handle,
     )
     .expect("listen");
-    let (mut send, mut recv): (Option<Box<SendComm>>, Option<Box<RecvComm>>) = (None, None);
+    let (mut send, mut recv): (Option<SendComm>, Option<RecvComm>) = (None, None);
     let mut recv_first = false;
     let connects = Connects::new();
     for _ in 0..5_000_000 {
@@ -519,7 +519,7 @@ fn drain(l: &Link, sb: &Buf, sends: &[ReqId], n: usize, size: usize) {
             .irecv(&[(rb.addr(k * size), size as u64, 0, &rb.mr)])
             .unwrap()
             .expect("irecv slot");
-        let id = r.id();
+        let id = r;
         let mut got = None;
         for _ in 0..POLLS {
             if let Some(s) = l.recv.test(id).unwrap() {
@@ -573,7 +573,7 @@ fn sends_at_the_moment_connect_returns_meet_no_rnr() {
                     .isend(sb.addr(k * SIZE), SIZE as u64, 0, &sb.mr)
                     .unwrap()
                     .expect("isend at connect time");
-                sends.push(r.id());
+                sends.push(r);
             }
         });
         assert!(
@@ -605,7 +605,7 @@ fn rq_depth_one_connects_before_any_comm_and_carries_traffic() {
     let (l, recv_first) = connect_then(&dev, kind, &send_cfg, &recv_cfg, |send| {
         // The handshake told the sender about the one posted receive: exactly one credit.
         sb.fill(0, &payload(0, 64));
-        first = Some(send.isend(sb.addr(0), 64, 0, &sb.mr).unwrap().unwrap().id());
+        first = Some(send.isend(sb.addr(0), 64, 0, &sb.mr).unwrap().unwrap());
         second_refused = send.isend(sb.addr(0), 64, 0, &sb.mr).unwrap().is_none();
     });
     assert!(
@@ -678,9 +678,9 @@ fn ring(dev: &Arc<dyn Device>, kind: Kind, max_call: &mut Duration) -> Vec<Link>
             .unwrap()
         })
         .collect();
-    let mut sends: Vec<Option<Box<SendComm>>> = (0..RANKS).map(|_| None).collect();
+    let mut sends: Vec<Option<SendComm>> = (0..RANKS).map(|_| None).collect();
     let connects = Connects::new();
-    let mut recvs: Vec<Option<Box<RecvComm>>> = (0..RANKS).map(|_| None).collect();
+    let mut recvs: Vec<Option<RecvComm>> = (0..RANKS).map(|_| None).collect();
     for _ in 0..5_000_000 {
         for r in 0..RANKS {
             let next = (r + 1) % RANKS;
@@ -857,7 +857,7 @@ fn wait_on<A: Role, B: Role>(c: &Comm<A>, id: ReqId, other: &Comm<B>) -> Vec<u64
 fn isend_on(l: &Link, b: &Buf, off: usize, size: usize, tag: i32) -> ReqId {
     for _ in 0..POLLS {
         if let Some(h) = l.send.isend(b.addr(off), size as u64, tag, &b.mr).unwrap() {
-            return h.id();
+            return h;
         }
         l.recv.progress().unwrap();
     }
@@ -889,8 +889,7 @@ fn a_million_cycles_return_the_pools_to_empty_and_keep_memory_flat() {
             .recv
             .irecv(&[(rb.addr(0), BIG as u64, 1, &rb.mr)])
             .unwrap()
-            .expect("irecv slot")
-            .id();
+            .expect("irecv slot");
         let s = isend_on(&l, &sb, 0, size, 1);
         assert_eq!(wait_on(&l.recv, r, &l.send), vec![size as u64]);
         assert_eq!(wait_on(&l.send, s, &l.recv), vec![size as u64]);
@@ -949,7 +948,7 @@ fn one_request_over_the_limit_is_retry_later_then_succeeds() {
     // MAX_SPECULATIVE): 32 grouped receives of 8 buffers, one per send slot, are accepted;
     // the 33rd is Ok(None).
     let per = MAX_SEND_REQUESTS / MAX_RECV_REQUESTS;
-    let group = |k: usize| -> Vec<(u64, u64, i32, &nccl_net_verbsnet::comm::MrHandle)> {
+    let group = |k: usize| -> Vec<(u64, u64, i32, &nccl_net_verbsnet::comm::Mr)> {
         (0..per)
             .map(|i| (rb.addr(8 * (k * per + i)), 8, 0, &rb.mr))
             .collect()
@@ -960,7 +959,6 @@ fn one_request_over_the_limit_is_retry_later_then_succeeds() {
                 .irecv(&group(k))
                 .unwrap()
                 .unwrap_or_else(|| panic!("receive {k} refused below the limit"))
-                .id()
         })
         .collect();
     assert_eq!(l.recv.in_flight(), MAX_RECV_REQUESTS);
@@ -986,7 +984,6 @@ fn one_request_over_the_limit_is_retry_later_then_succeeds() {
                 .isend(sb.addr(8 * k), 8, 0, &sb.mr)
                 .unwrap()
                 .unwrap_or_else(|| panic!("send {k} refused below the limit"))
-                .id()
         })
         .collect();
     assert_eq!(l.send.in_flight(), MAX_SEND_REQUESTS);
@@ -1015,15 +1012,13 @@ fn one_request_over_the_limit_is_retry_later_then_succeeds() {
         l.recv
             .irecv(&[(rb.addr(last), 8, 0, &rb.mr)])
             .unwrap()
-            .expect("receive after a completion")
-            .id(),
+            .expect("receive after a completion"),
     );
     sends.push_back(
         l.send
             .isend(sb.addr(extra), 8, 0, &sb.mr)
             .unwrap()
-            .expect("send after a completion")
-            .id(),
+            .expect("send after a completion"),
     );
 
     // Drain: every message arrives in its buffer, and both pools empty.
@@ -1068,20 +1063,18 @@ fn grouped_receive_with_shuffled_tags_fills_the_right_buffers() {
             .recv
             .irecv(&[(rb.addr(0), CAP as u64, 100, &rb.mr)])
             .unwrap()
-            .unwrap()
-            .id();
-        let bufs: Vec<(u64, u64, i32, &nccl_net_verbsnet::comm::MrHandle)> = group_tags
+            .unwrap();
+        let bufs: Vec<(u64, u64, i32, &nccl_net_verbsnet::comm::Mr)> = group_tags
             .iter()
             .enumerate()
             .map(|(i, &t)| (rb.addr((1 + i) * CAP), CAP as u64, t, &rb.mr))
             .collect();
-        let group = l.recv.irecv(&bufs).unwrap().unwrap().id();
+        let group = l.recv.irecv(&bufs).unwrap().unwrap();
         let single_b = l
             .recv
             .irecv(&[(rb.addr(9 * CAP), CAP as u64, 101, &rb.mr)])
             .unwrap()
-            .unwrap()
-            .id();
+            .unwrap();
         // Sends in posting order: single, 8 group members, single.
         let mut plan: Vec<(i32, usize, u64)> = vec![(100, 5000, base)];
         for &t in &send_tags {
@@ -1175,12 +1168,12 @@ fn shared_comm_with_skewed_senders_is_retry_later_never_an_error() {
         }
         if posted.len() < AHEAD && next_step < STEPS && rng.below(3) == 0 {
             let s = next_step;
-            let bufs: Vec<(u64, u64, i32, &nccl_net_verbsnet::comm::MrHandle)> = orders[s]
+            let bufs: Vec<(u64, u64, i32, &nccl_net_verbsnet::comm::Mr)> = orders[s]
                 .iter()
                 .map(|&j| (rb.addr(slot(s, j)), CAP as u64, j as i32, &rb.mr))
                 .collect();
             if let Some(h) = l.recv.irecv(&bufs).unwrap() {
-                posted.push_back((s, h.id()));
+                posted.push_back((s, h));
                 next_step += 1;
             }
         }
@@ -1213,7 +1206,7 @@ fn shared_comm_with_skewed_senders_is_retry_later_never_an_error() {
                     .unwrap()
                 {
                     Some(h) => {
-                        in_flight[j].push_back((h.id(), s));
+                        in_flight[j].push_back((h, s));
                         next[j] += 1;
                         let slowest = *next.iter().min().unwrap();
                         max_ahead = max_ahead.max(next[j] - slowest);
@@ -1260,11 +1253,11 @@ fn a_tag_not_in_the_front_receive_is_retry_later_and_a_too_large_send_poisons_bo
     let sb = Buf::new(&dev, 8 * CAP).unwrap();
     let rb = Buf::new(&dev, 8 * CAP).unwrap();
     let irecv = |bufs: &[(usize, i32)]| {
-        let b: Vec<(u64, u64, i32, &nccl_net_verbsnet::comm::MrHandle)> = bufs
+        let b: Vec<(u64, u64, i32, &nccl_net_verbsnet::comm::Mr)> = bufs
             .iter()
             .map(|&(i, t)| (rb.addr(i * CAP), CAP as u64, t, &rb.mr))
             .collect();
-        l.recv.irecv(&b).unwrap().expect("irecv slot").id()
+        l.recv.irecv(&b).unwrap().expect("irecv slot")
     };
     // Front receive: tags 0, 1; the next one: tags 1, 0. Sizes: rendezvous, so each send
     // needs its receive's CTS: the sender then knows both receives.
@@ -1313,7 +1306,7 @@ fn a_tag_not_in_the_front_receive_is_retry_later_and_a_too_large_send_poisons_bo
     let err = loop {
         match l.send.isend(big.addr(0), 2 * CAP as u64, 0, &big.mr) {
             Ok(Some(h)) => {
-                let id = h.id();
+                let id = h;
                 break loop {
                     match l.send.test(id) {
                         Ok(Some(_)) => panic!("a too-large send completed"),
@@ -1561,7 +1554,7 @@ fn keep_trying(l: &Link, sb: &Buf, dur: Duration, sends: &mut Vec<ReqId>, first:
         let k = first + sends.len();
         sb.fill(64 * k, &payload(k as u64, 64));
         if let Some(h) = l.send.isend(sb.addr(64 * k), 64, 0, &sb.mr).unwrap() {
-            sends.push(h.id());
+            sends.push(h);
         }
         for &id in sends.iter() {
             assert_eq!(
@@ -1650,8 +1643,7 @@ fn hang_watchdog_warns_once_per_stalled_request_naming_the_credit() {
             .recv
             .irecv(&[(rb.addr(64 * k), 64, 0, &rb.mr)])
             .unwrap()
-            .unwrap()
-            .id();
+            .unwrap();
         assert_eq!(wait_on(&l.recv, r, &l.send), vec![64]);
         assert_eq!(wait_on(&l.send, id, &l.recv), vec![64]);
     }

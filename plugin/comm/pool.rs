@@ -11,7 +11,8 @@
 
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
-use crate::comm::{Error, Owned};
+use super::mr::Mr;
+use super::Error;
 use crate::transport::Device;
 
 /// Bounce buffers registered at once when the pool grows (one `reg_mr` per slab).
@@ -23,7 +24,7 @@ pub struct BouncePool {
     stride: usize,
     cap_bytes: u64,
     /// Registered slabs; only ever appended to, read on every eager arrival in a pool buffer.
-    slabs: RwLock<Vec<Arc<Owned>>>,
+    slabs: RwLock<Vec<Arc<Mr>>>,
     /// Free buffers (addr, lkey).
     free: Mutex<Vec<(u64, u32)>>,
 }
@@ -68,7 +69,7 @@ impl BouncePool {
             if next > self.cap_bytes {
                 break;
             }
-            match Owned::alloc(&*self.dev, SLAB_BUFS * self.stride) {
+            match Mr::alloc(&*self.dev, SLAB_BUFS * self.stride) {
                 Ok(slab) => {
                     let (base, lkey) = slab.at();
                     free.extend(
@@ -99,7 +100,7 @@ impl BouncePool {
     }
 
     /// The slab holding `[addr, addr + len)`.
-    pub(crate) fn slab(&self, addr: u64, len: u64) -> Option<Arc<Owned>> {
+    pub(crate) fn slab(&self, addr: u64, len: u64) -> Option<Arc<Mr>> {
         self.slabs
             .read()
             .unwrap_or_else(|e| e.into_inner())

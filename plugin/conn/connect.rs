@@ -66,7 +66,7 @@ impl Connects {
         dev: &Arc<dyn Device>,
         dev_name: &str,
         cfg: &Config,
-    ) -> Result<Option<Box<SendComm>>, Error> {
+    ) -> Result<Option<SendComm>, Error> {
         self.expire(crate::comm::now_ns());
         let h = Handle::read(handle)?;
         let mut c = match self.resume(handle::state_id(handle), h) {
@@ -259,7 +259,7 @@ impl Connecting {
         dev: &Arc<dyn Device>,
         dev_name: &str,
         cfg: &Config,
-    ) -> Result<Option<Box<SendComm>>, Error> {
+    ) -> Result<Option<SendComm>, Error> {
         let before = std::mem::discriminant(&self.stage);
         let r = self.step_inner(dev, dev_name, cfg);
         let now = crate::comm::now_ns();
@@ -299,7 +299,7 @@ impl Connecting {
         dev: &Arc<dyn Device>,
         dev_name: &str,
         cfg: &Config,
-    ) -> Result<Option<Box<SendComm>>, Error> {
+    ) -> Result<Option<SendComm>, Error> {
         if let ConnectStage::Connecting(sock) = &self.stage {
             if let Some(e) = sock
                 .take_error()

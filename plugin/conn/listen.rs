@@ -195,7 +195,7 @@ impl Listen {
     /// Errors are the listener's own failures (the listening socket, local resources) and a
     /// wait for a connection longer than `VERBSNET_CONNECT_TIMEOUT`, which names what the
     /// pending handshakes reached.
-    pub fn accept(&mut self) -> Result<Option<Box<RecvComm>>, Error> {
+    pub fn accept(&mut self) -> Result<Option<RecvComm>, Error> {
         let now = crate::comm::now_ns();
         let since = *self.waiting_since.get_or_insert(now);
         let at = self.handle.addr;
@@ -292,7 +292,7 @@ impl Listen {
     }
 
     /// Bookkeeping after a handshake completed.
-    fn accepted(&mut self, c: Box<RecvComm>) -> Box<RecvComm> {
+    fn accepted(&mut self, c: RecvComm) -> RecvComm {
         self.waiting_since = None;
         self.warned_wait = false;
         c
@@ -373,7 +373,7 @@ impl Listen {
 
     /// Steps pending handshake `i`; a refused one is removed (and logged), a completed one is
     /// removed and returned.
-    fn step_or_refuse(&mut self, i: usize) -> Result<Option<Box<RecvComm>>, Error> {
+    fn step_or_refuse(&mut self, i: usize) -> Result<Option<RecvComm>, Error> {
         match self.step(i) {
             Ok(Some(c)) => {
                 self.pending.swap_remove(i);
@@ -392,7 +392,7 @@ impl Listen {
         }
     }
 
-    fn step(&mut self, i: usize) -> Result<Option<Box<RecvComm>>, StepError> {
+    fn step(&mut self, i: usize) -> Result<Option<RecvComm>, StepError> {
         let kind_byte = self.handle_kind_byte();
         let a = &mut self.pending[i];
         if let AcceptStage::Hello = a.stage {

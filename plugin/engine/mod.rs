@@ -3,8 +3,11 @@
 //! One [`SendEngine`] drives the sending side of a connection and one [`RecvEngine`] the
 //! receiving side (NCCL comms are one-directional). Time is an argument (`now`, nanoseconds
 //! from any fixed origin). The engines never touch memory: they emit [`Action`]s — bytes to
-//! stage into plugin-owned buffers, WRs to post, bounce-buffer copies — that the comm driver
-//! (`crate::comm`) carries out in order on a transport.
+//! stage into plugin-owned buffers, WRs to post, bounce-buffer copies — that one executor
+//! ([`Executor`]) carries out in order on an [`ActionSink`]: the comm driver's (`crate::comm`,
+//! a transport QP) or the simulated pair's. What the engines need to know from outside they
+//! ask through arguments: [`MemRead`] (bytes the peer or the NIC wrote) and [`BounceSource`]
+//! (more bounce buffers when the receive queue grows).
 //!
 //! ## The protocol
 //! - Sends and receives match in posting order (ext-net README: "send/receive operations
@@ -41,6 +44,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod exec;
 pub mod recv;
 pub mod send;
 pub mod wire;
@@ -53,6 +57,7 @@ use std::fmt;
 
 use crate::transport::{RecvWr, SendWr, WcStatus};
 
+pub use exec::{ActionQueue, ActionSink, Executor};
 pub use recv::{RecvBuf, RecvEngine, RecvParams};
 pub use send::{SendEngine, SendParams};
 
@@ -85,6 +90,16 @@ pub trait MemRead {
     fn read(&self, addr: u64, out: &mut [u8]) -> bool;
 }
 
+/// Where a receive engine gets more bounce buffers when its queue grows: the driver's shared
+/// pool of the device (`comm::pool`), or the simulated pair's. Asked by
+/// [`RecvEngine::after_poll`] at most once per poll, so growing finishes inside that one call.
+pub trait BounceSource {
+    /// Up to `k` free bounce buffers (addr, lkey), each `EAGER_HDR_LEN + eager_buf_size` bytes
+    /// of registered memory; fewer, or none, when the pool is exhausted (or cannot register
+    /// more).
+    fn take(&mut self, k: u32) -> Vec<(u64, u32)>;
+}
+
 /// What the comm driver must do, in order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
@@ -99,10 +114,6 @@ pub enum Action {
     PostSend(SendWr),
     /// Post these receive WRs in one call.
     PostRecv(Vec<RecvWr>),
-    /// The receive queue ran dry and may grow: give this many more bounce buffers from the
-    /// shared pool, through [`RecvEngine::add_bounce`] (fewer, or none, when the pool is
-    /// exhausted).
-    WantBounce(u32),
     /// These bounce buffers (addr, lkey) are no longer used: back to the pool.
     ReturnBounce(Vec<(u64, u32)>),
     /// Copy `len` bytes from the bounce buffer at `src` into buffer `buf` of receive request

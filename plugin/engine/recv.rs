@@ -1,4 +1,6 @@
-//! The receiving side of a connection.
+//! The receiving side of a connection: receive requests, matching arrivals to them (NCCL's
+//! front-group rule), eager copies and refusal records; the receive queue and the credits it
+//! returns are in `rq.rs`.
 
 use std::collections::VecDeque;
 
@@ -8,9 +10,11 @@ use super::wire::{
 };
 use super::{
     wc_error, wr_id, wr_parse, Action, MemRead, ReqError, ReqId, Slots, Stall, Stats, WrKind,
-    CTRL_STAGE_SLOTS, CTS_RING_ENTRIES, MAX_RECV_REQUESTS, MAX_SPECULATIVE,
+    CTRL_STAGE_SLOTS, CTS_RING_ENTRIES, MAX_RECV_REQUESTS,
 };
-use crate::transport::{RecvWr, SendOpcode, SendWr, Sge, Wc, WcOpcode, WcStatus};
+use crate::transport::{SendOpcode, SendWr, Sge, Wc, WcOpcode, WcStatus};
+
+mod rq;
 
 /// Registered bytes of a receive comm besides its bounce buffers: the record ring and the
 /// control staging slots.
@@ -37,7 +41,7 @@ pub struct RecvParams {
     /// bytes.
     pub eager_buf_size: u64,
     /// The connection's own bounce buffers: `rq_min` buffers back to back (addr, lkey). The
-    /// ones it grows by come from the driver's shared pool ([`Action::WantBounce`]).
+    /// ones it grows by come from the driver's shared pool (a [`super::BounceSource`]).
     pub bounce: (u64, u32),
     /// Our record ring (`REC_SLOTS * MAX_RECVS * 8` bytes), read on rendezvous arrivals.
     pub rec_ring: u64,
@@ -170,141 +174,6 @@ impl RecvEngine {
         e
     }
 
-    /// Receive WRs per post call at the current depth: `rq_batch` at full depth, at most half
-    /// the depth below it (so a small queue is refilled before it runs dry under one message
-    /// at a time, and running dry means more messages in flight than the depth).
-    fn batch(&self) -> u32 {
-        if self.target >= self.p.rq_depth {
-            self.p.rq_batch
-        } else {
-            self.p.rq_batch.min(self.target / 2).max(1)
-        }
-    }
-
-    /// The refill mark: `rq_low_water` at full depth; below it, as soon as one batch fits.
-    fn low_water(&self) -> u32 {
-        if self.target >= self.p.rq_depth {
-            self.p.rq_low_water
-        } else {
-            (self.target + 1 - self.batch()).max(1)
-        }
-    }
-
-    /// Address and lkey of bounce buffer `id`.
-    fn buf(&self, id: u32) -> Option<(u64, u32)> {
-        if id < self.p.rq_min {
-            Some((
-                self.p.bounce.0 + u64::from(id) * self.bounce_stride(),
-                self.p.bounce.1,
-            ))
-        } else {
-            self.extra
-                .get((id - self.p.rq_min) as usize)
-                .copied()
-                .flatten()
-        }
-    }
-
-    /// Bytes of registered memory this comm holds: its bounce buffers, the record ring and the
-    /// control staging slots.
-    pub fn pinned_bytes(&self) -> u64 {
-        u64::from(self.owned) * self.bounce_stride() + RECV_FIXED_BYTES
-    }
-
-    fn account(&mut self) {
-        self.stats.rq_depth = u64::from(self.target);
-        self.stats.pinned_bytes = self.pinned_bytes();
-    }
-
-    /// Bounce buffers from the driver's pool, answering [`Action::WantBounce`] (`bufs` may be
-    /// fewer than asked, or none: the pool is exhausted; the depth then stays where it is and
-    /// a credit-gated sender waits for credits, it never meets RNR). Each is `EAGER_HDR_LEN +
-    /// eager_buf_size` bytes (addr, lkey).
-    pub fn add_bounce(&mut self, asked: u32, bufs: &[(u64, u32)]) {
-        self.wanted = self.wanted.saturating_sub(asked);
-        if (bufs.len() as u32) < asked {
-            self.stats.pool_exhausted += 1;
-        }
-        for &b in bufs {
-            let id = match self.spare.pop() {
-                Some(id) => {
-                    self.extra[(id - self.p.rq_min) as usize] = Some(b);
-                    id
-                }
-                None => {
-                    self.extra.push(Some(b));
-                    self.p.rq_min + self.extra.len() as u32 - 1
-                }
-            };
-            self.free_bufs.push(id);
-            self.owned += 1;
-        }
-        if self.failed.is_none() {
-            self.refill(None);
-        }
-        self.account();
-    }
-
-    /// Every pool buffer the comm holds (posted or not), for the driver to give back once the
-    /// QP is destroyed (a closed comm's posted WRs can no longer be written).
-    pub fn release_all(&mut self) -> Vec<(u64, u32)> {
-        self.free_bufs.retain(|&id| id < self.p.rq_min);
-        self.spare.clear();
-        self.owned = self.owned.min(self.p.rq_min);
-        self.extra.drain(..).flatten().collect()
-    }
-
-    /// The RQ ran dry: double the depth (by at least a batch, up to `rq_depth`), asking the
-    /// pool for the buffers. Doubling reaches the full default depth from 2 in six steps, so a
-    /// burst pays a few credit waits, not one per batch.
-    fn grow(&mut self, now: u64) {
-        self.pressure_ns = now;
-        if self.target >= self.p.rq_depth || self.wanted > 0 {
-            return;
-        }
-        let k = self
-            .target
-            .max(self.p.rq_batch)
-            .min(self.p.rq_depth - self.target);
-        self.target += k;
-        self.stats.rq_grows += 1;
-        let need = self.target.saturating_sub(self.owned);
-        if need > 0 {
-            self.wanted = need;
-            self.actions.push(Action::WantBounce(need));
-        }
-    }
-
-    /// Idle long enough: shrink the depth by a batch (down to `rq_min`). Buffers above the
-    /// depth go back to the pool as they come free; posted ones cannot be taken back (a verbs
-    /// RQ has no "unpost"), so credits stay exact: a consumed WR beyond the depth is simply
-    /// not re-posted, and not granted again.
-    fn maybe_shrink(&mut self, now: u64) {
-        if self.target > self.p.rq_min
-            && now.saturating_sub(self.pressure_ns) >= self.p.shrink_after_ns
-        {
-            self.target -= self.batch().min(self.target - self.p.rq_min);
-            self.pressure_ns = now;
-            self.stats.rq_shrinks += 1;
-        }
-        let mut give = Vec::new();
-        while self.owned > self.target {
-            let Some(pos) = self.free_bufs.iter().rposition(|&id| id >= self.p.rq_min) else {
-                break;
-            };
-            let id = self.free_bufs.swap_remove(pos);
-            let idx = (id - self.p.rq_min) as usize;
-            if let Some(b) = self.extra[idx].take() {
-                give.push(b);
-                self.spare.push(id);
-                self.owned -= 1;
-            }
-        }
-        if !give.is_empty() {
-            self.actions.push(Action::ReturnBounce(give));
-        }
-    }
-
     /// Receive WRs granted so far (the sender's initial credits right after `new`).
     pub fn granted(&self) -> u64 {
         self.granted
@@ -339,182 +208,6 @@ impl RecvEngine {
     /// Takes the actions produced so far.
     pub fn drain_actions(&mut self) -> Vec<Action> {
         std::mem::take(&mut self.actions)
-    }
-
-    fn bounce_stride(&self) -> u64 {
-        super::wire::bounce_stride(self.p.eager_buf_size)
-    }
-
-    /// Posts up to `max_k` receive WRs (bounded by free bounce buffers) in one post call.
-    fn post_batch(&mut self, max_k: u32) -> bool {
-        let k = max_k.min(self.free_bufs.len() as u32);
-        if k == 0 {
-            return false;
-        }
-        let stride = self.bounce_stride();
-        let wrs: Vec<RecvWr> = (0..k)
-            .map(|_| {
-                let b = self.free_bufs.pop().expect("counted");
-                let (addr, lkey) = self.buf(b).expect("a held buffer");
-                RecvWr {
-                    wr_id: wr_id(WrKind::Bounce, 0, b),
-                    sge: Sge {
-                        addr,
-                        length: stride as u32,
-                        lkey,
-                    },
-                }
-            })
-            .collect();
-        self.posted_b += k;
-        self.granted += u64::from(k);
-        self.stats.rq_post_calls += 1;
-        self.stats.rq_wrs_posted += u64::from(k);
-        self.actions.push(Action::PostRecv(wrs));
-        true
-    }
-
-    /// Posts `k` zero-length receive WRs in one post call (no buffer: only a WRITE_WITH_IMM may
-    /// consume one; a SEND into one would fail with a length error, which the sender avoids by
-    /// never sending below `z_end`).
-    fn post_zeros(&mut self, k: u32) {
-        if k == 0 {
-            return;
-        }
-        let wrs = vec![
-            RecvWr {
-                wr_id: wr_id(WrKind::Zero, 0, 0),
-                sge: Sge::default(),
-            };
-            k as usize
-        ];
-        self.posted_z += k;
-        self.granted += u64::from(k);
-        self.z_end = self.granted;
-        self.stats.rq_post_calls += 1;
-        self.stats.rq_wrs_posted += u64::from(k);
-        self.stats.zero_wrs += u64::from(k);
-        self.actions.push(Action::PostRecv(wrs));
-    }
-
-    /// Credit gating on: makes the receive WRs posted cover every buffer of the posted
-    /// receives, so that each send matching one of them finds a WR, and a credit, without any
-    /// further call on this comm (as NCCL IB's one receive WR per `irecv`). Returns how many
-    /// zero-length WRs it posted.
-    ///
-    /// Each send consumes the next WR in posting order (one RQ, RC), so the WRs not seen
-    /// consumed yet must number at least the unmatched buffers, plus what speculative eager
-    /// sends in flight may take without filling one of them: those go only into
-    /// bounce-backed WRs (the sender knows which WRs are zero-length from the CTS entries), so
-    /// at most the bounce-backed WRs not seen consumed, and at most [`MAX_SPECULATIVE`]. What
-    /// is missing is posted as zero-length WRs (no memory). A queue at most 16 deep thus keeps
-    /// about one zero-length WR per posted buffer, like NCCL IB; a deeper one rarely needs
-    /// any.
-    fn cover_posted_receives(&mut self) -> u32 {
-        if !self.p.credits {
-            return 0;
-        }
-        let unmatched: u32 = self
-            .order
-            .iter()
-            .filter_map(|&id| self.reqs.get(id))
-            .map(|r| r.n - r.used.count_ones())
-            .sum();
-        let need = unmatched + self.posted_b.min(MAX_SPECULATIVE as u32);
-        let k = need.saturating_sub(self.posted_b + self.posted_z);
-        self.post_zeros(k);
-        k
-    }
-
-    /// Adapts the depth (with `now`: shrinks after idle), then, below the low-water mark,
-    /// posts whole batches while they fit; if nothing at all is posted (bounce buffers held by
-    /// unmatched eager messages), posts what is free so the sender is never left without a
-    /// receive WR.
-    fn refill(&mut self, now: Option<u64>) {
-        if let Some(now) = now {
-            self.maybe_shrink(now);
-        }
-        let batch = self.batch();
-        if self.posted_b < self.low_water() {
-            while self.posted_b + batch <= self.target && self.free_bufs.len() as u32 >= batch {
-                self.post_batch(batch);
-            }
-        }
-        if self.posted_b == 0 {
-            self.post_batch(batch.min(self.target));
-        }
-        self.account();
-    }
-
-    /// After a poll's completions were fed: re-posts what they freed (whole batches, see
-    /// `refill`) and returns the credits the sender may be short of. Re-posting once per poll
-    /// rather than per completion is what lets a receiver see its queue run dry: when the
-    /// eager arrivals of one poll consumed every bounce-backed WR, the sender had more in
-    /// flight than the depth (with credits off it met RNR), and the depth grows.
-    pub fn after_poll(&mut self, now: u64) {
-        if self.failed.is_none() {
-            self.refill(Some(now));
-        }
-        self.flush_credits();
-    }
-
-    /// Sends an explicit credit update when the sender may be short of credits.
-    pub fn flush_credits(&mut self) {
-        if !self.p.credits || self.failed.is_some() {
-            return;
-        }
-        let delta = self.granted - self.last_credit_sent;
-        let sender_view = self.last_credit_sent.saturating_sub(self.consumed);
-        // The sender is short when it holds fewer credits than a batch: at full depth
-        // `rq_batch`, below it half the depth (a queue of 2 is not short with one credit left:
-        // the next CTS carries the rest, and a sender that does run out says so and the queue
-        // grows), so a small queue does not cost a credit write per message.
-        let short = if self.target >= self.p.rq_depth {
-            u64::from(self.p.rq_batch)
-        } else {
-            u64::from(self.target / 2).max(1)
-        };
-        if delta == 0 || (sender_view >= short && delta < u64::from(self.p.rq_batch)) {
-            return;
-        }
-        let Some(stage) = self.ctrl_slot() else {
-            return;
-        };
-        self.actions.push(Action::Stage {
-            addr: stage,
-            bytes: wire::credit_word(self.granted, self.z_end)
-                .to_le_bytes()
-                .to_vec(),
-        });
-        self.actions.push(Action::PostSend(SendWr {
-            wr_id: wr_id(WrKind::Credit, 0, 0),
-            sgl: [
-                Sge {
-                    addr: stage,
-                    length: 8,
-                    lkey: self.p.ctrl_stage.1,
-                },
-                Sge::default(),
-            ],
-            num_sge: 1,
-            opcode: SendOpcode::RdmaWrite {
-                remote_addr: self.p.peer_credit_word.0,
-                rkey: self.p.peer_credit_word.1,
-            },
-            signaled: true,
-        }));
-        self.last_credit_sent = self.granted;
-        self.stats.credit_msgs += 1;
-    }
-
-    fn ctrl_slot(&mut self) -> Option<u64> {
-        if self.ctrl_outstanding as usize >= CTRL_STAGE_SLOTS {
-            return None;
-        }
-        let slot = self.ctrl_seq % CTRL_STAGE_SLOTS as u64;
-        self.ctrl_seq += 1;
-        self.ctrl_outstanding += 1;
-        Some(self.p.ctrl_stage.0 + slot * CTS_ENTRY_LEN as u64)
     }
 
     /// Posts a (grouped) receive of `bufs` (1..=8 buffers). `Ok(None)` = "retry later" (request
@@ -953,54 +646,15 @@ impl RecvEngine {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn params() -> RecvParams {
-        RecvParams {
-            rq_depth: 4,
-            rq_min: 4,
-            shrink_after_ns: u64::MAX,
-            rq_batch: 2,
-            rq_low_water: 2,
-            eager_buf_size: 64,
-            bounce: (0x10_0000, 1),
-            rec_ring: 0x20_0000,
-            ctrl_stage: (0x30_0000, 2),
-            peer_cts_ring: (0x40_0000, 3),
-            peer_credit_word: (0x50_0000, 4),
-            credits: true,
-            first_seq: 0,
+impl super::ActionQueue for RecvEngine {
+    fn take_actions(&mut self, out: &mut Vec<Action>) {
+        if out.is_empty() {
+            std::mem::swap(&mut self.actions, out);
+        } else {
+            out.append(&mut self.actions);
         }
-    }
-
-    fn buf(tag: i32) -> RecvBuf {
-        RecvBuf {
-            addr: 0x6000_0000,
-            cap: 64,
-            rkey: 9,
-            tag,
-        }
-    }
-
-    #[test]
-    fn a_receive_without_data_is_reported_once_naming_what_is_missing() {
-        let mut e = RecvEngine::new(params());
-        e.irecv(0, &[buf(1)]).unwrap().unwrap();
-        e.irecv(5, &[buf(1), buf(2), buf(3)]).unwrap().unwrap();
-        assert!(e.stalls(50, 100).is_empty());
-        let s = e.stalls(200, 100);
-        assert_eq!(s.len(), 2, "{s:?}");
-        let one = s.iter().find(|x| x.what == "receive 0 (1 buffer)").unwrap();
-        assert!(one
-            .waiting_for
-            .starts_with("data from the sender: 0 of 1 buffers filled"));
-        let three = s
-            .iter()
-            .find(|x| x.what == "receive 1 (3 buffers)")
-            .unwrap();
-        assert_eq!(three.idle_ns, 195);
-        assert!(e.stalls(100_000, 100).is_empty(), "reported once");
     }
 }
+
+#[cfg(test)]
+mod tests;

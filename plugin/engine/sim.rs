@@ -6,7 +6,7 @@
 use std::collections::VecDeque;
 
 use super::*;
-use crate::transport::{SendOpcode, SendWr, Wc, WcOpcode, WcStatus};
+use crate::transport::{RecvWr, SendOpcode, SendWr, Wc, WcOpcode, WcStatus};
 
 /// Flat fake memory: regions at fixed addresses, each with an rkey.
 #[derive(Default)]
@@ -70,6 +70,78 @@ struct Qp {
     rnr_retry_at: Option<u64>,
     rnr_tries: u32,
     error: bool,
+}
+
+/// One side's fake memory and QP as the executor's sink: what the comm does with a transport
+/// QP and registered memory, done in memory (a failed stage or copy is a bug: it panics).
+struct SimSink<'a> {
+    mem: &'a mut Mem,
+    qp: &'a mut Qp,
+    /// The receiver's: receive posts (held back by the `withhold_recvs` knob), eager copies
+    /// and the shared pool. `None` on the sender, which does none of these.
+    recv: Option<RecvSink<'a>>,
+}
+
+struct RecvSink<'a> {
+    withhold: bool,
+    withheld: &'a mut Vec<RecvWr>,
+    pool: &'a mut Vec<(u64, u32)>,
+    recv_bufs: &'a std::collections::HashMap<(u32, usize), u64>,
+}
+
+impl<'a> SimSink<'a> {
+    fn recv(&mut self, what: &str) -> &mut RecvSink<'a> {
+        match &mut self.recv {
+            Some(r) => r,
+            None => panic!("sender action {what}"),
+        }
+    }
+}
+
+impl ActionSink for SimSink<'_> {
+    type Error = std::convert::Infallible;
+
+    fn stage(&mut self, addr: u64, bytes: &[u8]) -> Result<(), Self::Error> {
+        assert!(self.mem.write(addr, bytes), "stage {addr:#x}");
+        Ok(())
+    }
+
+    fn post_send(&mut self, wrs: &[SendWr]) -> Result<(), Self::Error> {
+        self.qp.sq.extend(wrs.iter().copied());
+        Ok(())
+    }
+
+    fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<(), Self::Error> {
+        let r = self.recv("post_recv");
+        if r.withhold {
+            r.withheld.extend_from_slice(wrs);
+        } else {
+            self.qp.rq.extend(wrs.iter().cloned());
+        }
+        Ok(())
+    }
+
+    fn copy(&mut self, src: u64, req: ReqId, buf: usize, len: u64) -> Result<(), Self::Error> {
+        let dst = self.recv("copy").recv_bufs[&(req.slot, buf)];
+        let data = self.mem.get(src, len as usize);
+        assert!(self.mem.write(dst, &data));
+        Ok(())
+    }
+
+    fn return_bounce(&mut self, bufs: &[(u64, u32)]) -> Result<(), Self::Error> {
+        self.recv("return_bounce").pool.extend_from_slice(bufs);
+        Ok(())
+    }
+}
+
+/// The shared pool as the receive engine's [`BounceSource`]: the last `k` free buffers.
+struct PoolTake<'a>(&'a mut Vec<(u64, u32)>);
+
+impl BounceSource for PoolTake<'_> {
+    fn take(&mut self, k: u32) -> Vec<(u64, u32)> {
+        let n = self.0.len().min(k as usize);
+        self.0.split_off(self.0.len() - n)
+    }
 }
 
 /// Sender address map.
@@ -182,6 +254,8 @@ pub struct Pair {
     /// Receive user-buffer regions, per request slot and buffer.
     recv_bufs: std::collections::HashMap<(u32, usize), u64>,
     pub steps: u64,
+    /// The one action executor, as the comms have theirs.
+    exec: Executor,
 }
 
 impl Pair {
@@ -249,53 +323,36 @@ impl Pair {
             rnr_naks: 0,
             recv_bufs: Default::default(),
             steps: 0,
+            exec: Executor::default(),
         };
         p.apply_actions();
         p
     }
 
+    /// Carries out both engines' actions with the one executor ([`Executor`]), the sender's
+    /// first.
     fn apply_actions(&mut self) {
-        for a in self.snd.drain_actions() {
-            match a {
-                Action::Stage { addr, bytes } => {
-                    assert!(self.smem.write(addr, &bytes), "sender stage {addr:#x}")
-                }
-                Action::PostSend(wr) => self.sqp.sq.push_back(wr),
-                other => panic!("sender action {other:?}"),
-            }
-        }
-        loop {
-            let actions = self.rcv.drain_actions();
-            if actions.is_empty() {
-                break;
-            }
-            for a in actions {
-                match a {
-                    Action::Stage { addr, bytes } => {
-                        assert!(self.rmem.write(addr, &bytes), "receiver stage {addr:#x}")
-                    }
-                    Action::PostSend(wr) => self.rqp.sq.push_back(wr),
-                    Action::PostRecv(wrs) => {
-                        if self.knobs.withhold_recvs {
-                            self.withheld.extend(wrs);
-                        } else {
-                            self.rqp.rq.extend(wrs);
-                        }
-                    }
-                    Action::Copy { src, req, buf, len } => {
-                        let dst = self.recv_bufs[&(req.slot, buf)];
-                        let data = self.rmem.get(src, len as usize);
-                        assert!(self.rmem.write(dst, &data));
-                    }
-                    Action::WantBounce(k) => {
-                        let n = self.pool.len().min(k as usize);
-                        let got = self.pool.split_off(self.pool.len() - n);
-                        self.rcv.add_bounce(k, &got);
-                    }
-                    Action::ReturnBounce(bufs) => self.pool.extend(bufs),
-                }
-            }
-        }
+        let Ok(()) = self.exec.execute(
+            &mut self.snd,
+            &mut SimSink {
+                mem: &mut self.smem,
+                qp: &mut self.sqp,
+                recv: None,
+            },
+        );
+        let Ok(()) = self.exec.execute(
+            &mut self.rcv,
+            &mut SimSink {
+                mem: &mut self.rmem,
+                qp: &mut self.rqp,
+                recv: Some(RecvSink {
+                    withhold: self.knobs.withhold_recvs,
+                    withheld: &mut self.withheld,
+                    pool: &mut self.pool,
+                    recv_bufs: &self.recv_bufs,
+                }),
+            },
+        );
     }
 
     /// Lets withheld receive WRs through.
@@ -488,7 +545,7 @@ impl Pair {
             self.snd.failure()
         );
         if !self.knobs.recv_idle {
-            self.rcv.after_poll(self.now);
+            self.rcv.after_poll(self.now, &mut PoolTake(&mut self.pool));
         }
         self.apply_actions();
         // Advance the clock: 1 us per step, or jump to the next timer when idle.
@@ -641,1035 +698,4 @@ pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn eager_and_rendezvous_deliver_exact_bytes() {
-        let mut p = Pair::new(PairCfg::default(), Knobs::default());
-        for (k, size) in [0usize, 1, 100, 256, 257, 4096, 65536]
-            .into_iter()
-            .enumerate()
-        {
-            let data = pattern(k as u64, size);
-            let r = p.irecv(&[(0, 65536, 7)]).unwrap();
-            let cts = p.snd.stats().cts;
-            p.drive_until(100, |p| p.snd.stats().cts > cts);
-            let s = p.isend(0, &data, 7).unwrap();
-            assert_eq!(p.wait_recv(r).unwrap(), vec![size as u64]);
-            assert_eq!(p.wait_send(s).unwrap(), size as u64);
-            assert_eq!(p.received(0, size), data, "size {size}");
-        }
-        // The receive was posted first: every send, whatever its size, went straight into its
-        // buffer (one WRITE WITH IMM), none through a bounce buffer.
-        let st = p.rcv.stats().clone();
-        assert_eq!((st.eager, st.rendezvous, st.ops), (0, 7, 7));
-        // Sends issued before their receive (eager-sized: larger ones wait for the
-        // clear-to-send) go at once into a bounce buffer.
-        for (k, size) in [0usize, 1, 100, 256].into_iter().enumerate() {
-            let data = pattern(100 + k as u64, size);
-            let s = p.isend(0, &data, 7).unwrap();
-            let r = p.irecv(&[(0, 65536, 7)]).unwrap();
-            assert_eq!(p.wait_recv(r).unwrap(), vec![size as u64]);
-            assert_eq!(p.wait_send(s).unwrap(), size as u64);
-            assert_eq!(p.received(0, size), data, "size {size}");
-        }
-        let st = p.rcv.stats().clone();
-        assert_eq!((st.eager, st.rendezvous, st.ops), (4, 7, 11));
-        assert_eq!(p.snd.stats().eager, 4);
-        assert_eq!(p.snd.stats().rendezvous, 7);
-        assert_eq!(p.rnr_naks, 0);
-    }
-
-    #[test]
-    fn eager_send_before_irecv_is_held_then_copied() {
-        let mut p = Pair::new(PairCfg::default(), Knobs::default());
-        let data = pattern(9, 200);
-        let s = p.isend(0, &data, 3).unwrap();
-        for _ in 0..50 {
-            p.step();
-        }
-        assert_eq!(p.rcv.stats().unexpected, 1);
-        assert_eq!(p.snd.test(s).unwrap(), None, "the send waits for its CTS");
-        let r = p.irecv(&[(512, 1000, 3)]).unwrap();
-        assert_eq!(p.wait_recv(r).unwrap(), vec![200]);
-        assert_eq!(p.wait_send(s).unwrap(), 200);
-        assert_eq!(p.received(512, 200), data);
-    }
-
-    #[test]
-    fn credits_off_with_withheld_receives_provokes_rnr_credits_on_does_not() {
-        for credits in [false, true] {
-            let cfg = PairCfg {
-                rq_depth: 4,
-                rq_batch: 4,
-                rq_low_water: 1,
-                credits,
-                ..PairCfg::default()
-            };
-            let mut p = Pair::new(cfg, Knobs::default());
-            // Receiver posts its receives, but its RQ refills are withheld.
-            let mut recvs = Vec::new();
-            for k in 0..8u64 {
-                recvs.push(p.irecv(&[(k * 256, 256, 0)]).unwrap());
-            }
-            p.knobs.withhold_recvs = true;
-            let mut sends = Vec::new();
-            for k in 0..8u64 {
-                // With credits on, isend itself waits (retry later) until credits return; the
-                // receiver re-posts only once we release it below, so drive release here.
-                if credits && p.snd.credits_available() == 0 {
-                    p.release_recvs();
-                }
-                sends.push(p.isend(k * 256, &pattern(k, 100), 0).unwrap());
-                if !credits && k == 7 {
-                    for _ in 0..100 {
-                        p.step();
-                    }
-                    p.release_recvs();
-                }
-            }
-            for (k, r) in recvs.into_iter().enumerate() {
-                assert_eq!(p.wait_recv(r).unwrap(), vec![100]);
-                assert_eq!(p.received(k as u64 * 256, 100), pattern(k as u64, 100));
-            }
-            for s in sends {
-                assert_eq!(p.wait_send(s).unwrap(), 100);
-            }
-            if credits {
-                assert_eq!(p.rnr_naks, 0, "credits on: no RNR");
-                assert!(p.snd.stats().credit_stalls > 0);
-            } else {
-                assert!(p.rnr_naks > 0, "credits off: RNR expected");
-                assert_eq!(p.snd.stats().credit_stalls, 0);
-            }
-        }
-    }
-
-    #[test]
-    fn rnr_retry_exhausted_fails_both_requests_with_a_remote_error() {
-        let cfg = PairCfg {
-            rq_depth: 1,
-            rq_batch: 1,
-            rq_low_water: 1,
-            credits: false,
-            ..PairCfg::default()
-        };
-        let mut p = Pair::new(
-            cfg,
-            Knobs {
-                rnr_retry: 2,
-                ..Knobs::default()
-            },
-        );
-        let r = p.irecv(&[(0, 256, 0)]).unwrap();
-        p.knobs.withhold_recvs = true;
-        let s1 = p.isend(0, &pattern(1, 10), 0).unwrap();
-        assert_eq!(p.wait_send(s1).unwrap(), 10);
-        assert_eq!(p.wait_recv(r).unwrap(), vec![10]);
-        let s2 = p.isend(0, &pattern(2, 10), 0).unwrap();
-        match p.wait_send(s2) {
-            Err(ReqError::Remote(m)) => assert!(
-                m.contains("IBV_WC_RNR_RETRY_EXC_ERR") && m.contains("VERBSNET_RQ_DEPTH"),
-                "{m}"
-            ),
-            other => panic!("{other:?}"),
-        }
-        assert_eq!(p.rnr_naks, 3, "initial try + 2 retries");
-    }
-
-    #[test]
-    fn shrunk_initial_credits_throttle_but_complete() {
-        let cfg = PairCfg {
-            initial_credits: Some(1),
-            ..PairCfg::default()
-        };
-        let mut p = Pair::new(cfg, Knobs::default());
-        let mut pairs = Vec::new();
-        for k in 0..20u64 {
-            let r = p.irecv(&[(k * 64, 64, 1)]).unwrap();
-            let s = p.isend(k * 64, &pattern(k, 64), 1).unwrap();
-            pairs.push((r, s));
-        }
-        for (k, (r, s)) in pairs.into_iter().enumerate() {
-            assert_eq!(p.wait_recv(r).unwrap(), vec![64]);
-            assert_eq!(p.wait_send(s).unwrap(), 64);
-            assert_eq!(p.received(k as u64 * 64, 64), pattern(k as u64, 64));
-        }
-        assert_eq!(p.rnr_naks, 0);
-    }
-
-    #[test]
-    fn grouped_receive_assigns_by_tag_mixed_eager_and_rendezvous() {
-        let mut p = Pair::new(PairCfg::default(), Knobs::default());
-        // Tags shuffled; buffer i at offset i*8192.
-        let tags = [5, 2, 7, 0, 3, 6, 1, 4];
-        let bufs: Vec<(u64, u64, i32)> = tags
-            .iter()
-            .enumerate()
-            .map(|(i, &t)| (i as u64 * 8192, 8192, t))
-            .collect();
-        let r = p.irecv(&bufs).unwrap();
-        let single = p.irecv(&[(65536 * 2, 4096, 9)]).unwrap();
-        let mut sends = Vec::new();
-        for t in 0..8i32 {
-            let size = if t % 2 == 0 {
-                100 + t as usize
-            } else {
-                3000 + t as usize
-            };
-            sends.push(
-                p.isend(t as u64 * 8192, &pattern(t as u64, size), t)
-                    .unwrap(),
-            );
-        }
-        let s9 = p.isend(65536, &pattern(99, 4000), 9).unwrap();
-        let sizes = p.wait_recv(r).unwrap();
-        for (i, &t) in tags.iter().enumerate() {
-            let size = if t % 2 == 0 {
-                100 + t as usize
-            } else {
-                3000 + t as usize
-            };
-            assert_eq!(sizes[i], size as u64, "buffer {i} (tag {t})");
-            assert_eq!(p.received(i as u64 * 8192, size), pattern(t as u64, size));
-        }
-        assert_eq!(p.wait_recv(single).unwrap(), vec![4000]);
-        assert_eq!(p.received(65536 * 2, 4000), pattern(99, 4000));
-        for s in sends {
-            p.wait_send(s).unwrap();
-        }
-        p.wait_send(s9).unwrap();
-    }
-
-    #[test]
-    fn oversize_send_fails_on_both_ends_without_writing() {
-        for size in [200usize, 5000] {
-            let mut p = Pair::new(PairCfg::default(), Knobs::default());
-            let r = p.irecv(&[(0, 150, 0)]).unwrap();
-            for _ in 0..10 {
-                p.step();
-            }
-            let se = match p.isend(0, &pattern(1, size), 0) {
-                Ok(s) => p.wait_send(s).unwrap_err(),
-                Err(e) => e,
-            };
-            assert!(matches!(se, ReqError::Usage(_)), "{se}");
-            let re = p.wait_recv(r).unwrap_err();
-            assert!(
-                matches!(re, ReqError::Usage(ref m) if m.contains("150 bytes")),
-                "{re}"
-            );
-            assert_eq!(p.received(0, 200), vec![0; 200], "nothing written");
-        }
-    }
-
-    #[test]
-    fn delayed_completions_do_not_change_results() {
-        let mut p = Pair::new(
-            PairCfg::default(),
-            Knobs {
-                wc_delay_ns: 50_000,
-                ..Knobs::default()
-            },
-        );
-        let mut pairs = Vec::new();
-        for k in 0..30u64 {
-            let size = if k % 3 == 0 { 1000 } else { 40 };
-            let r = p.irecv(&[(k * 1024, 1024, 0)]).unwrap();
-            let s = p.isend(k * 1024, &pattern(k, size), 0).unwrap();
-            pairs.push((r, s, size));
-        }
-        for (k, (r, s, size)) in pairs.into_iter().enumerate() {
-            assert_eq!(p.wait_recv(r).unwrap(), vec![size as u64]);
-            assert_eq!(p.wait_send(s).unwrap(), size as u64);
-            assert_eq!(p.received(k as u64 * 1024, size), pattern(k as u64, size));
-        }
-    }
-
-    #[test]
-    fn sequence_numbers_wrap_without_misplacing_data() {
-        // Start just below the 29-bit immediate wrap and the 512-entry CTS ring boundary.
-        let first = (1u64 << 29) - 600;
-        let mut p = Pair::new(
-            PairCfg {
-                first_seq: first,
-                ..PairCfg::default()
-            },
-            Knobs::default(),
-        );
-        for k in 0..1500u64 {
-            let size = if k % 2 == 0 { 300 } else { 20 };
-            let off = (k % 64) * 1024;
-            let r = p.irecv(&[(off, 1024, 0)]).unwrap();
-            let s = p.isend(off, &pattern(k, size), 0).unwrap();
-            assert_eq!(p.wait_recv(r).unwrap(), vec![size as u64], "message {k}");
-            assert_eq!(p.wait_send(s).unwrap(), size as u64);
-            assert_eq!(p.received(off, size), pattern(k, size), "message {k}");
-        }
-        assert_eq!(p.snd.in_flight(), 0);
-        assert_eq!(p.rcv.in_flight(), 0);
-    }
-
-    #[test]
-    fn rq_is_posted_in_batches_and_refilled_below_low_water() {
-        let cfg = PairCfg {
-            rq_depth: 16,
-            rq_batch: 4,
-            rq_low_water: 12,
-            ..PairCfg::default()
-        };
-        let mut p = Pair::new(cfg, Knobs::default());
-        assert_eq!(p.rcv.stats().rq_post_calls, 4);
-        assert_eq!(p.rcv.stats().rq_wrs_posted, 16);
-        for k in 0..5u64 {
-            let r = p.irecv(&[(0, 256, 0)]).unwrap();
-            let s = p.isend(0, &pattern(k, 10), 0).unwrap();
-            p.wait_recv(r).unwrap();
-            p.wait_send(s).unwrap();
-        }
-        // 5 consumed: refill happened when posted fell to 11 (< 12): one batch of 4 → 15. The
-        // first irecv also posted one zero-length WR: 16 bounce-backed WRs covered its buffer
-        // but not that buffer plus the 16 that speculative sends in flight might have taken
-        // (`RecvEngine::irecv`); it is still posted (it comes after the 15 in the queue).
-        assert_eq!(p.rcv.posted(), 16);
-        assert_eq!(p.rcv.stats().zero_wrs, 1);
-        assert_eq!(p.rcv.stats().rq_post_calls, 6);
-        assert_eq!(p.rcv.stats().rq_wrs_posted, 21);
-        assert_eq!(p.rcv.stats().rq_min_level, 11);
-    }
-
-    // ---- Shared comms: several senders (distinct tags) on one send comm, grouped receives ----
-
-    /// A shared-comm workload. `groups[g]` lists the tags of receive `g`'s buffers (NCCL posts
-    /// one grouped receive per step; PXN can repeat a tag). Senders are polled in a seeded
-    /// random order, sender 0 `skew` times as often as each other one; the receiver keeps up to
-    /// `ahead` receives posted and starts posting only after `post_delay` polls (so senders with
-    /// no receive known send speculatively).
-    struct Shared {
-        groups: Vec<Vec<i32>>,
-        tags: Vec<i32>,
-        ahead: usize,
-        skew: u64,
-        post_delay: u64,
-        /// Every send eager-sized (else half of them rendezvous).
-        eager_only: bool,
-    }
-
-    /// What the run saw.
-    struct SharedOutcome {
-        refused_tag: u64,
-        unexpected: u64,
-        rnr: u64,
-        eager: u64,
-        rendezvous: u64,
-    }
-
-    const SLOT: u64 = 2048;
-
-    /// Runs `w` on a fresh pair and checks every receive buffer got exactly the bytes of the
-    /// send NCCL's rule gives it: the k-th send with tag `t` fills the k-th buffer with tag `t`
-    /// in posting order (the front-group rule; see `SendEngine::isend`).
-    fn run_shared(seed: u64, cfg: PairCfg, w: &Shared) -> SharedOutcome {
-        let mut rng = Rng(seed);
-        let credits = cfg.credits;
-        let eager_limit = cfg.eager_limit.min(cfg.eager_buf_size);
-        let mut p = Pair::new(cfg, Knobs::default());
-        // dests[t] = the (group, buffer) of each send with tag t, in order.
-        let mut dests: std::collections::HashMap<i32, Vec<(usize, usize)>> = Default::default();
-        for (g, tags) in w.groups.iter().enumerate() {
-            for (i, &t) in tags.iter().enumerate() {
-                assert!(w.tags.contains(&t));
-                dests.entry(t).or_default().push((g, i));
-            }
-        }
-        // Size of the send into each buffer (eager or rendezvous), and the buffer's capacity
-        // (the send's size plus some slack: a receive may be larger than its send).
-        let mut size = std::collections::HashMap::new();
-        let mut cap = std::collections::HashMap::new();
-        for (g, tags) in w.groups.iter().enumerate() {
-            for i in 0..tags.len() {
-                let sz = if w.eager_only || rng.below(2) == 0 {
-                    rng.below(eager_limit + 1)
-                } else {
-                    eager_limit + 1 + rng.below(SLOT - 64 - eager_limit)
-                };
-                size.insert((g, i), sz);
-                cap.insert((g, i), sz + rng.below(64));
-            }
-        }
-        let seed_of = |g: usize, i: usize| (seed << 20) ^ ((g as u64) << 3) ^ i as u64;
-        let mut next_msg = vec![0usize; w.tags.len()];
-        let mut sends: Vec<(ReqId, u64)> = Vec::new();
-        let mut posted: VecDeque<(usize, ReqId)> = VecDeque::new();
-        let mut next_group = 0usize;
-        let mut issued = 0u64;
-        let mut done_groups = 0usize;
-        let total_sends: usize = w.groups.iter().map(Vec::len).sum();
-        let mut done_sends = 0usize;
-        let weight = w.skew + w.tags.len() as u64 - 1;
-        for poll in 0..3_000_000u64 {
-            if done_groups == w.groups.len() && done_sends == total_sends {
-                let st = p.snd.stats();
-                assert_eq!(p.snd.in_flight() + p.rcv.in_flight(), 0);
-                if credits {
-                    assert_eq!(p.rnr_naks, 0, "credits on: no RNR (seed {seed})");
-                }
-                return SharedOutcome {
-                    refused_tag: st.tag_waits,
-                    unexpected: p.rcv.stats().unexpected,
-                    rnr: p.rnr_naks,
-                    eager: st.eager,
-                    rendezvous: st.rendezvous,
-                };
-            }
-            // The receiver posts its next grouped receive.
-            if poll >= w.post_delay
-                && posted.len() < w.ahead
-                && next_group < w.groups.len()
-                && rng.below(2) == 0
-            {
-                let g = next_group;
-                let bufs: Vec<(u64, u64, i32)> = w.groups[g]
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &t)| (((g as u64 % 48) * 8 + i as u64) * SLOT, cap[&(g, i)], t))
-                    .collect();
-                let rb: Vec<RecvBuf> = bufs
-                    .iter()
-                    .map(|&(o, c, t)| RecvBuf {
-                        addr: R_USER + o,
-                        cap: c,
-                        rkey: RKEY_USER,
-                        tag: t,
-                    })
-                    .collect();
-                if let Some(id) = p.rcv.irecv(p.now, &rb).expect("irecv") {
-                    for (i, &(o, _, _)) in bufs.iter().enumerate() {
-                        p.recv_bufs.insert((id.slot, i), R_USER + o);
-                    }
-                    p.apply_actions();
-                    posted.push_back((g, id));
-                    next_group += 1;
-                }
-            }
-            // One sender tries its next send.
-            let pick = rng.below(weight);
-            let j = if pick < w.skew {
-                0
-            } else {
-                (pick - w.skew + 1) as usize
-            };
-            let t = w.tags[j];
-            if let Some(&(g, i)) = dests[&t].get(next_msg[j]) {
-                let sz = size[&(g, i)];
-                let off = (issued % 384) * SLOT;
-                assert!(p
-                    .smem
-                    .write(S_USER + off, &pattern(seed_of(g, i), sz as usize)));
-                match p.snd.isend(p.now, S_USER + off, 0, sz, t) {
-                    Ok(Some(id)) => {
-                        p.apply_actions();
-                        sends.push((id, sz));
-                        issued += 1;
-                        next_msg[j] += 1;
-                        assert!(sends.len() < 384, "send data area reused while in flight");
-                    }
-                    Ok(None) => {}
-                    Err(e) => panic!("seed {seed}: isend of tag {t} failed: {e}"),
-                }
-            }
-            // Test a random in-flight send, and the oldest receive.
-            if !sends.is_empty() {
-                let k = rng.below(sends.len() as u64) as usize;
-                let (id, sz) = sends[k];
-                match p.snd.test(id) {
-                    Ok(Some(got)) => {
-                        assert_eq!(got, sz, "seed {seed}");
-                        sends.swap_remove(k);
-                        done_sends += 1;
-                    }
-                    Ok(None) => {}
-                    Err(e) => panic!("seed {seed}: send failed: {e}"),
-                }
-            }
-            if let Some(&(g, id)) = posted.front() {
-                match p.rcv.test(id) {
-                    Ok(Some(sizes)) => {
-                        let n = w.groups[g].len();
-                        assert_eq!(sizes.len(), n);
-                        for (i, &got) in sizes.iter().enumerate() {
-                            let want = size[&(g, i)];
-                            assert_eq!(got, want, "seed {seed}: receive {g} buffer {i} size");
-                            let off = ((g as u64 % 48) * 8 + i as u64) * SLOT;
-                            assert!(
-                                p.received(off, want as usize)
-                                    == pattern(seed_of(g, i), want as usize),
-                                "seed {seed}: receive {g} buffer {i} (tag {}) holds wrong bytes",
-                                w.groups[g][i]
-                            );
-                        }
-                        posted.pop_front();
-                        done_groups += 1;
-                    }
-                    Ok(None) => {}
-                    Err(e) => panic!("seed {seed}: receive {g} failed: {e}"),
-                }
-            }
-            p.step();
-        }
-        panic!(
-            "seed {seed}: livelock: {done_groups}/{} receives, {done_sends}/{total_sends} sends",
-            w.groups.len()
-        );
-    }
-
-    /// Groups of one buffer per sender, buffer order shuffled per group.
-    fn one_per_sender(rng: &mut Rng, tags: &[i32], steps: usize) -> Vec<Vec<i32>> {
-        (0..steps)
-            .map(|_| {
-                let mut g = tags.to_vec();
-                for k in (1..g.len()).rev() {
-                    g.swap(k, rng.below(k as u64 + 1) as usize);
-                }
-                g
-            })
-            .collect()
-    }
-
-    #[test]
-    fn shared_comm_skewed_senders_fill_the_right_buffers_for_many_seeds() {
-        let mut refused = 0;
-        let (mut eager, mut direct) = (0, 0);
-        for seed in 0..120u64 {
-            let mut rng = Rng(seed ^ 0xabcd);
-            let k = 1 + (seed % 8) as usize; // 1..=8 senders, groups of n = k
-            let tags: Vec<i32> = (0..k as i32).map(|j| 100 + 7 * j).collect();
-            let w = Shared {
-                groups: one_per_sender(&mut rng, &tags, 24),
-                tags,
-                ahead: 1 + rng.below(8) as usize,
-                skew: 1 + rng.below(12),
-                post_delay: 0,
-                eager_only: false,
-            };
-            let cfg = PairCfg {
-                credits: seed % 3 != 0,
-                ..PairCfg::default()
-            };
-            let o = run_shared(seed, cfg, &w);
-            eager += o.eager;
-            direct += o.rendezvous;
-            refused += o.refused_tag;
-        }
-        // Both paths ran: sends issued before their receive's CTS was read went eagerly, the
-        // others straight into their buffers.
-        assert!(eager > 0 && direct > 0, "eager {eager}, direct {direct}");
-        assert!(
-            refused > 0,
-            "no send was ever refused for its tag: the skew did nothing"
-        );
-    }
-
-    #[test]
-    fn shared_comm_with_repeated_tags_in_a_group_and_varying_group_sizes() {
-        for seed in 0..80u64 {
-            let mut rng = Rng(seed ^ 0x5eed);
-            let tags: Vec<i32> = vec![3, 9, 4, 1];
-            // n = 1..=8 buffers per group, tags drawn with repetition (PXN posts a tag
-            // several times), so some senders have several sends in a group and some none.
-            let groups: Vec<Vec<i32>> = (0..30)
-                .map(|_| {
-                    (0..1 + rng.below(8))
-                        .map(|_| tags[rng.below(tags.len() as u64) as usize])
-                        .collect()
-                })
-                .collect();
-            let w = Shared {
-                groups,
-                tags,
-                ahead: 1 + rng.below(8) as usize,
-                skew: 1 + rng.below(6),
-                post_delay: 0,
-                eager_only: false,
-            };
-            run_shared(seed, PairCfg::default(), &w);
-        }
-    }
-
-    #[test]
-    fn a_sender_eight_steps_ahead_before_any_receive_is_posted_lands_in_place() {
-        // No receive is known: the fast sender's eager sends go out at once and wait in bounce
-        // buffers; its later sends wait for the front group. Credits bound how far it gets.
-        for seed in 0..40u64 {
-            let mut rng = Rng(seed);
-            let tags = vec![10, 20, 30];
-            let w = Shared {
-                groups: one_per_sender(&mut rng, &tags, 16),
-                tags,
-                ahead: 8,
-                skew: 64,
-                post_delay: 400,
-                eager_only: true,
-            };
-            let cfg = PairCfg {
-                rq_depth: 32,
-                rq_low_water: 24,
-                ..PairCfg::default()
-            };
-            let o = run_shared(seed, cfg, &w);
-            assert!(
-                o.unexpected >= 8,
-                "seed {seed}: {} sent ahead",
-                o.unexpected
-            );
-            assert_eq!(o.rnr, 0);
-        }
-    }
-
-    #[test]
-    fn shared_comm_across_sequence_ring_and_generation_wraps() {
-        // r and s cross the 29-bit immediate wrap and the 512-entry CTS ring boundary; request
-        // slot generations cross the 24-bit wr_id wrap.
-        let mut rng = Rng(77);
-        let tags = vec![1, 2, 3, 4];
-        let w = Shared {
-            groups: one_per_sender(&mut rng, &tags, 700),
-            tags,
-            ahead: 6,
-            skew: 5,
-            post_delay: 0,
-            eager_only: false,
-        };
-        let cfg = PairCfg {
-            first_seq: (1u64 << 29) - 300,
-            first_gen: (1u32 << 24) - 3,
-            ..PairCfg::default()
-        };
-        let o = run_shared(7, cfg, &w);
-        assert!(o.refused_tag > 0);
-    }
-
-    #[test]
-    fn a_send_whose_tag_is_not_in_the_front_group_is_retry_later_until_it_is() {
-        let mut p = Pair::new(PairCfg::default(), Knobs::default());
-        let r0 = p.irecv(&[(0, 64, 0), (64, 64, 1)]).unwrap();
-        let r1 = p.irecv(&[(128, 64, 1), (192, 64, 0)]).unwrap();
-        p.drive_until(1000, |p| p.snd.expected_cts() == 2);
-        assert!(p.smem.write(S_USER, &pattern(1, 64)));
-        let a = p
-            .snd
-            .isend(p.now, S_USER, 0, 64, 1)
-            .unwrap()
-            .expect("tag 1 in front");
-        // Tag 1 is used in the front group (receive 0) and receive 1 is not at the front.
-        for _ in 0..3 {
-            assert_eq!(p.snd.isend(p.now, S_USER, 0, 64, 1).unwrap(), None);
-            p.step();
-        }
-        assert_eq!(p.snd.stats().tag_waits, 3);
-        let st = p.snd.stalls(p.now + 10_000_000_000, 1_000_000_000);
-        assert!(
-            st.iter().any(|s| s.what.starts_with("isend")
-                && s.waiting_for.starts_with("a receive buffer with tag 1")),
-            "{st:?}"
-        );
-        // Tag 0 completes receive 0; then tag 1 goes to receive 1.
-        assert!(p.smem.write(S_USER + 64, &pattern(2, 64)));
-        let b = p.snd.isend(p.now, S_USER + 64, 0, 64, 0).unwrap().unwrap();
-        assert!(p.smem.write(S_USER + 128, &pattern(3, 64)));
-        let c = p.snd.isend(p.now, S_USER + 128, 0, 64, 1).unwrap().unwrap();
-        p.apply_actions();
-        assert_eq!(p.wait_recv(r0).unwrap(), vec![64, 64]);
-        assert_eq!(p.received(0, 64), pattern(2, 64));
-        assert_eq!(p.received(64, 64), pattern(1, 64));
-        for id in [a, b, c] {
-            assert_eq!(p.wait_send(id).unwrap(), 64);
-        }
-        assert_eq!(p.received(128, 64), pattern(3, 64));
-        assert_eq!(
-            p.rcv.test(r1).unwrap(),
-            None,
-            "buffer 1 of receive 1 is still empty"
-        );
-        assert_eq!(p.rcv.stats().unexpected, 0);
-    }
-
-    #[test]
-    fn after_a_too_large_send_every_later_call_on_both_comms_fails() {
-        for size in [200usize, 5000] {
-            let mut p = Pair::new(PairCfg::default(), Knobs::default());
-            let r = p.irecv(&[(0, 150, 0)]).unwrap();
-            let r2 = p.irecv(&[(4096, 8192, 0)]).unwrap();
-            p.drive_until(1000, |p| p.snd.expected_cts() == 2);
-            assert!(matches!(
-                p.isend(0, &pattern(1, size), 0),
-                Err(ReqError::Usage(_))
-            ));
-            assert!(matches!(p.wait_recv(r), Err(ReqError::Usage(_))));
-            for _ in 0..2 {
-                assert!(
-                    matches!(p.snd.isend(p.now, S_USER, 0, 8, 0), Err(ReqError::Usage(_))),
-                    "size {size}: the send comm accepted a send after the error"
-                );
-                assert!(matches!(
-                    p.rcv.irecv(p.now, &[RecvBuf::default()]),
-                    Err(ReqError::Usage(_))
-                ));
-            }
-            assert!(matches!(p.rcv.test(r2), Err(ReqError::Usage(_))));
-        }
-    }
-
-    // ---- Liveness: a sender alone progresses once the receives are posted ----
-
-    /// The "post every receive, spin every send, test later" caller (NCCL's contract allows
-    /// it; NCCL IB completes it with no call on the receive comm, `net_ib/p2p.cc`): the
-    /// receiver posts `groups` (tags per buffer), optionally after `early` sends went
-    /// speculatively, then makes no call at all while the sender issues every matching send,
-    /// each accepted within `BOUND` sender steps, and every send completes. Only then does the
-    /// receiver test its receives: data and sizes right, no RNR with credits on.
-    /// `strays` eager sends of a tag no group has (99) go out right before the receives are
-    /// posted and are still on the wire when they are: they take receive WRs without filling
-    /// any posted buffer (the receive coverage must allow for them); a last receive of that
-    /// tag takes them in the end.
-    fn sender_alone(seed: u64, cfg: PairCfg, groups: &[Vec<i32>], early: usize, strays: usize) {
-        const BOUND: u64 = 64;
-        let credits = cfg.credits;
-        let mut p = Pair::new(cfg, Knobs::default());
-        // The sends, in an order the front-group rule accepts: receive by receive.
-        let order: Vec<(usize, usize, i32)> = groups
-            .iter()
-            .enumerate()
-            .flat_map(|(g, tags)| tags.iter().enumerate().map(move |(i, &t)| (g, i, t)))
-            .collect();
-        let size = |k: usize| ((seed as usize * 7 + k * 13) % 300) as u64;
-        let off = |g: usize, i: usize| (g * 8 + i) as u64 * 512;
-        let mut sends = Vec::new();
-        let issue = |p: &mut Pair, k: usize, bound: u64| {
-            let (g, i, tag) = order[k];
-            let data = pattern(seed * 1000 + k as u64, size(k) as usize);
-            assert!(p.smem.write(S_USER + off(g, i), &data));
-            for step in 0..=bound {
-                match p.snd.isend(p.now, S_USER + off(g, i), 0, size(k), tag) {
-                    Ok(Some(id)) => return id,
-                    Ok(None) if step < bound => p.step(),
-                    other => panic!(
-                        "seed {seed}: send {k} (receive {g}, buffer {i}, tag {tag}) not \
-                         accepted within {bound} sender steps: {other:?}; {}",
-                        p.snd.debug_state()
-                    ),
-                };
-            }
-            unreachable!()
-        };
-        // Early sends, before any receive: as many as the sender accepts at once.
-        for (k, &(g, i, tag)) in order.iter().enumerate().take(early) {
-            let data = pattern(seed * 1000 + k as u64, size(k) as usize);
-            assert!(p.smem.write(S_USER + off(g, i), &data));
-            match p.snd.isend(p.now, S_USER + off(g, i), 0, size(k), tag) {
-                Ok(Some(id)) => sends.push((k, id)),
-                Ok(None) => break,
-                Err(e) => panic!("seed {seed}: early send {k}: {e}"),
-            }
-            p.step();
-        }
-        let first_late = sends.len();
-        let mut stray_ids = Vec::new();
-        for j in 0..strays {
-            let data = pattern(seed * 1000 + 900 + j as u64, 40);
-            let at = S_USER + 0x8_0000 + j as u64 * 64;
-            assert!(p.smem.write(at, &data));
-            match p.snd.isend(p.now, at, 0, 40, 99) {
-                Ok(Some(id)) => stray_ids.push(id),
-                Ok(None) => break,
-                Err(e) => panic!("seed {seed}: stray send {j}: {e}"),
-            }
-        }
-        p.apply_actions();
-        let mut recvs = Vec::new();
-        for (g, tags) in groups.iter().enumerate() {
-            let bufs: Vec<(u64, u64, i32)> = tags
-                .iter()
-                .enumerate()
-                .map(|(i, &t)| (off(g, i), 512, t))
-                .collect();
-            recvs.push(p.irecv(&bufs).unwrap());
-        }
-        p.knobs.recv_idle = true;
-        for k in first_late..order.len() {
-            let id = issue(&mut p, k, BOUND);
-            sends.push((k, id));
-        }
-        for &(k, id) in &sends {
-            let mut done = None;
-            p.drive_until(10_000, |p| {
-                done = p.snd.test(id).transpose();
-                done.is_some()
-            });
-            assert_eq!(done.unwrap().unwrap(), size(k), "seed {seed}: send {k}");
-        }
-        p.knobs.recv_idle = false;
-        for (g, r) in recvs.into_iter().enumerate() {
-            let got = p.wait_recv(r).unwrap();
-            for (i, &sz) in got.iter().enumerate() {
-                let k = order
-                    .iter()
-                    .position(|&(a, b, _)| (a, b) == (g, i))
-                    .unwrap();
-                assert_eq!(sz, size(k), "seed {seed}: receive {g} buffer {i}");
-                assert_eq!(
-                    p.received(off(g, i), sz as usize),
-                    pattern(seed * 1000 + k as u64, sz as usize),
-                    "seed {seed}: receive {g} buffer {i}"
-                );
-            }
-        }
-        if !stray_ids.is_empty() {
-            let n = stray_ids.len();
-            let bufs: Vec<(u64, u64, i32)> =
-                (0..n).map(|j| (0x8_0000 + j as u64 * 64, 64, 99)).collect();
-            let r = p.irecv(&bufs).unwrap();
-            assert_eq!(p.wait_recv(r).unwrap(), vec![40; n], "seed {seed}");
-            for (j, id) in stray_ids.into_iter().enumerate() {
-                assert_eq!(p.wait_send(id).unwrap(), 40);
-                assert_eq!(
-                    p.received(0x8_0000 + j as u64 * 64, 40),
-                    pattern(seed * 1000 + 900 + j as u64, 40)
-                );
-            }
-        }
-        if credits {
-            assert_eq!(p.rnr_naks, 0, "seed {seed}");
-        }
-    }
-
-    #[test]
-    fn thirty_two_receives_then_thirty_two_sends_complete_with_no_call_on_the_receiver() {
-        // The issue's pattern, at the default minimum depth of 2 (it hung before: 2 credits).
-        let groups: Vec<Vec<i32>> = (0..32).map(|_| vec![0]).collect();
-        for cfg in [
-            adaptive(2, 128, 256),
-            adaptive(2, 128, 0),
-            PairCfg::default(),
-        ] {
-            sender_alone(1, cfg, &groups, 0, 0);
-        }
-        let mut p = Pair::new(adaptive(2, 128, 256), Knobs::default());
-        let idle = p.rcv.stats().pinned_bytes;
-        for g in 0..32u64 {
-            p.irecv(&[(g * 512, 512, 0)]).unwrap();
-        }
-        assert_eq!(p.rcv.stats().pinned_bytes, idle, "coverage costs no memory");
-        assert!(p.rcv.stats().zero_wrs >= 30, "{:?}", p.rcv.stats());
-    }
-
-    #[test]
-    fn a_sender_alone_progresses_for_random_grouped_receives_and_early_sends() {
-        for seed in 0..300u64 {
-            let mut rng = Rng(seed ^ 0x5eed);
-            let ngroups = 1 + rng.below(32) as usize;
-            let ntags = 1 + rng.below(4) as i32;
-            let groups: Vec<Vec<i32>> = (0..ngroups)
-                .map(|_| {
-                    (0..1 + rng.below(8))
-                        .map(|_| rng.below(ntags as u64) as i32)
-                        .collect()
-                })
-                .collect();
-            let cfg = match seed % 3 {
-                0 => adaptive(2, 128, 256),
-                1 => adaptive(2, 16, 4),
-                _ => PairCfg {
-                    rq_min: Some(1 + rng.below(4) as u32),
-                    ..PairCfg::default()
-                },
-            };
-            let early = rng.below(20) as usize;
-            let strays = if seed % 2 == 0 {
-                rng.below(6) as usize
-            } else {
-                0
-            };
-            sender_alone(seed, cfg, &groups, early, strays);
-        }
-    }
-
-    // ---- Adaptive receive depth from a shared pool ----
-
-    /// Arrivals in bursts of 16 WRs per step, faster than the receiver re-posts.
-    fn bursty() -> Knobs {
-        Knobs {
-            wrs_per_step: 16,
-            ..Knobs::default()
-        }
-    }
-
-    fn adaptive(min: u32, depth: u32, pool_bufs: u32) -> PairCfg {
-        PairCfg {
-            rq_depth: depth,
-            rq_min: Some(min),
-            rq_batch: 4,
-            rq_low_water: depth - 4,
-            shrink_after_ns: 5_000_000,
-            pool_bufs,
-            ..PairCfg::default()
-        }
-    }
-
-    /// A burst of `n` eager sends with receives posted ahead; returns the pair after it.
-    fn burst(p: &mut Pair, n: u64) {
-        let mut pairs = Vec::new();
-        for k in 0..n {
-            let r = p.irecv(&[(k % 32 * 256, 256, 0)]).unwrap();
-            pairs.push((k, r));
-            if pairs.len() == 32 {
-                break;
-            }
-        }
-        let mut next = pairs.len() as u64;
-        let mut sends = VecDeque::new();
-        let mut k = 0;
-        while k < n {
-            sends.push_back(p.isend(k % 32 * 256, &pattern(k, 200), 0).unwrap());
-            k += 1;
-            while sends.len() > 16 {
-                assert_eq!(p.wait_send(sends.pop_front().unwrap()).unwrap(), 200);
-            }
-            if k % 8 == 0 {
-                while let Some(&(j, r)) = pairs.first() {
-                    if j + 8 > k {
-                        break;
-                    }
-                    assert_eq!(p.wait_recv(r).unwrap(), vec![200]);
-                    assert_eq!(p.received(j % 32 * 256, 200), pattern(j, 200));
-                    pairs.remove(0);
-                    if next < n {
-                        pairs.push((next, p.irecv(&[(next % 32 * 256, 256, 0)]).unwrap()));
-                        next += 1;
-                    }
-                }
-            }
-        }
-        for s in sends {
-            assert_eq!(p.wait_send(s).unwrap(), 200);
-        }
-        for (j, r) in pairs {
-            assert_eq!(p.wait_recv(r).unwrap(), vec![200]);
-            assert_eq!(p.received(j % 32 * 256, 200), pattern(j, 200));
-        }
-    }
-
-    #[test]
-    fn a_busy_connection_grows_from_the_pool_with_exact_credits_and_shrinks_when_idle() {
-        let mut p = Pair::new(adaptive(2, 32, 64), bursty());
-        assert_eq!(p.rcv.stats().rq_depth, 2);
-        let idle_pinned = p.rcv.stats().pinned_bytes;
-        burst(&mut p, 400);
-        let st = p.rcv.stats().clone();
-        assert!(st.rq_grows > 0, "the burst never grew the RQ: {st:?}");
-        // The eager sends among the 16 in flight ran the queue dry in bursts: it grew (how far
-        // depends on how many went eagerly; the others went straight into their buffers and
-        // need no bounce buffer).
-        assert!(st.rq_depth > 2, "{st:?}");
-        assert!(st.pinned_bytes > idle_pinned);
-        assert_eq!(
-            p.rnr_naks, 0,
-            "credits on: growth never sent without a posted WR"
-        );
-        assert_eq!(st.pool_exhausted, 0);
-        // Idle: the depth shrinks a batch per 5 ms; buffers come back as messages consume the
-        // ones above the depth (a posted WR cannot be taken back).
-        // 40 rounds: more than the WRs posted at full depth, so every pool buffer is consumed
-        // once more and can come back.
-        for round in 0..40u64 {
-            p.now += 6_000_000;
-            let r = p.irecv(&[(0, 256, 0)]).unwrap();
-            let s = p.isend(0, &pattern(round, 10), 0).unwrap();
-            p.wait_recv(r).unwrap();
-            p.wait_send(s).unwrap();
-        }
-        let st = p.rcv.stats().clone();
-        assert!(st.rq_shrinks > 0, "{st:?}");
-        assert_eq!(st.rq_depth, 2, "back to the minimum: {st:?}");
-        assert_eq!(p.pool.len(), 64, "every pool buffer went back");
-        assert_eq!(st.pinned_bytes, idle_pinned, "pinned as when idle at first");
-        assert_eq!(p.rnr_naks, 0);
-    }
-
-    #[test]
-    fn credits_off_a_slow_receiver_grows_its_queue_and_meets_fewer_rnr_naks() {
-        // Receives posted ahead, the receiver polls once per sweep of 200 steps: each burst of
-        // 32 sends drains its queue between sweeps and the sender meets RNR. A poll that finds
-        // its queue emptied grows it (re-posting waits for the end of the poll), so later
-        // bursts fit.
-        let mut cfg = adaptive(2, 64, 128);
-        cfg.credits = false;
-        let mut p = Pair::new(cfg, Knobs::default());
-        let mut rnr = Vec::new();
-        for round in 0..4u64 {
-            let before = p.rnr_naks;
-            let recvs: Vec<ReqId> = (0..32u64)
-                .map(|k| p.irecv(&[(k * 512, 512, 0)]).unwrap())
-                .collect();
-            p.drive_until(1000, |p| p.snd.expected_cts() == (round + 1) * 32);
-            p.knobs.recv_idle = true;
-            let sends: Vec<ReqId> = (0..32u64)
-                .map(|k| p.isend(k * 512, &pattern(round * 32 + k, 300), 0).unwrap())
-                .collect();
-            let mut left = sends.clone();
-            for _sweep in 0..10_000 {
-                for _ in 0..200 {
-                    p.step();
-                }
-                p.knobs.recv_idle = false;
-                p.step();
-                p.knobs.recv_idle = true;
-                left.retain(|&id| p.snd.test(id).unwrap().is_none());
-                if left.is_empty() {
-                    break;
-                }
-            }
-            assert!(left.is_empty(), "round {round}: sends never completed");
-            p.knobs.recv_idle = false;
-            for (k, r) in recvs.into_iter().enumerate() {
-                assert_eq!(p.wait_recv(r).unwrap(), vec![300]);
-                assert_eq!(
-                    p.received(k as u64 * 512, 300),
-                    pattern(round * 32 + k as u64, 300)
-                );
-            }
-            rnr.push(p.rnr_naks - before);
-        }
-        let st = p.rcv.stats().clone();
-        assert!(st.rq_grows > 0 && st.rq_depth >= 32, "{st:?}");
-        assert!(rnr[0] > 0, "the first burst met RNR: {rnr:?}");
-        assert!(rnr[3] < rnr[0], "a deeper queue, fewer RNR NAKs: {rnr:?}");
-    }
-
-    #[test]
-    fn an_exhausted_pool_means_credit_waits_never_rnr() {
-        // A pool of 2 buffers: the RQ can grow from 2 to 4 at most.
-        let mut p = Pair::new(adaptive(2, 32, 2), bursty());
-        burst(&mut p, 200);
-        let st = p.rcv.stats().clone();
-        assert!(st.pool_exhausted > 0, "{st:?}");
-        assert!(st.rq_depth <= 32);
-        assert_eq!(
-            p.rnr_naks, 0,
-            "credits on: an exhausted pool stalls, it does not RNR"
-        );
-        assert!(p.snd.stats().credit_stalls > 0);
-        assert!(p.pool.is_empty());
-    }
-
-    #[test]
-    fn fixed_depth_never_touches_the_pool() {
-        let mut p = Pair::new(PairCfg::default(), Knobs::default());
-        burst(&mut p, 300);
-        let st = p.rcv.stats().clone();
-        assert_eq!((st.rq_grows, st.rq_shrinks, st.pool_exhausted), (0, 0, 0));
-        assert_eq!(st.rq_depth, 16);
-        assert_eq!(p.pool.len(), 256);
-    }
-}
+mod tests;

@@ -61,6 +61,8 @@
 pub const MAX_RECVS: usize = 8;
 /// Bytes of the eager header.
 pub const EAGER_HDR_LEN: usize = 32;
+/// Offset of a CTS entry's tail sequence word (the head one is at 0).
+pub const CTS_TAIL_SEQ: usize = CTS_ENTRY_LEN - 8;
 /// Bytes of one CTS entry.
 pub const CTS_ENTRY_LEN: usize = 256;
 /// Record slots per receive comm: at least the receive request limit, so a slot is free again
@@ -196,7 +198,7 @@ impl CtsEntry {
             b[o + 16..o + 20].copy_from_slice(&buf.rkey.to_le_bytes());
             b[o + 20..o + 24].copy_from_slice(&buf.tag.to_le_bytes());
         }
-        b[248..256].copy_from_slice(&seq.to_le_bytes());
+        b[CTS_TAIL_SEQ..CTS_ENTRY_LEN].copy_from_slice(&seq.to_le_bytes());
         b
     }
 
@@ -205,27 +207,42 @@ impl CtsEntry {
         Some(u64::from_le_bytes(b.get(0..8)?.try_into().ok()?))
     }
 
+    /// What a slot's two sequence words (`head` at offset 0, `tail` at [`CTS_TAIL_SEQ`]) say
+    /// about the entry of receive `expect_r`: `Ok(true)` both name it (the whole entry has
+    /// landed: decode it), `Ok(false)` not (fully) written yet (nothing, an older lap's entry,
+    /// or only its head so far), `Err` a slot that holds something else (corrupt). The same
+    /// decision [`CtsEntry::decode`] makes first, so a reader may look at the two words alone
+    /// before it copies the whole entry.
+    pub fn landed(head: u64, tail: u64, expect_r: u64) -> Result<bool, String> {
+        let want = expect_r.wrapping_add(1);
+        if head == want && tail == want {
+            return Ok(true);
+        }
+        // An older lap's entry (or nothing yet): not ready. Anything else is corrupt.
+        let stale = |v: u64| v == 0 || want.wrapping_sub(v) < (1 << 62);
+        if (stale(head) && stale(tail)) || head == want {
+            // (head == want: the tail has not landed yet)
+            return Ok(false);
+        }
+        Err(format!(
+            "CTS slot holds sequence {head}/{tail}, expected {want}"
+        ))
+    }
+
     /// Parses an entry that should hold receive `expect_r`. `Ok(None)`: not (fully) written yet.
     /// `Err`: a complete entry that is not the expected one or is malformed.
     pub fn decode(b: &[u8], expect_r: u64) -> Result<Option<CtsEntry>, String> {
         if b.len() < CTS_ENTRY_LEN {
             return Err(format!("CTS entry of {} bytes", b.len()));
         }
-        let want = expect_r.wrapping_add(1);
         let head = u64::from_le_bytes(b[0..8].try_into().unwrap_or_default());
-        let tail = u64::from_le_bytes(b[248..256].try_into().unwrap_or_default());
-        if head != want || tail != want {
-            // An older lap's entry (or nothing yet): not ready. Anything else is corrupt.
-            let stale = |v: u64| v == 0 || want.wrapping_sub(v) < (1 << 62);
-            if stale(head) && stale(tail) {
-                return Ok(None);
-            }
-            if head == want {
-                return Ok(None); // tail not landed yet
-            }
-            return Err(format!(
-                "CTS slot holds sequence {head}/{tail}, expected {want}"
-            ));
+        let tail = u64::from_le_bytes(
+            b[CTS_TAIL_SEQ..CTS_ENTRY_LEN]
+                .try_into()
+                .unwrap_or_default(),
+        );
+        if !CtsEntry::landed(head, tail, expect_r)? {
+            return Ok(None);
         }
         let n = u32::from_le_bytes(b[24..28].try_into().unwrap_or_default());
         if n == 0 || n as usize > MAX_RECVS {
@@ -377,6 +394,28 @@ mod tests {
         let mut badn = b;
         badn[24..28].copy_from_slice(&9u32.to_le_bytes());
         assert!(CtsEntry::decode(&badn, 41).is_err());
+        // The two sequence words alone decide "landed" as decode does (a reader looks at them
+        // before it copies the entry).
+        let words = |e: &[u8; CTS_ENTRY_LEN]| {
+            let w = |o: usize| u64::from_le_bytes(e[o..o + 8].try_into().unwrap());
+            (w(0), w(CTS_TAIL_SEQ))
+        };
+        for (entry, r, landed) in [
+            (b, 41, Ok(true)),
+            (b, 41 + 512, Ok(false)),
+            ([0u8; CTS_ENTRY_LEN], 0, Ok(false)),
+            (torn, 41, Ok(false)),
+        ] {
+            let (head, tail) = words(&entry);
+            assert_eq!(CtsEntry::landed(head, tail, r), landed, "receive {r}");
+            assert_eq!(
+                CtsEntry::decode(&entry, r).map(|o| o.is_some()),
+                landed,
+                "decode agrees for receive {r}"
+            );
+        }
+        let (head, tail) = words(&b);
+        assert!(CtsEntry::landed(head, tail, 30).is_err(), "overrun");
     }
 
     #[test]

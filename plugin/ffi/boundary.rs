@@ -93,8 +93,8 @@ impl Opaque for NetComm {}
 impl Opaque for ListenComm {}
 /// `mhandle`: boxed by `regMr`, released by `deregMr`.
 impl Opaque for MrHandle {}
-/// `request`: lives inside its comm (handed out by `isend`/`irecv`/`iflush`, never freed by
-/// NCCL), valid while the comm is open.
+/// `request`: one of its API comm's request handles (handed out by `isend`/`irecv`/`iflush`,
+/// never freed by NCCL), valid while the comm is open.
 impl Opaque for ReqHandle {}
 /// `ctx` (v11+): one `Arc` reference made by `init`, released by `finalize`.
 impl Opaque for Context {}

@@ -25,8 +25,7 @@ use super::boundary::{
     self, arc_into_raw, arg, array, entry, from_raw, handle, into_raw, optional, out,
 };
 use crate::api::{
-    self, Class, CommPtr, Context, Error, InitArgs, ListenComm, MrHandle, NetComm, Op, ReqHandle,
-    SendComm,
+    self, Class, Context, Error, InitArgs, ListenComm, MrHandle, NetComm, Op, ReqHandle, SendComm,
 };
 use crate::engine::wire::MAX_RECVS;
 use crate::mem::Region;
@@ -457,19 +456,8 @@ entry! {
     fn test(request: *mut c_void, done: *mut c_int, sizes: *mut c_int) as "test", Op::Test {
         let h: &ReqHandle = arg!(request, "request");
         let done = out!(done, "done");
-        let orphan = || Error::new(OP, Class::Internal, "request without comm");
-        // The handle lives inside its comm, which NCCL keeps open while testing; the handle
-        // says which kind of comm that is.
-        let r = match h.comm() {
-            CommPtr::Send(p) => {
-                // SAFETY: p is NULL or the live send comm that owns h (above).
-                api::test(h, unsafe { p.as_ref() }.ok_or_else(orphan)?)
-            }
-            CommPtr::Recv(p) => {
-                // SAFETY: p is NULL or the live receive comm that owns h (above).
-                api::test(h, unsafe { p.as_ref() }.ok_or_else(orphan)?)
-            }
-        }?;
+        // The handle holds its comm, which NCCL keeps open while testing.
+        let r = api::test(h)?;
         if let (Some(v), false) = (&r, sizes.is_null()) {
             // NCCL passes room for the request's sizes: 1 for a send, n for a grouped receive.
             let out = array!(mut sizes, v.len(), "sizes");

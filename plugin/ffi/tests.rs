@@ -68,7 +68,7 @@ fn close_frees_the_registrations_a_caller_left_behind() {
     let p = setup();
     let bufs: Vec<Vec<u8>> = (0..5).map(|_| vec![0u8; 4096]).collect();
     let live = |b: &Vec<u8>| {
-        crate::comm::LIVE_MR_ADDRS
+        crate::api::LIVE_MR_ADDRS
             .lock()
             .unwrap()
             .contains(&(b.as_ptr() as u64))

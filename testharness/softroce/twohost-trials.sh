@@ -4,14 +4,19 @@
 # the results go into docs/troubleshooting.md ("A peer host or its link goes silent").
 #
 # usage: testharness/softroce/twohost-trials.sh [TRIAL...]
-#   default: loss5 mtu kill9_eager cut_eager cut_rdv linkdown_eager linkdown_rdv poweroff_rdv
+#   default: loss5 mtu kill9_eager cut_eager cut_rdv kill9_retry cut_retry linkdown_eager
+#            linkdown_rdv poweroff_rdv
 #   (poweroff_* ends vm-b, so it must be last; run poweroff_eager in a second call)
 # env:   TRIALS_LOGS (default target/twohost-trials), TRIALS_CAP (seconds a survivor may wait
 #        for its error before the trial counts as a hang, default 90), VERBSNET_* as usual.
 #
 # Every trial runs verbsnet-perf sendrecv between rank 0 on vm-a (the survivor, whose clock
 # times the trial) and rank 1 on vm-b, with eager (4 KiB, under VERBSNET_EAGER_LIMIT) or
-# rendezvous (1 MiB) messages, many iterations, then injects at t0, once traffic flows:
+# rendezvous (1 MiB) messages, many iterations, then injects at t0, once traffic flows.
+# The *_retry trials run `stream` instead (rank 0 sends 4 KiB messages, rank 1 receives) with
+# rank 1 stalling after 200 messages (`--debug-stall-recv-after`: alive, comms open, no more
+# calls), so at t0 rank 0's isend is answering "retry later" with nothing in flight (issue 19:
+# that isend must still learn of the peer's death or a cut wire):
 #   cut_*       vm-a drops every frame on its NIC both ways (tc: netem loss 100% egress,
 #               matchall drop ingress): the wire is cut, nobody is told
 #   linkdown_*  vm-b sets its NIC down (`ip link set eth0 down`): vm-a is told nothing
@@ -49,9 +54,11 @@ if [ "${1:-}" = --guest ]; then
     export NCCL_NET_PLUGIN=$PLUGIN_SO VERBSNET_DEBUG=${VERBSNET_DEBUG:-info}
     for trial in "$@"; do
         port=$((port + 1))
+        mode=sendrecv
         case $trial in
             *_eager) size=(-b 4K -e 4K -n 1000000 -w 1) ;;
             *_rdv) size=(-b 1M -e 1M -n 100000 -w 1) ;;
+            *_retry) mode=stream size=(-b 4K -e 4K -n 1000000 -w 1 --debug-stall-recv-after 200) ;;
             loss5) size=(-b 8 -e 1M -f 8 -n 3 -w 1) ;;
             mtu) size=(-b 8 -e 256K -f 8 -n 2 -w 1) ;;
             *) echo "twohost-trials: unknown trial $trial" >&2; exit 2 ;;
@@ -64,7 +71,7 @@ if [ "${1:-}" = --guest ]; then
         barrier "$trial.start" || { echo "twohost-trials: vm-$role: no peer at $trial" >&2; exit 1; }
         log=$logs/$trial.$role.log
         r=0; [ "$role" = b ] && r=1
-        "$PERF_BIN" sendrecv "${size[@]}" --transport ib --rank $r --nranks 2 \
+        "$PERF_BIN" "$mode" "${size[@]}" --transport ib --rank $r --nranks 2 \
             --master "192.0.2.1:$port" > "$log" 2>&1 &
         pid=$!
         if [ "$role" = a ]; then
@@ -153,7 +160,7 @@ mkdir -p "$logs"
 logs=$(cd "$logs" && pwd)
 rm -f "$logs"/*.log "$logs"/.barrier.* "$logs"/.fault.*
 trials=("$@")
-[ ${#trials[@]} -gt 0 ] || trials=(loss5 mtu kill9_eager cut_eager cut_rdv linkdown_eager linkdown_rdv poweroff_rdv)
+[ ${#trials[@]} -gt 0 ] || trials=(loss5 mtu kill9_eager cut_eager cut_rdv kill9_retry cut_retry linkdown_eager linkdown_rdv poweroff_rdv)
 cargo build --release --workspace
 printf 'PLUGIN_SO=%q\nPERF_BIN=%q\n' "$ROOT/target/release/libnccl-net-verbsnet.so" \
     "$ROOT/target/release/verbsnet-perf" > "$logs/manifest.env"

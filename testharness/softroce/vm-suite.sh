@@ -34,7 +34,8 @@
 #                        two v11 communicators finalized in turn (the one with trafficClass 106
 #                        shows "traffic class 106" in its connections' INFO lines)
 #      explorer          tests/explorer.rs over ib: the contract explorer through the v12 table
-#                        (VM_EXPLORER_CASES sequences, default 100); its "explorer[...]: N
+#                        (VM_EXPLORER_CASES sequences, default 60; VM_EXPLORER_DEATH_CASES of the
+#                        peer-death profile, default 8); its "explorer[...]: N
 #                        sequences, M calls ... transport ib" line
 #      liveness          tests/liveness.rs over ib: issue 19's receive-all-then-spin-sends
 #                        pattern, peer death and close bounds
@@ -167,10 +168,12 @@ if [ "${1:-}" = --guest ]; then
         done
     fi
     # the contract explorer through the v12 table over ib (issue 19); rxe under QEMU is slow,
-    # so fewer sequences than on the host (VM_EXPLORER_CASES)
+    # so fewer sequences than on the host (VM_EXPLORER_CASES; the death profile waits out its
+    # 5 s bound in each sequence: VM_EXPLORER_DEATH_CASES)
     if [ -n "${BIN_explorer:-}" ]; then
         test_step explorer "$BIN_explorer" RUST_TEST_THREADS=1 VERBSNET_TEST_TRANSPORT=ib \
-            VERBSNET_EXPLORER_CASES="${VM_EXPLORER_CASES:-100}"
+            VERBSNET_EXPLORER_CASES="${VM_EXPLORER_CASES:-60}" \
+            VERBSNET_EXPLORER_CASES_DEATH="${VM_EXPLORER_DEATH_CASES:-8}"
         grep -qE 'explorer\[[a-z]+\]: [0-9]+ sequences, [0-9]+ calls .*transport ib' "$logs/explorer.log" \
             || fail explorer "no 'explorer[...]: N sequences, M calls ... transport ib' line in explorer.log"
     fi

@@ -6,6 +6,10 @@ use clap::{Parser, ValueEnum};
 
 use crate::data::{DataType, RedOp};
 
+/// `NCCL_NET_MAX_REQUESTS`: the most requests NCCL keeps outstanding per comm (v7+; v6 had 8),
+/// so the largest `--window`.
+pub const MAX_REQUESTS: usize = nccl_net_verbsnet::ffi::abi::NCCL_NET_MAX_REQUESTS as usize;
+
 /// The collective to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Collective {
@@ -28,6 +32,12 @@ pub enum Collective {
     /// `--shared-comms K`, K local senders share each connection (NCCL_NET_SHARED_COMMS).
     #[value(name = "alltoall", alias = "all_to_all", alias = "all-to-all")]
     Alltoall,
+    /// Point-to-point stream between 2 ranks, like perftest's `ib_send_bw`: rank 0 sends, rank
+    /// 1 receives, `--window` messages in flight; `--bidir`: both ranks send and receive.
+    Stream,
+    /// Point-to-point ping-pong between 2 ranks, like perftest's `ib_send_lat`: rank 0 sends,
+    /// rank 1 echoes; one-way latency = round trip / 2.
+    Latency,
 }
 
 impl Collective {
@@ -39,7 +49,15 @@ impl Collective {
             Collective::ReduceScatter => "reduce_scatter",
             Collective::Sendrecv => "sendrecv",
             Collective::Alltoall => "alltoall",
+            Collective::Stream => "stream",
+            Collective::Latency => "latency",
         }
+    }
+
+    /// Whether this is one of the point-to-point modes ([`Collective::Stream`],
+    /// [`Collective::Latency`]): 2 ranks, perftest-shaped output, no collective data layout.
+    pub fn is_p2p(self) -> bool {
+        matches!(self, Collective::Stream | Collective::Latency)
     }
 
     /// Whether the `redop` column (and `-o`) applies.
@@ -49,7 +67,8 @@ impl Collective {
 
     /// busbw = algbw × factor (nccl-tests' PERFORMANCE.md): 2(n-1)/n for all-reduce, (n-1)/n for
     /// all-gather, reduce-scatter (whose size is the total over ranks) and alltoall (size: the
-    /// bytes each rank sends, its own block included), 1 for sendrecv.
+    /// bytes each rank sends, its own block included), 1 for sendrecv (and the point-to-point
+    /// modes, which print no busbw).
     pub fn busbw_factor(self, nranks: usize) -> f64 {
         let n = nranks as f64;
         match self {
@@ -57,7 +76,7 @@ impl Collective {
             Collective::AllGather | Collective::ReduceScatter | Collective::Alltoall => {
                 (n - 1.0) / n
             }
-            Collective::Sendrecv => 1.0,
+            Collective::Sendrecv | Collective::Stream | Collective::Latency => 1.0,
         }
     }
 }
@@ -172,18 +191,15 @@ pub struct Args {
     #[arg(short = 'i', long = "stepbytes", value_name = "SIZE", value_parser = parse_size)]
     pub step_bytes: Option<u64>,
 
-    /// Timed iterations per size.
-    #[arg(short = 'n', long = "iters", value_name = "N", default_value_t = 20)]
-    pub iters: u32,
+    /// Timed iterations per size [default: 20; stream and latency: 1000 messages or round
+    /// trips].
+    #[arg(short = 'n', long = "iters", value_name = "N")]
+    pub iters_arg: Option<u32>,
 
-    /// Untimed warm-up iterations per size.
-    #[arg(
-        short = 'w',
-        long = "warmup_iters",
-        value_name = "N",
-        default_value_t = 1
-    )]
-    pub warmup_iters: u32,
+    /// Untimed warm-up iterations per size [default: 1; stream and latency: iters / 10, at
+    /// least the window].
+    #[arg(short = 'w', long = "warmup_iters", value_name = "N")]
+    pub warmup_arg: Option<u32>,
 
     /// Data-checked iterations per size (0 = no check).
     #[arg(short = 'c', long = "check", value_name = "N", default_value_t = 1)]
@@ -196,6 +212,25 @@ pub struct Args {
     /// Element type.
     #[arg(short = 'd', long = "datatype", value_enum, default_value_t = DataType::Float)]
     pub datatype: DataType,
+
+    /// stream: messages in flight per direction (sends posted ahead of their completions, and
+    /// receives posted ahead, each on its own registered slot, as NCCL's proxy posts a step per
+    /// slot); latency: receives posted ahead. At most NCCL_NET_MAX_REQUESTS (32; 8 for a v6
+    /// table) [default: stream 32, latency 8 (NCCL_STEPS)].
+    #[arg(short = 'W', long, value_name = "N")]
+    pub window: Option<usize>,
+
+    /// stream: both ranks send and receive at once (perftest's `-b`); the bandwidth printed is
+    /// the sum of both directions, as perftest prints it.
+    #[arg(long)]
+    pub bidir: bool,
+
+    /// Idle passes of the proxy loop spent spinning (no system call) before it yields the core
+    /// (perftest's loops never yield). 0: yield at once, the best choice where ranks share
+    /// cores with each other or other work, and on soft-RoCE (rxe progresses in kernel threads
+    /// a spinning rank starves). Not alltoall, which always yields.
+    #[arg(long, value_name = "PASSES", default_value_t = 0)]
+    pub spin: u32,
 
     /// Bytes per proxy slot (NCCL SIMPLE step: NCCL_BUFFSIZE 4 MiB / 8 steps).
     #[arg(long, value_name = "SIZE", default_value = "512K", value_parser = parse_size)]
@@ -274,6 +309,13 @@ pub struct Args {
     /// Test hook: this rank fails at start-up (before the rendezvous).
     #[arg(long, hide = true)]
     pub debug_fail_rank: Option<usize>,
+
+    /// Fault trials (`stream`, `latency`): after this many messages received, the receiving
+    /// end stops calling the plugin for good (the process stays alive, its comms open): the
+    /// peer's `isend` then answers "retry later", waiting for receives that never come, until
+    /// the peer is killed or cut off (`testharness/softroce/twohost-trials.sh`, `*_retry`).
+    #[arg(long, hide = true, value_name = "MESSAGES")]
+    pub debug_stall_recv_after: Option<u64>,
 }
 
 impl Args {
@@ -309,8 +351,36 @@ impl Args {
                 return Err(format!("rank {r} is not below nranks {n}"));
             }
         }
-        if self.iters == 0 {
+        if self.iters() == 0 {
             return Err("iters must be positive".into());
+        }
+        if self.collective.is_p2p() {
+            if self.ranks.or(self.nranks).is_some_and(|n| n != 2) {
+                return Err(format!(
+                    "{} runs between exactly 2 ranks (rank 0 and rank 1)",
+                    self.collective
+                ));
+            }
+            if let Some(w) = self.window {
+                if !(1..=MAX_REQUESTS).contains(&w) {
+                    return Err(format!(
+                        "--window must be 1..={MAX_REQUESTS} (NCCL_NET_MAX_REQUESTS: the most \
+                         requests NCCL keeps per comm), not {w}"
+                    ));
+                }
+            }
+            if self.bidir && self.collective != Collective::Stream {
+                return Err("--bidir applies to stream only".into());
+            }
+            if self.proxy != Proxy::Eager {
+                return Err(format!(
+                    "--proxy applies to the collectives; {} calls the plugin as NCCL's proxy \
+                     does for one point-to-point connection",
+                    self.collective
+                ));
+            }
+        } else if self.window.is_some() || self.bidir {
+            return Err("--window and --bidir apply to stream and latency only".into());
         }
         if !(1..=8).contains(&self.shared_comms) {
             return Err(format!(
@@ -321,10 +391,38 @@ impl Args {
         if self.shared_comms > 1 && self.collective != Collective::Alltoall {
             return Err("--shared-comms applies to alltoall only".into());
         }
-        if self.baseline.is_some() && self.collective == Collective::Alltoall {
-            return Err("--baseline streams ring links; alltoall has no ring".into());
+        if self.baseline.is_some()
+            && (self.collective == Collective::Alltoall || self.collective.is_p2p())
+        {
+            return Err(format!(
+                "--baseline streams ring links; {} has no ring",
+                self.collective
+            ));
         }
         Ok(())
+    }
+
+    /// Timed iterations per size (`-n`, or the mode's default).
+    pub fn iters(&self) -> u32 {
+        self.iters_arg
+            .unwrap_or(if self.collective.is_p2p() { 1000 } else { 20 })
+    }
+
+    /// Untimed warm-up iterations per size (`-w`, or the mode's default).
+    pub fn warmup_iters(&self) -> u32 {
+        self.warmup_arg.unwrap_or(if self.collective.is_p2p() {
+            (self.iters() / 10).max(self.window() as u32)
+        } else {
+            1
+        })
+    }
+
+    /// The point-to-point window (`-W`, or the mode's default).
+    pub fn window(&self) -> usize {
+        self.window.unwrap_or(match self.collective {
+            Collective::Stream => MAX_REQUESTS,
+            _ => crate::coll::SLOTS,
+        })
     }
 
     /// The effective largest size.
@@ -449,8 +547,8 @@ mod tests {
         let a = Args::try_parse_from(["verbsnet-perf", "all_reduce"]).unwrap();
         assert_eq!(a.min_bytes, 32 << 20);
         assert_eq!(a.max_bytes(), 32 << 20);
-        assert_eq!(a.iters, 20);
-        assert_eq!(a.warmup_iters, 1);
+        assert_eq!(a.iters(), 20);
+        assert_eq!(a.warmup_iters(), 1);
         assert_eq!(a.check, 1);
         assert_eq!(a.op, RedOp::Sum);
         assert_eq!(a.datatype, DataType::Float);
@@ -507,6 +605,22 @@ mod tests {
         let a = Args::try_parse_from(["x", "allreduce", "-d", "int32", "-o", "prod"]).unwrap();
         assert_eq!(a.collective, Collective::AllReduce);
         assert_eq!(a.datatype, DataType::Int32);
+    }
+
+    #[test]
+    fn point_to_point_defaults_follow_perftest_and_nccl() {
+        let a = Args::try_parse_from(["x", "stream"]).unwrap();
+        assert_eq!(
+            (a.iters(), a.warmup_iters(), a.window(), a.spin),
+            (1000, 100, 32, 0)
+        );
+        assert!(a.validate().is_ok());
+        let a = Args::try_parse_from(["x", "latency", "-n", "50"]).unwrap();
+        assert_eq!((a.iters(), a.warmup_iters(), a.window()), (50, 8, 8));
+        let a = Args::try_parse_from(["x", "stream", "-n", "10", "-w", "0", "-W", "4"]).unwrap();
+        assert_eq!((a.iters(), a.warmup_iters(), a.window()), (10, 0, 4));
+        let a = Args::try_parse_from(["x", "sendrecv", "--spin", "7"]).unwrap();
+        assert_eq!((a.iters(), a.warmup_iters(), a.spin), (20, 1, 7));
     }
 
     #[test]

@@ -12,6 +12,8 @@
 //! - [`deviations`]: what a plugin did against the contract that NCCL does not depend on.
 //! - [`mesh`]: alltoall over a full mesh of connections, shared by several senders with their
 //!   own tags (NCCL_NET_SHARED_COMMS) when the plugin's `maxRecvs` allows.
+//! - [`p2p`]: the proxy of the point-to-point modes (`stream`, `latency`: perftest-shaped, 2
+//!   ranks).
 //! - [`perf`]: one rank's benchmark loop; [`launcher`]: `--ranks N` local mode.
 //! - [`report`] and [`stats`]: the table, JSON and plugin counters; [`cputime`]: CPU time and
 //!   run-queue wait of a measurement.
@@ -30,6 +32,7 @@ pub mod doctor;
 pub mod fdpass;
 pub mod launcher;
 pub mod mesh;
+pub mod p2p;
 pub mod perf;
 pub mod plugin;
 pub mod report;

@@ -27,6 +27,10 @@ pub struct RankStats {
     pub bad_lines: usize,
     /// Sum of each numeric field over all records.
     pub totals: BTreeMap<String, f64>,
+    /// The same sums over the send comms' records only (`"side": "send"`).
+    pub send_totals: BTreeMap<String, f64>,
+    /// The same sums over the receive comms' records only (`"side": "recv"`).
+    pub recv_totals: BTreeMap<String, f64>,
     /// Records per communicator (`"comm_id"`, written by the plugin for ncclNet v11/v12).
     pub comm_ids: BTreeMap<String, usize>,
     /// The file read.
@@ -78,7 +82,25 @@ impl RankStats {
                 continue;
             }
             *self.totals.entry(k.clone()).or_insert(0.0) += x;
+            let per_side = match side {
+                Some("send") => Some(&mut self.send_totals),
+                Some("recv") => Some(&mut self.recv_totals),
+                _ => None,
+            };
+            if let Some(t) = per_side {
+                *t.entry(k.clone()).or_insert(0.0) += x;
+            }
         }
+    }
+
+    /// A counter summed over the send comms (0 when absent).
+    pub fn send(&self, name: &str) -> f64 {
+        self.send_totals.get(name).copied().unwrap_or(0.0)
+    }
+
+    /// A counter summed over the receive comms (0 when absent).
+    pub fn recv(&self, name: &str) -> f64 {
+        self.recv_totals.get(name).copied().unwrap_or(0.0)
     }
 
     /// As sent over the bootstrap and printed by `--json`.
@@ -91,6 +113,8 @@ impl RankStats {
             "recv_records": self.recv_records,
             "bad_lines": self.bad_lines,
             "totals": self.totals,
+            "send_totals": self.send_totals,
+            "recv_totals": self.recv_totals,
             "comm_ids": self.comm_ids,
         })
     }
@@ -112,6 +136,8 @@ impl RankStats {
                 .filter_map(|(k, x)| Some((k.clone(), x.as_f64()?)))
                 .collect(),
             // absent in output of older harness builds
+            send_totals: side_totals(v, "send_totals"),
+            recv_totals: side_totals(v, "recv_totals"),
             comm_ids: v
                 .get("comm_ids")
                 .and_then(Value::as_object)
@@ -123,6 +149,215 @@ impl RankStats {
                 .unwrap_or_default(),
         })
     }
+}
+
+/// Send-side WRs posted (data, CTS and credit writes), when the plugin counts them itself.
+pub const SQ_WRS_POSTED: &str = "sq_wrs_posted";
+/// Send-side post calls (`ibv_post_send`), when the plugin counts them itself.
+pub const SQ_POST_CALLS: &str = "sq_post_calls";
+/// Completions polled (work completions handed out by `ibv_poll_cq`), when the plugin counts
+/// them itself.
+pub const WCS_POLLED: &str = "wcs_polled";
+
+/// The plugin's work on one rank (or per message, see [`Work::per`]), from its counters.
+///
+/// - `send_wrs`: WRs posted on send queues: each message's data WR (an eager SEND or a
+///   rendezvous WRITE_WITH_IMM, counted by the send comm as `eager` + `rendezvous`) plus the
+///   receive comm's RDMA WRITEs of clear-to-send entries (`cts`) and credit words
+///   (`credit_msgs`); the plugin's own [`SQ_WRS_POSTED`] instead when it reports one.
+/// - `recv_wrs`: receive WRs posted (`rq_wrs_posted`, zero-length ones included).
+/// - `post_calls`: `rq_post_calls` plus the send-side post calls ([`SQ_POST_CALLS`]); where
+///   the plugin does not report those, one per send-side WR (an upper bound: a comm posts the
+///   WRs one plugin call produces in one call).
+/// - `completions`: completions polled ([`WCS_POLLED`]); where not reported, derived as one
+///   per send-side WR (verbsnet signals every one) plus one per arrived message (each
+///   consumes a receive WR).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Work {
+    /// Send-side WRs posted.
+    pub send_wrs: f64,
+    /// Receive WRs posted.
+    pub recv_wrs: f64,
+    /// Post calls, send and receive side.
+    pub post_calls: f64,
+    /// Completions polled.
+    pub completions: f64,
+    /// Whether the plugin reported its send-side WRs ([`SQ_WRS_POSTED`]).
+    pub send_wrs_reported: bool,
+    /// Whether the plugin reported its send-side post calls ([`SQ_POST_CALLS`]).
+    pub post_calls_reported: bool,
+    /// Whether the plugin reported its completions ([`WCS_POLLED`]).
+    pub completions_reported: bool,
+}
+
+impl Work {
+    /// The totals of one rank's comms.
+    pub fn of(r: &RankStats) -> Work {
+        let has = |k: &str| r.totals.contains_key(k);
+        let total = |k: &str| r.totals.get(k).copied().unwrap_or(0.0);
+        let send_wrs_reported = has(SQ_WRS_POSTED);
+        let send_wrs = if send_wrs_reported {
+            total(SQ_WRS_POSTED)
+        } else {
+            r.send("eager") + r.send("rendezvous") + r.recv("cts") + r.recv("credit_msgs")
+        };
+        let post_calls_reported = has(SQ_POST_CALLS);
+        let send_posts = if post_calls_reported {
+            total(SQ_POST_CALLS)
+        } else {
+            send_wrs
+        };
+        let completions_reported = has(WCS_POLLED);
+        let completions = if completions_reported {
+            total(WCS_POLLED)
+        } else {
+            send_wrs + r.recv("eager") + r.recv("rendezvous")
+        };
+        Work {
+            send_wrs,
+            recv_wrs: r.recv("rq_wrs_posted"),
+            post_calls: send_posts + r.recv("rq_post_calls"),
+            completions,
+            send_wrs_reported,
+            post_calls_reported,
+            completions_reported,
+        }
+    }
+
+    /// WRs posted, send and receive side.
+    pub fn wrs(&self) -> f64 {
+        self.send_wrs + self.recv_wrs
+    }
+
+    /// Divided by `messages` (0 stays 0).
+    pub fn per(self, messages: u64) -> Work {
+        let d = if messages == 0 {
+            0.0
+        } else {
+            1.0 / messages as f64
+        };
+        Work {
+            send_wrs: self.send_wrs * d,
+            recv_wrs: self.recv_wrs * d,
+            post_calls: self.post_calls * d,
+            completions: self.completions * d,
+            ..self
+        }
+    }
+
+    /// Both sides together (reported only where both reported).
+    pub fn plus(self, o: Work) -> Work {
+        Work {
+            send_wrs: self.send_wrs + o.send_wrs,
+            recv_wrs: self.recv_wrs + o.recv_wrs,
+            post_calls: self.post_calls + o.post_calls,
+            completions: self.completions + o.completions,
+            send_wrs_reported: self.send_wrs_reported && o.send_wrs_reported,
+            post_calls_reported: self.post_calls_reported && o.post_calls_reported,
+            completions_reported: self.completions_reported && o.completions_reported,
+        }
+    }
+
+    /// As `--json` prints it.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "wrs_posted": self.wrs(),
+            "send_wrs": self.send_wrs,
+            "recv_wrs": self.recv_wrs,
+            "post_calls": self.post_calls,
+            "completions": self.completions,
+            "send_wrs_reported": self.send_wrs_reported,
+            "post_calls_reported": self.post_calls_reported,
+            "completions_reported": self.completions_reported,
+        })
+    }
+}
+
+/// The per-message table of `--stats` in the point-to-point modes: one column per rank with
+/// records, then both together; `messages` is the number of messages the run moved (each
+/// counted once, whichever rank sent it). Lines start with `#`.
+pub fn format_work(ranks: &[RankStats], messages: u64) -> String {
+    let with: Vec<&RankStats> = ranks.iter().filter(|r| r.records > 0).collect();
+    if with.is_empty() {
+        return String::new();
+    }
+    let per: Vec<Work> = with.iter().map(|r| Work::of(r).per(messages)).collect();
+    let both = per.iter().copied().fold(
+        Work {
+            send_wrs_reported: true,
+            post_calls_reported: true,
+            completions_reported: true,
+            ..Work::default()
+        },
+        Work::plus,
+    );
+    let mut out = format!(
+        "#\n# Work per message (the counters above / {messages} messages moved in the run, \
+         warm-up and checks included; docs/performance.md, \"How to measure\")\n"
+    );
+    out.push_str(&format!("# {:<20}", "per message"));
+    for r in &with {
+        out.push_str(&format!(" {:>9}", format!("rank {}", r.rank)));
+    }
+    out.push_str(&format!(" {:>9}\n", "both"));
+    let note = |reported: bool, what: &str| {
+        if reported {
+            String::new()
+        } else {
+            format!("  ({what})")
+        }
+    };
+    let mut line = |name: &str, f: fn(&Work) -> f64, why: String| {
+        out.push_str(&format!("# {name:<20}"));
+        for w in &per {
+            out.push_str(&format!(" {:>9.3}", f(w)));
+        }
+        out.push_str(&format!(" {:>9.3}{why}\n", f(&both)));
+    };
+    line(
+        "WRs posted",
+        Work::wrs,
+        "  (send-side WRs + receive WRs)".into(),
+    );
+    line(
+        "  send-side WRs",
+        |w| w.send_wrs,
+        note(
+            both.send_wrs_reported,
+            "eager + rendezvous of send comms, cts + credit_msgs of receive comms",
+        ),
+    );
+    line("  receive WRs", |w| w.recv_wrs, "  (rq_wrs_posted)".into());
+    line(
+        "post calls",
+        |w| w.post_calls,
+        note(
+            both.post_calls_reported,
+            "at most: the plugin reports no sq_post_calls, counted one per send-side WR, \
+             + rq_post_calls",
+        ),
+    );
+    line(
+        "completions polled",
+        |w| w.completions,
+        note(
+            both.completions_reported,
+            "derived: the plugin reports no wcs_polled; one per send-side WR + one per arrival",
+        ),
+    );
+    out
+}
+
+/// A `{name: number}` object of [`RankStats::to_json`] (empty when absent).
+fn side_totals(v: &Value, key: &str) -> BTreeMap<String, f64> {
+    v.get(key)
+        .and_then(Value::as_object)
+        .map(|o| {
+            o.iter()
+                .filter_map(|(k, x)| Some((k.clone(), x.as_f64()?)))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 fn fmt_num(x: f64) -> String {

@@ -59,6 +59,53 @@ pub(crate) fn idle_wait(idle_for: Duration) {
     }
 }
 
+/// How a proxy loop waits while nothing moves (`--spin N`, default 0): the first `N` idle
+/// passes only spin, without a system call (perftest's loops never yield; on cores of its own
+/// a rank may get its answer sooner), then each idle pass yields, and naps once
+/// [`SPIN_BEFORE_NAP`] has passed (`idle_wait`). Yielding at once is the default because a
+/// spinning rank holds a core its peer, another tenant or the kernel needs: measured
+/// 2026-12-01, spinning 128 passes made the tcp `sendrecv` 2-3x slower on the loaded 2-core
+/// host, and an 8-byte `latency` on rxe in the soft-RoCE VM 10x slower (rxe's work runs in
+/// kernel context the spinning rank starves).
+pub(crate) struct Idle {
+    spin: u32,
+    passes: u32,
+    /// When the spinning ended (read only after it has).
+    since: Option<Instant>,
+}
+
+impl Idle {
+    /// A loop that has just moved something, spinning `spin` idle passes before yielding.
+    pub(crate) fn new(spin: u32) -> Idle {
+        Idle {
+            spin,
+            passes: 0,
+            since: None,
+        }
+    }
+
+    /// A pass moved something.
+    pub(crate) fn progressed(&mut self) {
+        self.passes = 0;
+    }
+
+    /// A pass moved nothing: spins, yields or naps. Returns how long nothing has moved
+    /// (counted from the end of the spin; zero while spinning).
+    pub(crate) fn wait(&mut self) -> Duration {
+        self.passes = self.passes.saturating_add(1);
+        if self.passes <= self.spin {
+            std::hint::spin_loop();
+            return Duration::ZERO;
+        }
+        if self.passes == self.spin + 1 {
+            self.since = Some(Instant::now());
+        }
+        let waited = self.since.get_or_insert_with(Instant::now).elapsed();
+        idle_wait(waited);
+        waited
+    }
+}
+
 /// How long connect/accept may take before the ring setup fails.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -81,6 +128,12 @@ pub(crate) fn check_size(reported: Option<usize>, expected: usize, what: impl Fn
 }
 
 /// This rank's two connections (to the successor and from the predecessor) with their FIFOs.
+///
+/// Sends outlive the call that posted them, as in NCCL: a collective is over for its caller
+/// once its last piece was received and its last send was taken by `isend` (NCCL's kernel
+/// does not wait for the network to finish a send; the proxy tests it later and frees the
+/// slot, `src/transport/net.cc`). The next call tests them before reusing their slots, and
+/// [`Ring::drain`] waits for all of them before the rank blocks outside the plugin.
 pub struct Ring<'n> {
     net: &'n Net,
     rank: usize,
@@ -89,6 +142,21 @@ pub struct Ring<'n> {
     recv: RecvComm<'n>,
     send_fifo: Fifo<'n>,
     recv_fifo: Fifo<'n>,
+    /// Sends taken by `isend` and not yet tested done, oldest first (at most [`SLOTS`]).
+    sends_in_flight: VecDeque<plugin::Request<'n>>,
+    /// Sends taken by `isend` since the ring was made: send `k` uses slot `k % SLOTS`.
+    sends_posted: usize,
+    /// Idle passes spent spinning before yielding ([`Idle`]; `--spin`).
+    spin: u32,
+    /// Receives posted and not yet consumed, oldest first (at most [`SLOTS`]); they may belong
+    /// to coming calls ([`Ring::expect_recvs`]).
+    recvs_posted: VecDeque<plugin::Request<'n>>,
+    /// Receives posted since the ring was made: receive `k` uses slot `k % SLOTS`.
+    recvs_posted_total: usize,
+    /// Receives consumed since the ring was made.
+    recvs_consumed: usize,
+    /// Receives the calls so far and the announced ones consume in all: the most ever posted.
+    recv_budget: usize,
 }
 
 impl<'n> Ring<'n> {
@@ -153,7 +221,31 @@ impl<'n> Ring<'n> {
             recv,
             send_fifo,
             recv_fifo,
+            sends_in_flight: VecDeque::with_capacity(SLOTS),
+            sends_posted: 0,
+            spin: 0,
+            recvs_posted: VecDeque::with_capacity(SLOTS),
+            recvs_posted_total: 0,
+            recvs_consumed: 0,
+            recv_budget: 0,
         })
+    }
+
+    /// Announces that the coming calls will consume `n` more receives, as NCCL's proxy knows
+    /// the operations launched ahead of the one the GPU runs (`src/transport/net.cc`:
+    /// `recvProxyProgress` gives each operation its base step on the connection when the
+    /// operation reaches the proxy and posts its receives from there, while earlier operations
+    /// are still in progress): each call then posts receives ahead into every free slot, also
+    /// for the calls after it (capacity and tag do not depend on the call), so a peer's send
+    /// of the next call finds its receive posted. Never more than announced: no receive is
+    /// left posted when the calls are over.
+    pub fn expect_recvs(&mut self, n: usize) {
+        self.recv_budget = self.recv_budget.max(self.recvs_consumed + n);
+    }
+
+    /// Idle passes to spin through before yielding (`--spin`; 0 after connect).
+    pub fn set_spin(&mut self, passes: u32) {
+        self.spin = passes;
     }
 
     /// Bytes per slot.
@@ -232,27 +324,29 @@ impl<'n> Ring<'n> {
         let chunk = self.chunk();
         let (tag, prev_tag) = (self.rank as i32, self.prev as i32);
         let (nsends, nrecvs) = (plan.sends.len(), plan.recvs.len());
-        let mut sends_in_flight: VecDeque<plugin::Request<'n>> = VecDeque::new();
-        let (mut next_send, mut sends_done) = (0, 0);
-        let mut recvs_posted: VecDeque<(plugin::Request<'n>, usize)> = VecDeque::new();
-        let (mut next_recv, mut recvs_done) = (0, 0);
-        let mut last_progress = Instant::now();
+        let base = self.sends_posted;
+        let mut next_send = 0;
+        self.expect_recvs(nrecvs);
+        // The ring's queue; put back at the end, possibly with receives of the next calls.
+        let mut recvs_posted = std::mem::take(&mut self.recvs_posted);
+        let mut recvs_done = 0;
+        let mut idle = Idle::new(self.spin);
+        let rank = self.rank;
         let state = |what: &str, sd: usize, inflight: usize, rd: usize, posted: usize| {
             format!(
-                "rank {}: --proxy lazy: {what}: sends {sd}/{nsends} done ({inflight} in flight), \
-                 receives {rd}/{nrecvs} done ({posted} posted)",
-                self.rank
+                "rank {rank}: --proxy lazy: {what}: sends {sd}/{nsends} taken by isend \
+                 ({inflight} in flight), receives {rd}/{nrecvs} done ({posted} posted)"
             )
         };
-        while sends_done < nsends || recvs_done < nrecvs {
+        while next_send < nsends || recvs_done < nrecvs {
             let mut progressed = false;
             // 1. Receives posted ahead into every free slot.
-            while next_recv < nrecvs && recvs_posted.len() < SLOTS {
-                let slot = next_recv % SLOTS;
+            while self.recvs_posted_total < self.recv_budget && recvs_posted.len() < SLOTS {
+                let slot = self.recvs_posted_total % SLOTS;
                 match net.irecv(&mut self.recv, &mut self.recv_fifo, slot, chunk, prev_tag)? {
                     Some(req) => {
-                        recvs_posted.push_back((req, next_recv));
-                        next_recv += 1;
+                        recvs_posted.push_back(req);
+                        self.recvs_posted_total += 1;
                         progressed = true;
                     }
                     None => break,
@@ -260,7 +354,7 @@ impl<'n> Ring<'n> {
             }
             // 2. Every send whose data is there, each isend retried until taken.
             while next_send < nsends
-                && sends_in_flight.len() < SLOTS
+                && self.sends_in_flight.len() < SLOTS
                 && (recvs_done == nrecvs || next_send < recvs_done + SLOTS)
                 && !matches!(plan.sends[next_send].after, Some(i) if i >= recvs_done)
             {
@@ -269,20 +363,21 @@ impl<'n> Ring<'n> {
                     Src::Input => input,
                     Src::Work => work,
                 };
-                let slot = next_send % SLOTS;
+                let slot = (base + next_send) % SLOTS;
                 self.send_fifo
                     .slot_mut(slot)
                     .ok_or("send slot still busy")?[..s.len]
                     .copy_from_slice(&src[s.off..s.off + s.len]);
-                let spin = Instant::now();
+                let mut spin = Idle::new(self.spin);
                 loop {
                     if let Some(req) =
                         net.isend(&mut self.send, &mut self.send_fifo, slot, s.len, tag)?
                     {
-                        sends_in_flight.push_back(req);
+                        self.sends_in_flight.push_back(req);
+                        self.sends_posted += 1;
                         break;
                     }
-                    if spin.elapsed() > STALL_TIMEOUT {
+                    if spin.wait() > STALL_TIMEOUT {
                         return Err(state(
                             &format!(
                                 "isend {next_send} answered \"retry later\" for {STALL_TIMEOUT:?} \
@@ -290,53 +385,53 @@ impl<'n> Ring<'n> {
                                  its own sends: the plugin must take a send whose receive is \
                                  posted without the receiver calling it again)"
                             ),
-                            sends_done,
-                            sends_in_flight.len(),
+                            next_send,
+                            self.sends_in_flight.len(),
                             recvs_done,
                             recvs_posted.len(),
                         )
                         .into());
                     }
-                    idle_wait(spin.elapsed());
                 }
                 next_send += 1;
                 progressed = true;
             }
             // 3. Completions, consumed late and in order: receives, then sends.
-            while let Some((req, idx)) = recvs_posted.front_mut() {
+            while recvs_done < nrecvs {
+                let Some(req) = recvs_posted.front_mut() else {
+                    break;
+                };
                 let Some(size) = net.test(&mut self.recv_fifo, req)? else {
                     break;
                 };
-                let (slot, idx) = (req.slot(), *idx);
-                self.consume(plan, idx, slot, size, work, dtype, op)?;
+                let slot = req.slot();
+                self.consume(plan, recvs_done, slot, size, work, dtype, op)?;
                 recvs_posted.pop_front();
                 recvs_done += 1;
+                self.recvs_consumed += 1;
                 progressed = true;
             }
-            while let Some(req) = sends_in_flight.front_mut() {
+            while let Some(req) = self.sends_in_flight.front_mut() {
                 if net.test(&mut self.send_fifo, req)?.is_none() {
                     break;
                 }
-                sends_in_flight.pop_front();
-                sends_done += 1;
+                self.sends_in_flight.pop_front();
                 progressed = true;
             }
             if progressed {
-                last_progress = Instant::now();
-            } else {
-                if last_progress.elapsed() > STALL_TIMEOUT {
-                    return Err(state(
-                        &format!("no progress for {STALL_TIMEOUT:?}"),
-                        sends_done,
-                        sends_in_flight.len(),
-                        recvs_done,
-                        recvs_posted.len(),
-                    )
-                    .into());
-                }
-                idle_wait(last_progress.elapsed());
+                idle.progressed();
+            } else if idle.wait() > STALL_TIMEOUT {
+                return Err(state(
+                    &format!("no progress for {STALL_TIMEOUT:?}"),
+                    next_send,
+                    self.sends_in_flight.len(),
+                    recvs_done,
+                    recvs_posted.len(),
+                )
+                .into());
             }
         }
+        self.recvs_posted = recvs_posted;
         Ok(())
     }
 
@@ -355,47 +450,54 @@ impl<'n> Ring<'n> {
         let chunk = self.chunk();
         let tag = self.rank as i32;
         let prev_tag = self.prev as i32;
-        let mut sends_in_flight: VecDeque<plugin::Request<'n>> = VecDeque::new();
+        let base = self.sends_posted;
         let mut staged: Option<usize> = None;
         let mut next_send = 0;
-        let mut sends_done = 0;
-        let mut recvs_posted: VecDeque<(plugin::Request<'n>, usize)> = VecDeque::new();
-        let mut next_recv = 0;
+        self.expect_recvs(plan.recvs.len());
+        // The ring's queue; put back at the end, possibly with receives of the next calls.
+        let mut recvs_posted = std::mem::take(&mut self.recvs_posted);
         let mut recvs_done = 0;
-        let mut last_progress = Instant::now();
-        let mut idle: u32 = 0;
+        let mut idle = Idle::new(self.spin);
 
-        while sends_done < plan.sends.len() || recvs_done < plan.recvs.len() {
+        while next_send < plan.sends.len() || staged.is_some() || recvs_done < plan.recvs.len() {
             let mut progressed = false;
 
-            // Post receives ahead into every free slot.
-            while next_recv < plan.recvs.len() && recvs_posted.len() < SLOTS {
-                let slot = next_recv % SLOTS;
+            // Post receives ahead into every free slot (of this call and, as announced, of
+            // the next ones).
+            while self.recvs_posted_total < self.recv_budget && recvs_posted.len() < SLOTS {
+                let slot = self.recvs_posted_total % SLOTS;
                 let posted =
                     net.irecv(&mut self.recv, &mut self.recv_fifo, slot, chunk, prev_tag)?;
                 match posted {
                     Some(req) => {
-                        recvs_posted.push_back((req, next_recv));
-                        next_recv += 1;
+                        recvs_posted.push_back(req);
+                        self.recvs_posted_total += 1;
                         progressed = true;
                     }
                     None => break,
                 }
             }
 
-            // Test the oldest receive; consume it at once.
-            if let Some((req, idx)) = recvs_posted.front_mut() {
+            // Test the oldest receive of this call; consume it at once.
+            if let Some(req) = recvs_posted
+                .front_mut()
+                .filter(|_| recvs_done < plan.recvs.len())
+            {
                 if let Some(size) = net.test(&mut self.recv_fifo, req)? {
-                    let (slot, idx) = (req.slot(), *idx);
-                    self.consume(plan, idx, slot, size, work, dtype, op)?;
+                    let slot = req.slot();
+                    self.consume(plan, recvs_done, slot, size, work, dtype, op)?;
                     recvs_posted.pop_front();
                     recvs_done += 1;
+                    self.recvs_consumed += 1;
                     progressed = true;
                 }
             }
 
             // Fill the next send slot once its data is there.
-            if staged.is_none() && next_send < plan.sends.len() && sends_in_flight.len() < SLOTS {
+            if staged.is_none()
+                && next_send < plan.sends.len()
+                && self.sends_in_flight.len() < SLOTS
+            {
                 let s = plan.sends[next_send];
                 if !matches!(s.after, Some(i) if i >= recvs_done) {
                     let src: &[u8] = match s.src {
@@ -404,7 +506,7 @@ impl<'n> Ring<'n> {
                     };
                     let slot = self
                         .send_fifo
-                        .slot_mut(next_send % SLOTS)
+                        .slot_mut((base + next_send) % SLOTS)
                         .ok_or("send slot still busy")?;
                     slot[..s.len].copy_from_slice(&src[s.off..s.off + s.len]);
                     staged = Some(next_send);
@@ -415,54 +517,84 @@ impl<'n> Ring<'n> {
             // isend the filled slot; no request means "not now".
             if let Some(i) = staged {
                 let len = plan.sends[i].len;
-                if let Some(req) =
-                    net.isend(&mut self.send, &mut self.send_fifo, i % SLOTS, len, tag)?
-                {
-                    sends_in_flight.push_back(req);
+                if let Some(req) = net.isend(
+                    &mut self.send,
+                    &mut self.send_fifo,
+                    (base + i) % SLOTS,
+                    len,
+                    tag,
+                )? {
+                    self.sends_in_flight.push_back(req);
+                    self.sends_posted += 1;
                     staged = None;
                     progressed = true;
                 }
             }
 
-            // Test the oldest send.
-            if let Some(req) = sends_in_flight.front_mut() {
+            // Test the oldest send (of this call or an earlier one).
+            if let Some(req) = self.sends_in_flight.front_mut() {
                 if net.test(&mut self.send_fifo, req)?.is_some() {
-                    sends_in_flight.pop_front();
-                    sends_done += 1;
+                    self.sends_in_flight.pop_front();
                     progressed = true;
                 }
             }
 
             if progressed {
-                last_progress = Instant::now();
-                idle = 0;
-            } else {
-                idle += 1;
-                if idle & 1023 == 0 && last_progress.elapsed() > STALL_TIMEOUT {
-                    return Err(format!(
-                        "rank {}: no progress for {STALL_TIMEOUT:?}: sends {sends_done}/{} done \
-                         ({} in flight, staged {}), receives {recvs_done}/{} done ({} posted)",
-                        self.rank,
-                        plan.sends.len(),
-                        sends_in_flight.len(),
-                        staged.is_some(),
-                        plan.recvs.len(),
-                        recvs_posted.len(),
-                    )
-                    .into());
-                }
-                // Other ranks (and the plugin's threads) may need this core.
-                idle_wait(last_progress.elapsed());
+                idle.progressed();
+            } else if idle.wait() > STALL_TIMEOUT {
+                return Err(format!(
+                    "rank {}: no progress for {STALL_TIMEOUT:?}: sends {next_send}/{} staged \
+                         ({} in flight, the last not yet taken: {}), receives {recvs_done}/{} \
+                         done ({} posted)",
+                    self.rank,
+                    plan.sends.len(),
+                    self.sends_in_flight.len(),
+                    staged.is_some(),
+                    plan.recvs.len(),
+                    recvs_posted.len(),
+                )
+                .into());
+            }
+        }
+        self.recvs_posted = recvs_posted;
+        Ok(())
+    }
+
+    /// Tests the sends still in flight until all are done, as NCCL's proxy keeps testing
+    /// them: call it before the rank blocks outside the plugin (a barrier), since a plugin
+    /// may need more calls to finish a send it took.
+    ///
+    /// # Errors
+    /// Plugin errors or no progress for [`STALL_TIMEOUT`].
+    pub fn drain(&mut self) -> Result<()> {
+        let net = self.net;
+        let mut idle = Idle::new(self.spin);
+        while let Some(req) = self.sends_in_flight.front_mut() {
+            if net.test(&mut self.send_fifo, req)?.is_some() {
+                self.sends_in_flight.pop_front();
+                idle.progressed();
+                continue;
+            }
+            if idle.wait() > STALL_TIMEOUT {
+                return Err(format!(
+                    "rank {}: {} send(s) not done after {STALL_TIMEOUT:?} (the receiver has \
+                     consumed them: the plugin did not complete the send)",
+                    self.rank,
+                    self.sends_in_flight.len()
+                )
+                .into());
             }
         }
         Ok(())
     }
 
-    /// deregMr both FIFOs, then closeSend and closeRecv.
+    /// Waits for the sends in flight ([`Ring::drain`]), deregMr both FIFOs, then closeSend and
+    /// closeRecv.
     ///
     /// # Errors
     /// Plugin errors.
-    pub fn close(self) -> Result<()> {
+    pub fn close(mut self) -> Result<()> {
+        self.drain()?;
         let Ring {
             net,
             send,

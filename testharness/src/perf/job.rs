@@ -38,7 +38,11 @@ impl Layout {
         let es = dtype.size();
         let elems = (bytes / es as u64) as usize;
         let (per, in_elems, out_elems, total) = match coll {
-            Collective::AllReduce | Collective::Sendrecv => (elems, elems, elems, elems),
+            // The point-to-point modes move whole messages of `bytes`; they run in `crate::p2p`.
+            Collective::AllReduce
+            | Collective::Sendrecv
+            | Collective::Stream
+            | Collective::Latency => (elems, elems, elems, elems),
             Collective::AllGather => {
                 let per = elems / nranks;
                 (per, per, per * nranks, per * nranks)
@@ -82,14 +86,15 @@ pub fn plan_for(
         Collective::AllGather => coll::all_gather_plan(l.per, es, rank, n, chunk),
         Collective::ReduceScatter => coll::reduce_scatter_plan(l.per, es, rank, n, chunk),
         Collective::Sendrecv => coll::sendrecv_plan(l.in_elems * es, chunk),
-        // The mesh derives its pieces from the block size itself.
-        Collective::Alltoall => Plan::default(),
+        // The mesh derives its pieces from the block size itself; the point-to-point modes
+        // (`crate::p2p`) have no plan.
+        Collective::Alltoall | Collective::Stream | Collective::Latency => Plan::default(),
     }
 }
 
 /// The plugin connections of a run: a ring for the ring collectives, a full mesh for alltoall.
 pub(super) enum Conns<'n> {
-    Ring(Ring<'n>),
+    Ring(Box<Ring<'n>>),
     Mesh(Mesh<'n>),
 }
 
@@ -103,8 +108,24 @@ impl<'n> Conns<'n> {
 
     pub(super) fn close(self) -> Result<()> {
         match self {
-            Conns::Ring(r) => r.close(),
+            Conns::Ring(r) => (*r).close(),
             Conns::Mesh(m) => m.close(),
+        }
+    }
+
+    /// Announces `calls` more calls of `plan` ([`Ring::expect_recvs`]), so the ring posts
+    /// receives ahead across them as NCCL's proxy does for operations launched ahead.
+    fn expect(&mut self, plan: &crate::coll::Plan, calls: u32) {
+        if let Conns::Ring(r) = self {
+            r.expect_recvs(plan.recvs.len() * calls as usize);
+        }
+    }
+
+    /// Waits for the ring's sends still in flight ([`Ring::drain`]); the mesh leaves none.
+    fn drain(&mut self) -> Result<()> {
+        match self {
+            Conns::Ring(r) => r.drain(),
+            Conns::Mesh(_) => Ok(()),
         }
     }
 }
@@ -244,6 +265,9 @@ impl Job<'_> {
                 ring.run(self.proxy, self.plan, scratch, output, dtype, op)
             }
             (Collective::Alltoall, _) => Err("alltoall needs the mesh".into()),
+            (Collective::Stream | Collective::Latency, _) => {
+                Err("the point-to-point modes run in p2p, not as a collective".into())
+            }
         }
     }
 
@@ -284,6 +308,8 @@ impl Job<'_> {
                     index: i,
                 })
             }
+            // Not run here (see `call`): everything would be wrong.
+            Collective::Stream | Collective::Latency => b.output.len() as u64,
             // Output block q holds rank q's input block for us.
             Collective::Alltoall => count_wrong(self.dtype, &b.output, |i| Expected::Input {
                 pattern: p,
@@ -304,19 +330,25 @@ impl Job<'_> {
     ) -> Result<Measure> {
         let mut b = self.buffers(inplace);
         self.init(&mut b, 0);
-        for _ in 0..args.warmup_iters {
+        // Every call of this measurement, as a host launches them ahead of the GPU.
+        ring.expect(self.plan, args.warmup_iters() + args.iters() + args.check);
+        for _ in 0..args.warmup_iters() {
             self.call(ring, &mut b)?;
         }
+        ring.drain()?;
         boot.barrier()?;
         let start = Instant::now();
         let (timed, used) = cputime::measure(|| -> Result<()> {
-            for _ in 0..args.iters {
+            for _ in 0..args.iters() {
                 self.call(ring, &mut b)?;
             }
             Ok(())
         });
         timed?;
-        let time_us = start.elapsed().as_secs_f64() * 1e6 / f64::from(args.iters);
+        let time_us = start.elapsed().as_secs_f64() * 1e6 / f64::from(args.iters());
+        // Sends still in flight are the network's, not the collective's (NCCL's kernel does
+        // not wait for them): tested after the clock stops, before the checks.
+        ring.drain()?;
         let mut wrong = None;
         for c in 0..args.check {
             let seed = u64::from(c) + 1;
@@ -327,10 +359,12 @@ impl Job<'_> {
             }
             *wrong.get_or_insert(0) += self.check(&b, seed);
         }
+        // The rank blocks in the rendezvous next.
+        ring.drain()?;
         Ok(Measure {
             time_us,
             wrong,
-            cpu: used.map(|u| CpuUse::per_iter(u, args.iters)),
+            cpu: used.map(|u| CpuUse::per_iter(u, args.iters())),
         })
     }
 }

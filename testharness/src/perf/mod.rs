@@ -18,11 +18,12 @@ use crate::coll::{self, Ring};
 use crate::cputime::CpuUse;
 use crate::deviations;
 use crate::mesh::{Mesh, Sharing};
-use crate::plugin::{self, Handle, Net};
+use crate::plugin::{self, Handle, Net, Properties};
 use crate::report::{self, BaselineRow, Measure, Row};
 use crate::stats::{self, RankStats};
 
 mod job;
+mod p2p;
 
 pub use job::{plan_for, Layout};
 use job::{Conns, Job};
@@ -103,7 +104,7 @@ pub fn combine(results: &[[Measure; 2]]) -> [Measure; 2] {
 }
 
 /// Where this rank's plugin counters go (`--stats`).
-struct StatsFile {
+pub(crate) struct StatsFile {
     path: PathBuf,
     start: u64,
     ours: bool,
@@ -194,6 +195,127 @@ fn ptr_support(bits: i32) -> String {
     }
 }
 
+/// What every mode of a rank shares once the plugin is loaded and the ranks have met: the
+/// header's plugin lines, the JSON's plugin and device objects, and the end-of-run gathers.
+pub(crate) struct Session<'a> {
+    pub(crate) args: &'a Args,
+    pub(crate) net: &'a Net,
+    /// The `NCCL_NET_PLUGIN` value used.
+    pub(crate) value: &'a str,
+    pub(crate) ndev: i32,
+    pub(crate) props: &'a Properties,
+    pub(crate) place: &'a bootstrap::Placement,
+    /// Per rank: pid, host, plugin file, device (allgathered).
+    pub(crate) ranks: &'a [Value],
+    pub(crate) stats_file: Option<&'a StatsFile>,
+}
+
+impl Session<'_> {
+    /// The `# plugin:`, `# transport:` and `#  Rank` lines of the header.
+    pub(crate) fn write_plugin_lines(&self, o: &mut impl Write) -> std::io::Result<()> {
+        let (net, props, args) = (self.net, self.props, self.args);
+        let transport =
+            env::var("VERBSNET_TRANSPORT").unwrap_or_else(|_| "unset (plugin default)".into());
+        writeln!(
+            o,
+            "# plugin: {} ({}) from {} [{}]  NCCL_NET_PLUGIN={}",
+            net.name(),
+            net.symbol(),
+            net.path().display(),
+            canonical(net.path()).display(),
+            self.value,
+        )?;
+        writeln!(
+            o,
+            "# transport: VERBSNET_TRANSPORT={transport}; dev {} of {}: \"{}\" speed {} Mbps \
+             latency {} us ptrSupport {} maxComms {} maxRecvs {}{}",
+            args.dev,
+            self.ndev,
+            props.name,
+            props.speed,
+            props.latency,
+            ptr_support(props.ptr_support),
+            props.max_comms,
+            props.max_recvs,
+            props
+                .pci_path
+                .as_deref()
+                .map(|p| format!(" pci {p}"))
+                .unwrap_or_default(),
+        )?;
+        for r in self.ranks {
+            writeln!(
+                o,
+                "#  Rank {:>3} Pid {:>7} on {} device {} ({}) plugin {}",
+                r["rank"],
+                r["pid"],
+                r["host"].as_str().unwrap_or("?"),
+                args.dev,
+                r["device"].as_str().unwrap_or("?"),
+                r["plugin_file"].as_str().unwrap_or("?"),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// `--json`'s `plugin` object.
+    pub(crate) fn plugin_json(&self) -> Value {
+        let net = self.net;
+        json!({
+            "name": net.name(),
+            "symbol": net.symbol(),
+            "value": self.value,
+            "path": net.path().display().to_string(),
+            "file": canonical(net.path()).display().to_string(),
+        })
+    }
+
+    /// `--json`'s `device` object.
+    pub(crate) fn device_json(&self) -> Value {
+        json!({
+            "index": self.args.dev,
+            "count": self.ndev,
+            "name": self.props.name,
+            "speed_mbps": self.props.speed,
+            "ptr_support": ptr_support(self.props.ptr_support),
+        })
+    }
+
+    /// Every rank's plugin counters (`--stats`; empty without it). Collective: every rank
+    /// calls it.
+    ///
+    /// # Errors
+    /// Rendezvous failures.
+    pub(crate) fn gather_stats(&self, boot: &mut Bootstrap) -> Result<Vec<RankStats>> {
+        let Some(f) = self.stats_file else {
+            return Ok(Vec::new());
+        };
+        let mine = f.read(self.place.rank).to_json().to_string();
+        Ok(boot
+            .allgather(mine.as_bytes())?
+            .iter()
+            .filter_map(|b| serde_json::from_slice(b).ok())
+            .filter_map(|v: Value| RankStats::from_json(&v))
+            .collect())
+    }
+}
+
+/// What the plugin logged through the logger `init` got (per rank), and the contract
+/// deviations seen (merged over ranks). Collective: every rank calls it.
+///
+/// # Errors
+/// Rendezvous failures.
+pub(crate) fn gather_logs(boot: &mut Bootstrap) -> Result<(Vec<Value>, Value)> {
+    let mine = json!({"log": plugin::logger::seen().to_json(), "deviations": deviations::all()});
+    let (logs, devs): (Vec<Value>, Vec<Value>) = boot
+        .allgather(mine.to_string().as_bytes())?
+        .iter()
+        .map(|b| serde_json::from_slice::<Value>(b).unwrap_or(Value::Null))
+        .map(|v| (v["log"].clone(), v["deviations"].clone()))
+        .unzip();
+    Ok((logs, deviations::merge(&devs)))
+}
+
 /// `--baseline tcp`: streams each size's per-link bytes over a plain TCP ring between the same
 /// ranks (see [`crate::baseline`]). Returns one row per size, combined over ranks, and a
 /// description for the header.
@@ -210,8 +332,8 @@ fn run_baseline(
          buffers, TCP_NODELAY; per iteration the plan's bytes per link as one stream, in \
          writes/reads of at most {chunk} B; {} warm-up + {} timed iterations",
         ring.addr().ip(),
-        args.warmup_iters,
-        args.iters
+        args.warmup_iters(),
+        args.iters()
     );
     let sizes = args.sizes();
     let mut rows = Vec::with_capacity(sizes.len());
@@ -221,7 +343,7 @@ fn run_baseline(
         let plan = plan_for(args.collective, &layout, args.datatype, rank, n, chunk);
         let send: usize = plan.sends.iter().map(|s| s.len).sum();
         let recv: usize = plan.recvs.iter().map(|r| r.len).sum();
-        let mine = ring.measure(boot, send, recv, args.warmup_iters, args.iters, chunk)?;
+        let mine = ring.measure(boot, send, recv, args.warmup_iters(), args.iters(), chunk)?;
         let all: Vec<_> = boot
             .allgather(&tcp_baseline::encode(&mine))?
             .iter()
@@ -333,6 +455,21 @@ pub fn run(args: &Args) -> Result<i32> {
         .map(|b| serde_json::from_slice(b).unwrap_or(Value::Null))
         .collect();
 
+    let session = Session {
+        args,
+        net: &net,
+        value: &value,
+        ndev,
+        props: &props,
+        place: &place,
+        ranks: &ranks,
+        stats_file: stats_file.as_ref(),
+    };
+    if args.collective.is_p2p() {
+        let listen = listen.ok_or("the point-to-point modes listen once")?;
+        return p2p::run(&session, &mut boot, &all_handles, listen);
+    }
+
     let chunk = args.chunk as usize;
     let mut conns = match listen {
         Some(listen) => {
@@ -340,9 +477,9 @@ pub fn run(args: &Args) -> Result<i32> {
                 .iter()
                 .map(|b| Handle::from_bytes(b).ok_or("a rank sent a handle of the wrong size"))
                 .collect::<std::result::Result<_, _>>()?;
-            Conns::Ring(Ring::connect(
-                &net, args.dev, place.rank, &handles, listen, chunk,
-            )?)
+            let mut ring = Ring::connect(&net, args.dev, place.rank, &handles, listen, chunk)?;
+            ring.set_spin(args.spin);
+            Conns::Ring(Box::new(ring))
         }
         None => Conns::Mesh(Mesh::connect(
             &net,
@@ -357,8 +494,6 @@ pub fn run(args: &Args) -> Result<i32> {
     boot.barrier()?;
 
     let root = place.rank == 0;
-    let transport =
-        env::var("VERBSNET_TRANSPORT").unwrap_or_else(|_| "unset (plugin default)".into());
     let out = std::io::stdout();
     if root && !args.json {
         let mut o = out.lock();
@@ -370,18 +505,19 @@ pub fn run(args: &Args) -> Result<i32> {
         writeln!(
             o,
             "#  minBytes {} maxBytes {} step: {} warmup iters: {} iters: {} validation: {} \
-             chunk: {chunk} slots: {} proxy: {}",
+             chunk: {chunk} slots: {} proxy: {} spin: {}",
             args.min_bytes,
             args.max_bytes(),
             match (args.step_factor, args.step_bytes) {
                 (None, Some(b)) => format!("{b}(bytes)"),
                 (f, _) => format!("{}(factor)", f.unwrap_or(2)),
             },
-            args.warmup_iters,
-            args.iters,
+            args.warmup_iters(),
+            args.iters(),
             args.check,
             coll::SLOTS,
             args.proxy.name(),
+            args.spin,
         )?;
         if alltoall {
             writeln!(
@@ -395,43 +531,7 @@ pub fn run(args: &Args) -> Result<i32> {
                 shape_text(&sharing),
             )?;
         }
-        writeln!(
-            o,
-            "# plugin: {} ({}) from {} [{}]  NCCL_NET_PLUGIN={value}",
-            net.name(),
-            net.symbol(),
-            net.path().display(),
-            canonical(net.path()).display(),
-        )?;
-        writeln!(
-            o,
-            "# transport: VERBSNET_TRANSPORT={transport}; dev {} of {ndev}: \"{}\" speed {} Mbps \
-             latency {} us ptrSupport {} maxComms {} maxRecvs {}{}",
-            args.dev,
-            props.name,
-            props.speed,
-            props.latency,
-            ptr_support(props.ptr_support),
-            props.max_comms,
-            props.max_recvs,
-            props
-                .pci_path
-                .as_deref()
-                .map(|p| format!(" pci {p}"))
-                .unwrap_or_default(),
-        )?;
-        for r in &ranks {
-            writeln!(
-                o,
-                "#  Rank {:>3} Pid {:>7} on {} device {} ({}) plugin {}",
-                r["rank"],
-                r["pid"],
-                r["host"].as_str().unwrap_or("?"),
-                args.dev,
-                r["device"].as_str().unwrap_or("?"),
-                r["plugin_file"].as_str().unwrap_or("?"),
-            )?;
-        }
+        session.write_plugin_lines(&mut o)?;
         writeln!(o, "#")?;
         writeln!(o, "{}", report::table_header())?;
         o.flush()?;
@@ -500,27 +600,8 @@ pub fn run(args: &Args) -> Result<i32> {
         Some(Baseline::Tcp) => Some(run_baseline(args, &mut boot, place.rank, n, chunk)?),
         None => None,
     };
-    let stats = match &stats_file {
-        Some(f) => {
-            let mine = f.read(place.rank).to_json().to_string();
-            boot.allgather(mine.as_bytes())?
-                .iter()
-                .filter_map(|b| serde_json::from_slice(b).ok())
-                .filter_map(|v: Value| RankStats::from_json(&v))
-                .collect::<Vec<_>>()
-        }
-        None => Vec::new(),
-    };
-    // What the plugin logged through the logger `init` got, and the contract deviations seen,
-    // per rank.
-    let mine = json!({"log": plugin::logger::seen().to_json(), "deviations": deviations::all()});
-    let (logs, devs): (Vec<Value>, Vec<Value>) = boot
-        .allgather(mine.to_string().as_bytes())?
-        .iter()
-        .map(|b| serde_json::from_slice::<Value>(b).unwrap_or(Value::Null))
-        .map(|v| (v["log"].clone(), v["deviations"].clone()))
-        .unzip();
-    let devs = deviations::merge(&devs);
+    let stats = session.gather_stats(&mut boot)?;
+    let (logs, devs) = gather_logs(&mut boot)?;
     boot.barrier()?;
 
     let wrong = report::total_wrong(&rows);
@@ -534,8 +615,8 @@ pub fn run(args: &Args) -> Result<i32> {
                 "op": args.op.name(),
                 "chunk": chunk,
                 "slots": coll::SLOTS,
-                "iters": args.iters,
-                "warmup_iters": args.warmup_iters,
+                "iters": args.iters(),
+                "warmup_iters": args.warmup_iters(),
                 "check": args.check,
                 "shared_comms": alltoall.then(|| json!({
                     "senders": sharing.senders,
@@ -546,21 +627,10 @@ pub fn run(args: &Args) -> Result<i32> {
                     "receive_group": sharing.shape().group(),
                 })),
                 "proxy": args.proxy.name(),
-                "plugin": {
-                    "name": net.name(),
-                    "symbol": net.symbol(),
-                    "value": value,
-                    "path": net.path().display().to_string(),
-                    "file": canonical(net.path()).display().to_string(),
-                },
+                "spin": args.spin,
+                "plugin": session.plugin_json(),
                 "transport": env::var("VERBSNET_TRANSPORT").ok(),
-                "device": {
-                    "index": args.dev,
-                    "count": ndev,
-                    "name": props.name,
-                    "speed_mbps": props.speed,
-                    "ptr_support": ptr_support(props.ptr_support),
-                },
+                "device": session.device_json(),
                 "ranks": ranks,
                 "rows": rows_with_baseline(args.collective, n, &rows, baseline.as_ref().map(|b| &b.0[..])),
                 "baseline": baseline.as_ref().map(|(_, what)| json!({
@@ -612,7 +682,7 @@ pub fn run(args: &Args) -> Result<i32> {
 
 /// `# Plugin WARN lines: ...` when any rank's plugin logged a WARN (`logs`: per rank, from
 /// [`plugin::logger::Seen::to_json`]).
-fn warn_summary(logs: &[Value]) -> Option<String> {
+pub(crate) fn warn_summary(logs: &[Value]) -> Option<String> {
     let counts: Vec<u64> = logs
         .iter()
         .map(|l| l["warn"].as_u64().unwrap_or(0))

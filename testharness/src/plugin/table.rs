@@ -84,6 +84,10 @@ macro_rules! props_common {
 /// (`src/plugin/net.cc`: `ncclNetVersion[]`, v12 down to v6).
 pub const VERSIONS: [u32; 7] = [12, 11, 10, 9, 8, 7, 6];
 
+/// The most buffers one grouped `irecv` carries (NCCL's `NCCL_NET_MAX_RECVS`, the largest
+/// `maxRecvs` it uses).
+pub const MAX_GROUP: usize = 8;
+
 /// `ncclNetProperties_v6_t` (NCCL's `src/include/plugin/net/net_v6.h`; verbsnet's own header
 /// starts at v7): v7's properties without `netDeviceType`/`netDeviceVersion`.
 #[repr(C)]
@@ -686,12 +690,25 @@ impl Table {
         phandles: &mut [*mut c_void],
         req: &mut *mut c_void,
     ) -> Result<()> {
-        let k = c_int::try_from(datas.len()).unwrap_or(c_int::MAX);
-        let mut isizes: Vec<c_int> = sizes
-            .iter()
-            .map(|&c| c_int::try_from(c).unwrap_or(c_int::MAX))
-            .collect();
-        let mut lsizes: Vec<usize> = sizes.to_vec();
+        let n = datas.len();
+        if n > MAX_GROUP || [sizes.len(), tags.len(), mhandles.len(), phandles.len()] != [n; 4] {
+            return Err(Error::Usage(format!(
+                "irecv of {n} buffers ({} sizes, {} tags, {} mhandles, {} phandles; at most \
+                 {MAX_GROUP})",
+                sizes.len(),
+                tags.len(),
+                mhandles.len(),
+                phandles.len()
+            )));
+        }
+        let k = n as c_int;
+        // On the stack: the proxy posts receives in its hot loop.
+        let mut isizes = [0 as c_int; MAX_GROUP];
+        let mut lsizes = [0usize; MAX_GROUP];
+        for (i, &c) in sizes.iter().enumerate() {
+            isizes[i] = c_int::try_from(c).unwrap_or(c_int::MAX);
+            lsizes[i] = c;
+        }
         let (c, d, tg, m, ph) = (
             comm,
             datas.as_mut_ptr(),

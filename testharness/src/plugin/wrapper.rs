@@ -14,7 +14,7 @@ use nccl_net_verbsnet::ffi::abi::{NCCL_NET_OPTIONAL_RECV_COMPLETION, NCCL_PTR_HO
 use super::fifo::{Fifo, Memory, Request};
 use super::load::{loaded_path, name_matches, open_first, Opened};
 use super::logger;
-use super::table::{symbol, Close, Exported, InitArgs, Properties, Table, VERSIONS};
+use super::table::{symbol, Close, Exported, InitArgs, Properties, Table, MAX_GROUP, VERSIONS};
 use super::{Error, Result, HANDLE_SIZE};
 
 /// Entries of the sizes array `test` gets (NCCL's `NCCL_PROXY_MAX_SUBS`, `src/include/proxy.h`).
@@ -543,7 +543,7 @@ impl Net {
     ) -> Result<Option<Request<'n>>> {
         let table = self.table()?;
         let n = slots.len();
-        if n == 0 || n > 8 || caps.len() != n || tags.len() != n {
+        if n == 0 || n > MAX_GROUP || caps.len() != n || tags.len() != n {
             return Err(Error::Usage(format!(
                 "grouped irecv of {n} slots, {} capacities, {} tags",
                 caps.len(),
@@ -556,17 +556,19 @@ impl Net {
                 comm.max_recvs
             )));
         }
-        let mut datas = Vec::with_capacity(n);
-        let mut phandles = Vec::with_capacity(n);
+        // On the stack: the proxy posts receives in its hot loop.
+        let mut datas = [ptr::null_mut(); MAX_GROUP];
+        let mut phandles = [ptr::null_mut(); MAX_GROUP];
         for (i, (&slot, &cap)) in slots.iter().zip(caps).enumerate() {
             if slots[..i].contains(&slot) {
                 return Err(Error::Usage(format!("slot {slot} twice in one irecv")));
             }
-            datas.push(fifo.lend(comm.ptr, slot, cap)?);
-            phandles.push(fifo.phandle(slot));
+            datas[i] = fifo.lend(comm.ptr, slot, cap)?;
+            phandles[i] = fifo.phandle(slot);
         }
-        let mut tags = tags.to_vec();
-        let mut mhandles = vec![fifo.mhandle; n];
+        let mut tag_arr = [0i32; MAX_GROUP];
+        tag_arr[..n].copy_from_slice(tags);
+        let mut mhandles = [fifo.mhandle; MAX_GROUP];
         let optional = NCCL_NET_OPTIONAL_RECV_COMPLETION as usize as *mut c_void;
         // NCCL's v6-v8 shims reset the preset to NULL before calling the plugin
         // (src/plugin/net/net_v6.cc … net_v8.cc); v9+ pass it through.
@@ -581,11 +583,11 @@ impl Net {
         unsafe {
             table.irecv(
                 comm.ptr,
-                &mut datas,
+                &mut datas[..n],
                 caps,
-                &mut tags,
-                &mut mhandles,
-                &mut phandles,
+                &mut tag_arr[..n],
+                &mut mhandles[..n],
+                &mut phandles[..n],
                 &mut req,
             )
         }?;
@@ -616,7 +618,12 @@ impl Net {
         fifo: &mut Fifo<'n>,
         req: &mut Request<'n>,
     ) -> Result<Option<Option<usize>>> {
-        Ok(self.test_group(fifo, req)?.map(|sizes| sizes[0]))
+        // No allocation: the proxies test in their hot loops.
+        let mut sizes = [None; MAX_GROUP];
+        let n = (1 + req.more.len()).min(MAX_GROUP);
+        Ok(self
+            .test_into(fifo, req, &mut sizes[..n])?
+            .then_some(sizes[0]))
     }
 
     /// `test` of a (grouped) request: `Some(size of each buffer)` when done (its slots become
@@ -634,6 +641,18 @@ impl Net {
         fifo: &mut Fifo<'n>,
         req: &mut Request<'n>,
     ) -> Result<Option<Vec<Option<usize>>>> {
+        let mut sizes = vec![None; 1 + req.more.len()];
+        Ok(self.test_into(fifo, req, &mut sizes)?.then_some(sizes))
+    }
+
+    /// [`Net::test_group`] writing the sizes into `out` (one entry per buffer of the request);
+    /// returns whether the request is done.
+    fn test_into<'n>(
+        &'n self,
+        fifo: &mut Fifo<'n>,
+        req: &mut Request<'n>,
+        out: &mut [Option<usize>],
+    ) -> Result<bool> {
         let table = self.table()?;
         if req.done {
             return Err(Error::Usage("test on a completed request".into()));
@@ -643,27 +662,33 @@ impl Net {
         }
         const UNWRITTEN: c_int = -1;
         let n = 1 + req.more.len();
-        let mut sizes: Vec<c_int> = vec![UNWRITTEN; NCCL_PROXY_MAX_SUBS.max(n)];
+        if n > NCCL_PROXY_MAX_SUBS || out.len() != n {
+            return Err(Error::Usage(format!(
+                "test of a request of {n} buffers with {} sizes",
+                out.len()
+            )));
+        }
+        let mut sizes = [UNWRITTEN; NCCL_PROXY_MAX_SUBS];
         // SAFETY: `req.ptr` is a live request (never tested to completion before); `sizes` has
-        // more entries than the request has buffers.
+        // at least as many entries as the request has buffers.
         if !unsafe { table.test(req.ptr, &mut sizes) }? {
-            return Ok(None);
+            return Ok(false);
         }
         req.done = true;
         fifo.busy[req.slot] = false;
         for &s in &req.more {
             fifo.busy[s] = false;
         }
-        sizes[..n]
-            .iter()
-            .map(|&z| match z {
-                UNWRITTEN => Ok(None),
-                z => usize::try_from(z)
-                    .map(Some)
-                    .map_err(|_| Error::Contract(format!("test reported size {z}"))),
-            })
-            .collect::<Result<Vec<_>>>()
-            .map(Some)
+        for (o, &z) in out.iter_mut().zip(&sizes[..n]) {
+            *o = match z {
+                UNWRITTEN => None,
+                z => Some(
+                    usize::try_from(z)
+                        .map_err(|_| Error::Contract(format!("test reported size {z}")))?,
+                ),
+            };
+        }
+        Ok(true)
     }
 
     fn owns(&self, other: &Net) -> Result<()> {

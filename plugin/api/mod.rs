@@ -11,23 +11,35 @@
 //!   context to go releases it, so `init` → … → `finalize` → `dlclose` cycles leak nothing;
 //! - typed comms: [`ListenComm`], [`SendComm`], [`RecvComm`] (NCCL holds a [`NetComm`], which
 //!   is one of the last two, because `regMr` accepts either);
+//! - the other objects NCCL holds a pointer to (`handles.rs`): a registration ([`MrHandle`],
+//!   from `regMr`) and a request ([`ReqHandle`], from `isend`/`irecv`). A comm below hands out
+//!   request ids ([`crate::engine::ReqId`]); each API comm owns one handle per request slot,
+//!   made with it, and a handle holds its comm, so [`test()`] finds the comm from the handle
+//!   alone, in safe code;
 //! - one error type, [`Error`] (a [`Failure`] of an API [`Op`], wrapping the lower layers'
 //!   errors as its source), whose [`Class`] [`crate::ffi`] maps to `ncclResult_t` in one place.
 //!
 //! Rules taken from NCCL (ext-net README `plugins/net/README.md`, `src/include/plugin/net/net_v*.h`,
 //! `src/transport/net.cc`) are cited where they apply.
 
-use std::collections::BTreeMap;
 use std::ffi::{c_char, CStr, CString};
 use std::sync::{Arc, Mutex};
 
 use tracing::info;
 
-use crate::comm::{self, Comm, Role};
-pub use crate::comm::{Class, CommPtr, Failure, MrHandle, ReqHandle};
+pub use crate::comm::{Class, Failure};
 use crate::conn::{Connects, Listen, HANDLE_SIZE};
 use crate::engine::wire::MAX_RECVS;
 use crate::net::{self, Net};
+
+mod handles;
+
+#[cfg(test)]
+pub(crate) use self::handles::LIVE_MR_ADDRS;
+pub use self::handles::{
+    mr_given, mr_taken, mrs_left_by, test, MrHandle, NetComm, RecvComm, ReqHandle, Request,
+    SendComm,
+};
 
 /// The plugin API call that failed (one per table slot family).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -364,113 +376,6 @@ pub struct ListenComm {
     ctx: Arc<Context>,
 }
 
-/// A send comm (from [`connect`]): `isend`, and `test` of its requests.
-pub struct SendComm {
-    comm: Box<comm::SendComm>,
-    _ctx: Arc<Context>,
-}
-
-/// A receive comm (from [`ListenComm::accept`]): `irecv`, `iflush`, and `test` of its
-/// requests.
-pub struct RecvComm {
-    comm: Box<comm::RecvComm>,
-    _ctx: Arc<Context>,
-}
-
-/// The memory registrations alive now, process-wide: the address of each handle `regMr` gave
-/// out (the C boundary owns the handles; this only remembers them) → the address of the comm
-/// it was registered through. `deregMr` takes a handle only if it is here, so a handle freed
-/// twice, or after its comm was closed, is a clear error and never a double free; and
-/// `closeSend`/`closeRecv` free what a caller leaves registered. NCCL deregisters before it
-/// closes (`src/transport/net.cc`); other callers need not.
-static LIVE_MRS: std::sync::Mutex<BTreeMap<usize, usize>> = std::sync::Mutex::new(BTreeMap::new());
-
-fn live_mrs() -> std::sync::MutexGuard<'static, BTreeMap<usize, usize>> {
-    LIVE_MRS.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Remembers the registration handle at `handle`, made through the comm at `comm`.
-pub fn mr_given(handle: usize, comm: usize) {
-    live_mrs().insert(handle, comm);
-}
-
-/// Forgets the registration handle at `handle` (`deregMr`): false when it is not alive (freed
-/// already, or its comm was closed).
-pub fn mr_taken(handle: usize) -> bool {
-    live_mrs().remove(&handle).is_some()
-}
-
-/// Forgets and returns the registration handles made through the comm at `comm`, once it is
-/// closed: the caller frees them.
-pub fn mrs_left_by(comm: usize) -> Vec<usize> {
-    let mut m = live_mrs();
-    let left: Vec<usize> = m
-        .iter()
-        .filter(|&(_, &c)| c == comm)
-        .map(|(&h, _)| h)
-        .collect();
-    for h in &left {
-        m.remove(h);
-    }
-    left
-}
-
-/// What NCCL holds as `sendComm` or `recvComm` (`regMr`/`deregMr` take either).
-pub enum NetComm {
-    /// From `connect`.
-    Send(SendComm),
-    /// From `accept`.
-    Recv(RecvComm),
-}
-
-impl NetComm {
-    fn device(&self) -> &Arc<dyn crate::transport::Device> {
-        match self {
-            NetComm::Send(s) => s.comm.device(),
-            NetComm::Recv(r) => r.comm.device(),
-        }
-    }
-
-    /// The send comm, or an error if NCCL passed a receive comm.
-    pub fn as_send(&self, op: Op) -> Result<&SendComm, Error> {
-        match self {
-            NetComm::Send(s) => Ok(s),
-            NetComm::Recv(_) => Err(Error::new(
-                op,
-                Class::Internal,
-                "a receive comm passed as sendComm",
-            )),
-        }
-    }
-
-    /// The receive comm, or an error if NCCL passed a send comm.
-    pub fn as_recv(&self, op: Op) -> Result<&RecvComm, Error> {
-        match self {
-            NetComm::Recv(r) => Ok(r),
-            NetComm::Send(_) => Err(Error::new(
-                op,
-                Class::Internal,
-                "a send comm passed as recvComm",
-            )),
-        }
-    }
-
-    /// `regMr` of host memory `[region)` on this comm's device.
-    pub fn reg_mr(&self, region: crate::mem::Region) -> Result<MrHandle, Error> {
-        MrHandle::register(&**self.device(), region).map_err(|e| e.lift(Op::RegMr))
-    }
-
-    /// `closeSend`/`closeRecv`: logs the counters and releases the QP and buffers (after
-    /// it nothing writes into any buffer; the registrations left behind are freed next, see
-    /// [`mrs_left_by`]).
-    pub fn close(self) {
-        match self {
-            NetComm::Send(s) => s.comm.close(),
-            NetComm::Recv(r) => r.comm.close(),
-        }
-    }
-}
-
 /// The effective configuration of a connection: the shared one with the communicator's
 /// traffic class, the per-connection one (v10 `connect` config) when set, else this context's;
 /// `VERBSNET_IB_TC`/`_SL` beat it when set (`conn::traffic_class_and_sl`).
@@ -486,7 +391,7 @@ pub fn listen(
     dev: i32,
     handle: &mut [u8; HANDLE_SIZE],
 ) -> Result<ListenComm, Error> {
-    ctx.connects.expire(comm::now_ns());
+    ctx.connects.expire(crate::comm::now_ns());
     let net = ctx.net.clone();
     let d = net::dev_entry(&net, dev).map_err(|e| e.lift(Op::Listen))?;
     let cfg = conn_config(&ctx, None);
@@ -519,8 +424,9 @@ pub fn connect(
         .step(handle, &d.dev, &d.props.name, &cfg)
         .map_err(|e| e.lift(Op::Connect))?;
     Ok(comm.map(|mut comm| {
+        // Tagged before it is shared: nothing refers to it yet.
         comm.set_comm_id(ctx.comm_id);
-        SendComm { comm, _ctx: ctx }
+        SendComm::new(comm, ctx)
     }))
 }
 
@@ -529,76 +435,11 @@ impl ListenComm {
     pub fn accept(&mut self) -> Result<Option<RecvComm>, Error> {
         let accepted = self.listen.accept().map_err(|e| e.lift(Op::Accept))?;
         Ok(accepted.map(|mut comm| {
+            // Tagged before it is shared: nothing refers to it yet.
             comm.set_comm_id(self.ctx.comm_id);
-            RecvComm {
-                comm,
-                _ctx: self.ctx.clone(),
-            }
+            RecvComm::new(comm, self.ctx.clone())
         }))
     }
-}
-
-/// A request as NCCL sees it: the plugin-owned handle inside its comm.
-pub type Request<'a> = Option<&'a ReqHandle>;
-
-impl SendComm {
-    /// `isend` of `size` bytes at `data` (inside `mh`) with `tag`: `Ok(None)` = retry later.
-    /// Sizes above [`MAX_P2P_BYTES`] are refused (NCCL never sends more than `maxP2pBytes`).
-    pub fn isend(
-        &self,
-        data: u64,
-        size: u64,
-        tag: i32,
-        mh: &MrHandle,
-    ) -> Result<Request<'_>, Error> {
-        if size > MAX_P2P_BYTES {
-            return Err(Error::new(
-                Op::Isend,
-                Class::InvalidArgument,
-                format!(
-                    "isend of {size} bytes: more than maxP2pBytes ({MAX_P2P_BYTES}) this plugin \
-                 advertises"
-                ),
-            ));
-        }
-        self.comm
-            .isend(data, size, tag, mh)
-            .map_err(|e| e.lift(Op::Isend))
-    }
-}
-
-impl RecvComm {
-    /// `irecv` of up to [`MAX_RECVS`] `(addr, capacity, tag, mhandle)` buffers as one request:
-    /// `Ok(None)` = retry later. A capacity above [`MAX_P2P_BYTES`] is used as
-    /// `MAX_P2P_BYTES` (no larger message can arrive).
-    ///
-    /// `optional` is NCCL's `NCCL_NET_OPTIONAL_RECV_COMPLETION` hint (v9+, `*request == 0x1` on
-    /// input, LL/LL128): the plugin *may* complete such a receive early. verbsnet completes
-    /// it normally (the data lands before the completion either way) and returns a real
-    /// request, which NCCL then tests as any other (nccl_net.h, ext-net README).
-    pub fn irecv(
-        &self,
-        bufs: &mut [(u64, u64, i32, &MrHandle)],
-        optional: bool,
-    ) -> Result<Request<'_>, Error> {
-        let _ = optional;
-        for b in bufs.iter_mut() {
-            b.1 = b.1.min(MAX_P2P_BYTES);
-        }
-        self.comm.irecv(bufs).map_err(|e| e.lift(Op::Irecv))
-    }
-
-    /// `iflush` of received buffers: nothing to do for host memory; `Ok(None)` means
-    /// "complete" (ext-net README).
-    pub fn iflush(&self) -> Result<Request<'_>, Error> {
-        self.comm.iflush().map_err(|e| e.lift(Op::Iflush))
-    }
-}
-
-/// `test(request)` on the comm the request belongs to ([`ReqHandle::comm`]): `Ok(Some(sizes))`
-/// when done (one size for a send, n for a grouped receive).
-pub fn test<R: Role>(req: &ReqHandle, comm: &Comm<R>) -> Result<Option<Vec<u64>>, Error> {
-    comm.test(req.id()).map_err(|e| e.lift(Op::Test))
 }
 
 #[cfg(test)]

@@ -1,0 +1,294 @@
+//! The machinery both ends of a connection share ([`Core`]): the QP and its progress (CQ
+//! polls fed to the engine, the engine's actions carried out), the peer-death checks, the
+//! sticky error, the counters and the watchdog's turn. Generic over the end
+//! ([`Role`]): what differs sits in [`super::side`].
+
+use std::sync::Arc;
+
+use tracing::warn;
+
+use super::side::sealed::Held;
+use super::side::Role;
+use super::watch::{self, Watch};
+use super::{Class, Error, Op};
+use crate::config::Config;
+use crate::engine::{Executor, ReqError, ReqId};
+use crate::transport::{Device, DeviceRnrCounters, QueuePair, Wc, WcStatus};
+
+/// The error of a comm whose peer went without closing its comm.
+const PEER_CLOSED: &str = "the peer closed the connection (its process exited or died)";
+
+/// Most CQ polls (of up to 64 completions each) that drain the CQ before a peer's close is
+/// reported.
+const MAX_DRAIN_POLLS: usize = 1024;
+
+/// How the peer of `qp`, the other end of a comm of kind `mine` ("send" or "recv"), went: an
+/// orderly close (its `closeSend`/`closeRecv`: the transport saw its goodbye), or the
+/// transport's reason for a death when it knows more, else "closed".
+fn peer_gone(qp: &dyn QueuePair, mine: &str) -> String {
+    if qp.peer_closed_orderly() {
+        let theirs = if mine == "send" { "receive" } else { "send" };
+        format!(
+            "the peer closed its {theirs} comm (an orderly close, not a failure of the peer): \
+             this comm can carry nothing more; close it"
+        )
+    } else {
+        qp.peer_gone_reason().unwrap_or(PEER_CLOSED).to_string()
+    }
+}
+
+/// Bounce buffers to give back to the pool once the QP that may still have them posted is
+/// gone (the field is dropped after `Core::qp`).
+struct GiveBack(Option<Held>);
+
+impl Drop for GiveBack {
+    fn drop(&mut self) {
+        if let Some((pool, bufs)) = self.0.take() {
+            pool.give(&bufs);
+        }
+    }
+}
+
+/// One comm's QP, its end ([`Role`]: engine and buffers), and what watches them.
+pub(super) struct Core<R: Role> {
+    // Drop order: the QP goes before the buffers it may still reference.
+    qp: Box<dyn QueuePair>,
+    /// The end: its engine and buffers.
+    pub(super) side: R,
+    /// Filled by `Drop for Core` with the pool buffers the engine held; dropped after `qp`.
+    give_back: GiveBack,
+    wcs: Vec<Wc>,
+    /// Carries out the engine's actions (keeps its send batch between calls).
+    exec: Executor,
+    watch: Watch,
+    post_errors: u64,
+    /// The first usage or remote error a call returned: every later call returns it too.
+    sticky: Option<Error>,
+    /// For the device RNR counters in watchdog reports.
+    dev: Arc<dyn Device>,
+    /// The device RNR counters when this comm was created: they are device-wide and
+    /// cumulative, so a comm reports how much they moved during its lifetime.
+    dev_base: DeviceRnrCounters,
+}
+
+impl<R: Role> Drop for Core<R> {
+    fn drop(&mut self) {
+        if let Some(held) = self.side.release() {
+            self.give_back = GiveBack(Some(held));
+        }
+    }
+}
+
+impl<R: Role> Core<R> {
+    pub(super) fn new(
+        dev: &Arc<dyn Device>,
+        qp: Box<dyn QueuePair>,
+        side: R,
+        cfg: &Config,
+    ) -> Core<R> {
+        Core {
+            qp,
+            side,
+            give_back: GiveBack(None),
+            wcs: Vec::new(),
+            exec: Executor::default(),
+            watch: Watch::new(cfg),
+            post_errors: 0,
+            sticky: None,
+            dev_base: dev.rnr_counters(),
+            dev: dev.clone(),
+        }
+    }
+
+    /// The first usage or remote error a call returned.
+    pub(super) fn sticky(&self) -> Option<&Error> {
+        self.sticky.as_ref()
+    }
+
+    /// Engine, QP and device counters (`dev_*`, where the device has them: device-wide, as
+    /// moved since this comm was created).
+    pub(super) fn counters(&self) -> Vec<(&'static str, u64)> {
+        let mut v: Vec<(&'static str, u64)> = self.side.stats().fields().to_vec();
+        let q = self.qp.counters();
+        v.push(("rnr_naks_received", q.rnr_naks_received));
+        v.push(("rnr_naks_sent", q.rnr_naks_sent));
+        // Device-wide counters (every QP of the port), as moved since this comm was created.
+        let d = self.dev.rnr_counters();
+        let b = &self.dev_base;
+        for (k, val, base) in [
+            ("dev_rcvd_rnr_err", d.rcvd_rnr_err, b.rcvd_rnr_err),
+            ("dev_send_rnr_err", d.send_rnr_err, b.send_rnr_err),
+            (
+                "dev_retry_rnr_exceeded_err",
+                d.retry_rnr_exceeded_err,
+                b.retry_rnr_exceeded_err,
+            ),
+        ] {
+            if let Some(val) = val {
+                v.push((k, val.saturating_sub(base.unwrap_or(0))));
+            }
+        }
+        v
+    }
+
+    /// An engine call's result: on an error, the actions it produced before the error (e.g. a
+    /// notification to the peer) are still carried out.
+    pub(super) fn after_engine_call(
+        &mut self,
+        r: Result<Option<ReqId>, ReqError>,
+        op: Op,
+    ) -> Result<Option<ReqId>, Error> {
+        match r {
+            Ok(v) => Ok(v),
+            Err(e) => {
+                let _ = self.execute();
+                Err(Error::req(op, e))
+            }
+        }
+    }
+
+    /// Runs one data-path call: a comm that already returned a usage or remote error returns
+    /// it again without doing anything (on both ends: the peer's comm fails the same way once
+    /// it learns of the error); a new usage or remote error is kept for the later calls.
+    /// Argument errors (`InvalidArgument`, checked before the comm's state is touched) are not
+    /// kept: the call had no effect.
+    #[inline]
+    pub(super) fn sticky_call<T>(
+        &mut self,
+        f: impl FnOnce(&mut Self) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        if let Some(e) = &self.sticky {
+            return Err(e.clone());
+        }
+        self.qp.begin_batch();
+        // The batch ends even if `f` panics (the shim catches it), so no ACK stays held.
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut *self)));
+        self.qp.end_batch();
+        let r = r.unwrap_or_else(|p| std::panic::resume_unwind(p));
+        if let Err(e) = &r {
+            if matches!(e.class(), Class::Usage | Class::Remote) {
+                self.sticky = Some(e.clone());
+            }
+        }
+        r
+    }
+
+    /// On the first error completion: when the set-up socket shows the peer closed (a read, on
+    /// this error path only), the comm fails with that cause before the completion is fed, so
+    /// the error every request reports is "the peer closed", not the flush it caused. True
+    /// when the peer closed.
+    fn peer_close_first(&mut self) -> bool {
+        if !self.qp.peer_closed() {
+            return false;
+        }
+        self.report_peer_gone();
+        true
+    }
+
+    /// Tells the peer this is an orderly close ([`QueuePair::goodbye`]).
+    pub(super) fn goodbye(&mut self) {
+        self.qp.goodbye();
+    }
+
+    /// Fails the comm because its peer went, with one WARN.
+    fn report_peer_gone(&mut self) {
+        self.watch.warned_peer = true;
+        let why = peer_gone(&*self.qp, R::NAME);
+        warn!("{why}; outstanding requests fail");
+        self.side.fail(ReqError::Remote(why));
+    }
+
+    /// Polls the CQ once and feeds the completions, the CTS ring and the credit word to the
+    /// engine; returns how many completions it polled. Makes no system call of its own (the
+    /// verbs poll is a read of mapped memory; the tcp transport reads its data stream).
+    fn poll_and_feed(&mut self, now: u64) -> usize {
+        let mut wcs = std::mem::take(&mut self.wcs);
+        wcs.clear();
+        let polled = self.qp.poll_cq(&mut wcs, 64);
+        let n = wcs.len();
+        let mut peer_gone = self.watch.warned_peer;
+        for wc in &wcs {
+            if wc.status != WcStatus::Success && !peer_gone {
+                peer_gone = self.peer_close_first();
+            }
+            self.side.handle_wc(now, wc);
+        }
+        self.side.after_poll(now);
+        self.wcs = wcs;
+        if let Err(e) = polled {
+            let err = ReqError::Remote(format!("polling the completion queue failed: {e}"));
+            self.side.fail(err);
+            return 0;
+        }
+        n
+    }
+
+    /// Polls the CQ, reads the CTS ring and credit word, feeds the engine, executes actions,
+    /// and runs the watchdog.
+    pub(super) fn progress(&mut self, now: u64) -> Result<(), Error> {
+        self.poll_and_feed(now);
+        if self.watch.peer_check_due(now) && self.qp.peer_closed() {
+            // Completions the CQ holds already are delivered before the close is reported.
+            for _ in 0..MAX_DRAIN_POLLS {
+                if self.poll_and_feed(now) == 0 {
+                    break;
+                }
+            }
+            self.report_peer_gone();
+        }
+        self.execute()?;
+        self.watchdog(now);
+        Ok(())
+    }
+
+    /// Carries out the engine's actions in order ([`Executor`]); a failure
+    /// fails the engine, so every outstanding request reports it.
+    pub(super) fn execute(&mut self) -> Result<(), Error> {
+        let r = self.side.execute(&mut self.exec, &mut *self.qp);
+        if let Err(e) = &r {
+            self.post_errors += 1;
+            let line = e.report();
+            warn!("{line}");
+            self.side.fail(ReqError::Local(line));
+        }
+        r
+    }
+
+    /// The watchdog's turn: the comm's failure (once), then at most once a second the stalled
+    /// requests and the periodic stats line.
+    fn watchdog(&mut self, now: u64) {
+        self.watch.failure(self.side.failure());
+        if !self.watch.turn_due(now) {
+            return;
+        }
+        if let Some(t) = self.watch.hang_ns() {
+            let stalls = self.side.stalls(now, t);
+            for s in stalls {
+                // Engine, QP and device counters (RNR NAKs tell a credits-off RNR stall apart
+                // from a dead peer), and on the send side the credits in hand.
+                let mut counters = watch::line(&self.counters());
+                let mut extra = Vec::new();
+                self.side.stall_counters(&mut extra);
+                for w in extra {
+                    counters.push(' ');
+                    counters.push_str(&w);
+                }
+                watch::report_stall(&s, &counters);
+            }
+        }
+        if self.watch.stats_due(now) {
+            watch::report_stats(&self.side.stats().fields());
+        }
+    }
+
+    /// The comm's close line and `VERBSNET_STATS_FILE` record (see [`watch::report_close`]).
+    pub(super) fn report_close(&self, label: &str, comm_id: Option<u64>, cfg: &Config) {
+        watch::report_close(
+            R::NAME,
+            label,
+            comm_id,
+            &self.counters(),
+            cfg.stats_file.as_deref(),
+        );
+    }
+}

@@ -1,0 +1,440 @@
+//! Send and receive comms: the driver between the protocol engine and a transport QP.
+//!
+//! A comm owns one QP, its engine, and the plugin-owned registered buffers the protocol needs
+//! (sender: eager-header and record staging, the CTS ring, the credit word; receiver: its own
+//! bounce buffers, the shared pool's, the record ring, control staging). Every entry (`isend`,
+//! `irecv`, `test`) first makes progress: it polls the CQ, reads the CTS ring and credit word,
+//! feeds the engine, and carries out the engine's actions. Nothing blocks. A started request is
+//! an engine [`ReqId`]; what NCCL holds a pointer to is the API layer's (`crate::api`).
+//!
+//! Data-path calls on one comm come from one NCCL progress thread; `regMr`/`deregMr` may come
+//! from NCCL's service thread at the same time (ext-net README), so the mutable state sits
+//! behind a mutex that is uncontended on the data path.
+//!
+//! By concern:
+//! - this file: [`Comm`] (the typed entries: `isend`, `irecv`, `test`, `progress`, `close`)
+//!   and the comm's error ([`Op`], [`Error`]);
+//! - `mr.rs`: registered memory ([`Mr`]: NCCL's buffers and the plugin's own);
+//! - `buffers.rs`: the comm's protocol buffers in the engine's layout, the handshake's
+//!   [`PeerParams`], and how the engine reads them;
+//! - [`pool`] (`pool.rs`): the shared bounce pool receive queues grow from;
+//! - `side.rs`: what differs between the ends ([`SendSide`], [`RecvSide`], [`Role`]) and the
+//!   comm's sink for the one action executor ([`crate::engine::Executor`]);
+//! - `core.rs`: what both ends share: QP progress, the CQ feed, the peer checks, the sticky
+//!   error, the counters;
+//! - `watch.rs`: the hang watchdog, the periodic stats, the close record, the peer-check timer.
+
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+pub use crate::error::{message, Class, Failure, Source};
+
+mod buffers;
+mod core;
+mod mr;
+pub mod pool;
+mod side;
+mod watch;
+
+pub use self::buffers::PeerParams;
+pub(crate) use self::buffers::{RecvBuffers, SendBuffers};
+pub use self::mr::Mr;
+pub use self::side::{RecvSide, Role, SendSide};
+
+use self::core::Core;
+use crate::config::Config;
+use crate::engine::wire::MAX_RECVS;
+use crate::engine::{RecvBuf, RecvEngine, RecvParams, ReqError, ReqId, SendEngine, SendParams};
+use crate::mem::Region;
+use crate::transport::{Device, QueuePair};
+
+/// Nanoseconds since the first call in this process (monotonic).
+pub fn now_ns() -> u64 {
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    BASE.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+/// The comm operation that failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// `regMr`: registering NCCL's buffer.
+    RegMr,
+    /// Allocating or registering the comm's own protocol buffers.
+    Buffers,
+    /// `isend`.
+    Isend,
+    /// `irecv`.
+    Irecv,
+    /// `test`.
+    Test,
+    /// Progress inside any entry: polling, posting WRs, staging, eager copies.
+    Progress,
+    /// Checking what a comm will pin against verbsnet's cap and `RLIMIT_MEMLOCK`.
+    Limits,
+}
+
+/// An error of a comm operation.
+pub type Error = Failure<Op>;
+
+impl Error {
+    /// An engine error of `op` (its text is the engine's).
+    pub fn req(op: Op, e: ReqError) -> Error {
+        let class = match e {
+            ReqError::Usage(_) => Class::Usage,
+            ReqError::Remote(_) | ReqError::Protocol(_) => Class::Remote,
+            ReqError::Local(_) => Class::System,
+        };
+        Failure::wrap(op, class, e)
+    }
+}
+
+/// One end of a connection, typed by its [`Role`]: [`SendComm`] or [`RecvComm`].
+///
+/// Call order: `connect` makes a [`SendComm`] and `accept` a [`RecvComm`] (see
+/// `crate::conn`); then any number of `isend` (send) or `irecv` (receive), each returning a
+/// request id or "retry later", and `test` on each request until done (both ends); `progress`
+/// may be called at any time; `close` last, after which no request of the comm may be used.
+/// Each entry first makes progress (CQ poll, peer writes, the engine's actions, watchdog)
+/// inside the comm's `comm` tracing span, whose `label` every log line of the comm starts with.
+pub struct Comm<R: Role> {
+    core: Mutex<Core<R>>,
+    dev: Arc<dyn Device>,
+    label: String,
+    span: tracing::Span,
+    cfg: Config,
+    /// The NCCL communicator (ncclNet v11+ `commId`) this comm belongs to, for the stats.
+    comm_id: Option<u64>,
+}
+
+/// The sending end (from `connect`): `isend`, `test`.
+pub type SendComm = Comm<SendSide>;
+/// The receiving end (from `accept`): `irecv`, `iflush`, `test`.
+pub type RecvComm = Comm<RecvSide>;
+
+/// The comm's span: every event inside starts with `label` (see [`crate::log`]). At `ERROR`
+/// level so it is enabled whenever any line is.
+fn comm_span(label: &str) -> tracing::Span {
+    tracing::error_span!("comm", label = label)
+}
+
+impl<R: Role> Comm<R> {
+    /// Request slots of a comm of this end: the most requests in flight at once, and the range
+    /// of [`ReqId::slot`].
+    pub const MAX_REQUESTS: usize = <R as side::sealed::Side>::MAX_REQUESTS;
+
+    fn with_side(
+        dev: Arc<dyn Device>,
+        qp: Box<dyn QueuePair>,
+        side: R,
+        label: String,
+        cfg: &Config,
+    ) -> Comm<R> {
+        Comm {
+            core: Mutex::new(Core::new(&dev, qp, side, cfg)),
+            dev,
+            span: comm_span(&label),
+            label,
+            cfg: cfg.clone(),
+            comm_id: None,
+        }
+    }
+
+    /// Tags the comm with its communicator (ncclNet v11+ `commId`): its label and its
+    /// `VERBSNET_STATS_FILE` line (`"comm_id"`) carry it, so counters group by communicator.
+    pub(crate) fn set_comm_id(&mut self, comm_id: Option<u64>) {
+        if let Some(id) = comm_id {
+            self.label = format!("{} [commId {id:#x}]", self.label);
+            self.span = comm_span(&self.label);
+        }
+        self.comm_id = comm_id;
+    }
+
+    /// The device this comm runs on (for `regMr`).
+    pub fn device(&self) -> &Arc<dyn Device> {
+        &self.dev
+    }
+
+    /// The comm's label (`send comm <local> -> <peer> (<dev>)`, `recv comm … <- …`, with
+    /// `[commId …]` when NCCL gave one).
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Core<R>>, Error> {
+        self.core.lock().map_err(|_| {
+            Error::new(
+                Op::Progress,
+                Class::Internal,
+                format!("{}: state poisoned by an earlier panic", self.label),
+            )
+        })
+    }
+
+    /// `test`: `Ok(Some(sizes))` when done (one size for a send, n for a grouped receive).
+    pub fn test(&self, id: ReqId) -> Result<Option<Vec<u64>>, Error> {
+        let _span = self.span.enter();
+        let mut g = self.lock()?;
+        g.sticky_call(|g| {
+            let progressed = g.progress(now_ns());
+            let r = g.side.test(id);
+            progressed?;
+            r.map_err(|e| Error::req(Op::Test, e))
+        })
+    }
+
+    /// Makes progress without starting anything (polls the CQ, reads the CTS ring, posts what
+    /// the engine queued). The plugin calls this inside every entry; tests use it to pump one
+    /// side of a pair.
+    pub fn progress(&self) -> Result<(), Error> {
+        let _span = self.span.enter();
+        let mut g = self.lock()?;
+        g.sticky_call(|g| g.progress(now_ns()))
+    }
+
+    /// The error every call of this comm returns from now on, once a call returned a usage or
+    /// remote error.
+    pub fn sticky_error(&self) -> Option<Error> {
+        self.lock().ok().and_then(|g| g.sticky().cloned())
+    }
+
+    /// Requests in use (the pool returns to 0 when every request was tested to completion).
+    pub fn in_flight(&self) -> usize {
+        self.lock().map_or(0, |g| g.side.in_flight())
+    }
+
+    /// The comm's counters as `(name, value)` pairs: engine, QP, and device counters (`dev_*`,
+    /// where the device has them: device-wide, as moved since this comm was created).
+    pub fn counters(&self) -> Vec<(&'static str, u64)> {
+        self.lock().map_or_else(|_| Vec::new(), |g| g.counters())
+    }
+
+    /// Logs the counters (INFO) and appends them to `VERBSNET_STATS_FILE` if set: what
+    /// [`Comm::close`] reports, for an owner that drops the comm itself.
+    pub fn report_close(&self) {
+        if let Ok(g) = self.core.lock() {
+            g.report_close(&self.label, self.comm_id, &self.cfg);
+        }
+    }
+
+    /// Tells the peer this is an orderly close, not a death ([`QueuePair::goodbye`]): a comm
+    /// dropped without it, as in a process's death, says nothing.
+    pub fn goodbye(&self) {
+        if let Ok(mut g) = self.core.lock() {
+            g.goodbye();
+        }
+    }
+
+    /// `close`: [`Comm::goodbye`], [`Comm::report_close`], then the QP and the buffers go (the
+    /// QP first: after it nothing writes into any buffer).
+    pub fn close(self) {
+        self.goodbye();
+        self.report_close();
+    }
+}
+
+impl SendComm {
+    /// A send comm over an established QP.
+    pub(crate) fn new(
+        dev: Arc<dyn Device>,
+        qp: Box<dyn QueuePair>,
+        bufs: SendBuffers,
+        peer: &PeerParams,
+        cfg: &Config,
+        label: String,
+    ) -> SendComm {
+        let engine = SendEngine::new(SendParams {
+            eager_limit: u64::from(cfg.eager_limit).min(peer.eager_buf_size),
+            credits: cfg.credits,
+            initial_credits: peer.initial_credits,
+            hdr_stage: bufs.hdr.at(),
+            rec_stage: bufs.rec.at(),
+            peer_rec_ring: peer.rec_ring,
+            cts_ring: bufs.cts_ring.at().0,
+            credit_word: bufs.credit_word.at().0,
+            first_seq: peer.first_seq,
+            first_gen: cfg.test_first_gen,
+        });
+        Comm::with_side(dev, qp, SendSide::new(engine, bufs), label, cfg)
+    }
+
+    /// `isend` of `size` bytes at `data` (inside `mr`) with `tag`: `Ok(None)` = retry later.
+    pub fn isend(&self, data: u64, size: u64, tag: i32, mr: &Mr) -> Result<Option<ReqId>, Error> {
+        let _span = self.span.enter();
+        mr.sub(Op::Isend, data, size)?;
+        let mut g = self.lock()?;
+        g.sticky_call(|g| {
+            let now = now_ns();
+            g.progress(now)?;
+            let r = g.side.isend(now, data, mr.keys.lkey, size, tag);
+            let id = g.after_engine_call(r, Op::Isend)?;
+            g.execute()?;
+            Ok(id)
+        })
+    }
+}
+
+impl RecvComm {
+    /// Creates the receive engine and posts its initial receive WRs on `qp` (before the QP can
+    /// receive anything). Returns the engine; [`RecvComm::announce`] then says what to tell
+    /// the sender.
+    pub(crate) fn prepare(
+        qp: &mut dyn QueuePair,
+        bufs: &RecvBuffers,
+        peer: &PeerParams,
+        cfg: &Config,
+    ) -> Result<RecvEngine, Error> {
+        let mut engine = RecvEngine::new(RecvParams {
+            rq_depth: cfg.rq_depth,
+            rq_min: buffers::rq_min(cfg),
+            shrink_after_ns: cfg
+                .rq_shrink_after
+                .map_or(u64::MAX, |d| d.as_nanos().min(u128::from(u64::MAX)) as u64),
+            rq_batch: cfg.rq_batch,
+            rq_low_water: cfg.rq_low_water,
+            eager_buf_size: u64::from(cfg.eager_buf_size),
+            bounce: bufs.bounce.at(),
+            rec_ring: bufs.rec_ring.region.addr(),
+            ctrl_stage: bufs.ctrl.at(),
+            peer_cts_ring: peer.cts_ring,
+            peer_credit_word: peer.credit_word,
+            credits: peer.credits,
+            first_seq: peer.first_seq,
+        });
+        side::post_initial(qp, &mut engine)?;
+        Ok(engine)
+    }
+
+    /// What the sender needs to know about a receiver's buffers.
+    pub(crate) fn announce(bufs: &RecvBuffers, engine: &RecvEngine, cfg: &Config) -> PeerParams {
+        PeerParams {
+            rec_ring: bufs.rec_ring.remote(),
+            initial_credits: engine.granted(),
+            eager_buf_size: u64::from(cfg.eager_buf_size),
+            ..PeerParams::default()
+        }
+    }
+
+    /// A receive comm over an established QP.
+    pub(crate) fn new(
+        dev: Arc<dyn Device>,
+        qp: Box<dyn QueuePair>,
+        bufs: RecvBuffers,
+        engine: RecvEngine,
+        cfg: &Config,
+        label: String,
+    ) -> RecvComm {
+        Comm::with_side(dev, qp, RecvSide::new(engine, bufs), label, cfg)
+    }
+
+    /// `irecv` of `(addr, capacity, tag, registration)` buffers: `Ok(None)` = retry later.
+    pub fn irecv<M: AsRef<Mr>>(
+        &self,
+        bufs: &[(u64, u64, i32, &M)],
+    ) -> Result<Option<ReqId>, Error> {
+        let _span = self.span.enter();
+        if bufs.is_empty() || bufs.len() > MAX_RECVS {
+            return Err(Error::new(
+                Op::Irecv,
+                Class::InvalidArgument,
+                format!("irecv of {} buffers; maxRecvs is {MAX_RECVS}", bufs.len()),
+            ));
+        }
+        let mut regions: [Option<Region>; MAX_RECVS] = Default::default();
+        let mut rb = [RecvBuf::default(); MAX_RECVS];
+        for (i, &(addr, cap, tag, mr)) in bufs.iter().enumerate() {
+            let mr = mr.as_ref();
+            regions[i] = Some(mr.sub(Op::Irecv, addr, cap)?);
+            rb[i] = RecvBuf {
+                addr,
+                cap,
+                rkey: mr.keys.rkey,
+                tag,
+            };
+        }
+        let rb = &rb[..bufs.len()];
+        let mut g = self.lock()?;
+        g.sticky_call(|g| {
+            let now = now_ns();
+            g.progress(now)?;
+            let r = g.side.irecv(now, rb, regions);
+            let id = g.after_engine_call(r, Op::Irecv)?;
+            g.execute()?;
+            Ok(id)
+        })
+    }
+
+    /// `iflush` of received buffers: host memory needs no flush (the data is visible to the
+    /// CPU once the receive completed), so this is always done at once (`Ok(None)`: NCCL's
+    /// "no request, complete", ext-net README).
+    pub fn iflush(&self) -> Result<Option<ReqId>, Error> {
+        Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::TransportError;
+
+    /// Stand-ins for the ops of the layers above (conn, api).
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    enum Above {
+        Conn,
+        Api,
+    }
+
+    fn enomem() -> TransportError {
+        TransportError::Io {
+            op: "ibv_reg_mr".into(),
+            source: std::io::Error::from_raw_os_error(libc::ENOMEM),
+        }
+    }
+
+    #[test]
+    fn a_failure_keeps_its_cause_as_source_and_reports_the_chain_then_the_fix() {
+        let e = Error::new(
+            Op::RegMr,
+            Class::System,
+            "registering 64 bytes at 0x1000 failed",
+        )
+        .fix("; raise RLIMIT_MEMLOCK")
+        .because(enomem());
+        assert_eq!(e.to_string(), "registering 64 bytes at 0x1000 failed");
+        let src = std::error::Error::source(&e).expect("the transport error");
+        assert!(src.downcast_ref::<TransportError>().is_some());
+        let os = std::io::Error::from_raw_os_error(libc::ENOMEM);
+        assert_eq!(
+            e.report(),
+            format!(
+                "registering 64 bytes at 0x1000 failed: ibv_reg_mr: {os}; raise RLIMIT_MEMLOCK"
+            )
+        );
+        assert_eq!((e.op(), e.class()), (Op::RegMr, Class::System));
+    }
+
+    #[test]
+    fn a_wrapper_is_transparent_and_a_lifted_failure_keeps_class_fix_and_text() {
+        let e = Error::req(Op::Isend, ReqError::Usage("send of 9 bytes into 4".into()));
+        assert_eq!(e.class(), Class::Usage);
+        assert_eq!(e.to_string(), "invalid usage: send of 9 bytes into 4");
+        assert!(
+            std::error::Error::source(&e).is_none(),
+            "its text is the cause's"
+        );
+        let low = Error::new(Op::Buffers, Class::System, "a 64-byte protocol buffer")
+            .because_source(message("out of memory"))
+            .fix(" (lower VERBSNET_RQ_DEPTH)");
+        let up = low.clone().lift(Above::Conn);
+        assert_eq!(up.class(), Class::System);
+        assert_eq!(up.op(), Above::Conn);
+        assert_eq!(up.to_string(), low.to_string());
+        assert_eq!(up.report(), low.report());
+        assert_eq!(
+            up.report(),
+            "a 64-byte protocol buffer: out of memory (lower VERBSNET_RQ_DEPTH)"
+        );
+        let top = up.lift(Above::Api);
+        assert_eq!(top.report(), low.report());
+        assert_eq!(top.class(), Class::System);
+    }
+}

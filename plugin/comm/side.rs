@@ -1,0 +1,330 @@
+//! What differs between the two ends of a connection: which engine, which buffers, what a
+//! poll reads or posts afterwards, where the engine's actions land. [`SendSide`] and
+//! [`RecvSide`] implement the sealed [`Side`](sealed::Side) trait the comm's core
+//! ([`super::core`]) is generic over, so every difference is a static call, and
+//! [`CommSink`] is the comm's [`ActionSink`]: the one executor ([`Executor`]) carries
+//! out the engine's actions on the QP and the registered buffers through it.
+
+use std::sync::Arc;
+
+use tracing::warn;
+
+use super::buffers::{RecvBuffers, RecvMem, Regions, SendBuffers};
+use super::mr::Mr;
+use super::pool::BouncePool;
+use super::{Class, Error, Op};
+use crate::engine::wire::MAX_RECVS;
+use crate::engine::{
+    ActionSink, BounceSource, Executor, RecvBuf, RecvEngine, ReqError, ReqId, SendEngine, Stall,
+    Stats, MAX_RECV_REQUESTS, MAX_SEND_REQUESTS,
+};
+use crate::mem::Region;
+use crate::transport::{QueuePair, RecvWr, SendWr, Wc};
+
+pub(super) mod sealed {
+    use std::sync::Arc;
+
+    use super::super::pool::BouncePool;
+    use super::{Error, Executor, QueuePair, ReqError, ReqId, Stall, Stats, Wc};
+
+    /// Pool bounce buffers (addr, lkey) a dropped comm gives back to their pool.
+    pub type Held = (Arc<BouncePool>, Vec<(u64, u32)>);
+
+    /// What the comm's core needs from the end it drives; implemented by
+    /// [`super::SendSide`] and [`super::RecvSide`] only.
+    pub trait Side: Sized + Send + 'static {
+        /// `"send"` or `"recv"` (the stats file's `side`).
+        const NAME: &'static str;
+        /// Request slots (the engine's pool size).
+        const MAX_REQUESTS: usize;
+        /// The engine's counters.
+        fn stats(&self) -> &Stats;
+        /// Requests in use.
+        fn in_flight(&self) -> usize;
+        /// The engine's first fatal error.
+        fn failure(&self) -> Option<&ReqError>;
+        /// Fails the engine: every outstanding request reports `e`.
+        fn fail(&mut self, e: ReqError);
+        /// Requests idle for `timeout_ns`, each once.
+        fn stalls(&mut self, now: u64, timeout_ns: u64) -> Vec<Stall>;
+        /// Feeds one completion to the engine.
+        fn handle_wc(&mut self, now: u64, wc: &Wc);
+        /// After a CQ poll: the sender reads the CTS ring and credit word, the receiver
+        /// re-posts, grows from the pool and returns the credits it owes.
+        fn after_poll(&mut self, now: u64);
+        /// Carries out the engine's actions with `exec` on `qp` and this side's buffers.
+        fn execute(&mut self, exec: &mut Executor, qp: &mut dyn QueuePair) -> Result<(), Error>;
+        /// Extra `name=value` words for a stall report.
+        fn stall_counters(&self, _out: &mut Vec<String>) {}
+        /// `test`: the sizes when done.
+        fn test(&mut self, id: ReqId) -> Result<Option<Vec<u64>>, ReqError>;
+        /// On drop: the pool buffers the engine still holds, to give back after the QP.
+        fn release(&mut self) -> Option<Held>;
+    }
+}
+
+/// Which end of a connection a [`super::Comm`] is: [`SendSide`] (made by `connect`, has
+/// `isend`) or [`RecvSide`] (made by `accept`, has `irecv` and `iflush`). Sealed: only those
+/// two.
+pub trait Role: sealed::Side {}
+impl Role for SendSide {}
+impl Role for RecvSide {}
+
+/// The sender's half of a comm: its engine and protocol buffers.
+pub struct SendSide {
+    engine: SendEngine,
+    bufs: SendBuffers,
+}
+
+/// The eager-copy destinations of one receive request: its buffers' regions, by index.
+type Dests = [Option<Region>; MAX_RECVS];
+
+/// The receiver's half of a comm: its engine, protocol buffers and the destination regions of
+/// the posted receives (per request slot, per buffer: the eager copy target).
+pub struct RecvSide {
+    engine: RecvEngine,
+    bufs: RecvBuffers,
+    dst: Vec<Dests>,
+}
+
+impl SendSide {
+    pub(super) fn new(engine: SendEngine, bufs: SendBuffers) -> SendSide {
+        SendSide { engine, bufs }
+    }
+
+    /// The engine's `isend` (see [`SendEngine::isend`]).
+    pub(super) fn isend(
+        &mut self,
+        now: u64,
+        data: u64,
+        lkey: u32,
+        size: u64,
+        tag: i32,
+    ) -> Result<Option<ReqId>, ReqError> {
+        self.engine.isend(now, data, lkey, size, tag)
+    }
+}
+
+impl RecvSide {
+    pub(super) fn new(engine: RecvEngine, bufs: RecvBuffers) -> RecvSide {
+        let dst = (0..MAX_RECV_REQUESTS).map(|_| Default::default()).collect();
+        RecvSide { engine, bufs, dst }
+    }
+
+    /// The engine's `irecv` (see [`RecvEngine::irecv`]); a started request remembers `dests`,
+    /// where its eager messages are copied.
+    pub(super) fn irecv(
+        &mut self,
+        now: u64,
+        bufs: &[RecvBuf],
+        dests: Dests,
+    ) -> Result<Option<ReqId>, ReqError> {
+        let r = self.engine.irecv(now, bufs);
+        if let Ok(Some(id)) = &r {
+            self.dst[id.slot as usize] = dests;
+        }
+        r
+    }
+}
+
+impl sealed::Side for SendSide {
+    const NAME: &'static str = "send";
+    const MAX_REQUESTS: usize = MAX_SEND_REQUESTS;
+    fn stats(&self) -> &Stats {
+        self.engine.stats()
+    }
+    fn in_flight(&self) -> usize {
+        self.engine.in_flight()
+    }
+    fn failure(&self) -> Option<&ReqError> {
+        self.engine.failure()
+    }
+    fn fail(&mut self, e: ReqError) {
+        self.engine.fail(e)
+    }
+    fn stalls(&mut self, now: u64, timeout_ns: u64) -> Vec<Stall> {
+        self.engine.stalls(now, timeout_ns)
+    }
+    fn handle_wc(&mut self, now: u64, wc: &Wc) {
+        self.engine.handle_wc(now, wc)
+    }
+    fn after_poll(&mut self, now: u64) {
+        let written = [&self.bufs.cts_ring, &self.bufs.credit_word];
+        self.engine.poll_peer_writes(now, &Regions(&written));
+    }
+    fn execute(&mut self, exec: &mut Executor, qp: &mut dyn QueuePair) -> Result<(), Error> {
+        let sink = &mut CommSink {
+            qp,
+            staging: &[&self.bufs.hdr, &self.bufs.rec],
+            recv: None,
+        };
+        exec.execute(&mut self.engine, sink)
+    }
+    fn stall_counters(&self, out: &mut Vec<String>) {
+        out.push(format!(
+            "credits_available={}",
+            self.engine.credits_available()
+        ));
+    }
+    fn test(&mut self, id: ReqId) -> Result<Option<Vec<u64>>, ReqError> {
+        self.engine.test(id).map(|o| o.map(|s| vec![s]))
+    }
+    fn release(&mut self) -> Option<sealed::Held> {
+        None
+    }
+}
+
+impl sealed::Side for RecvSide {
+    const NAME: &'static str = "recv";
+    const MAX_REQUESTS: usize = MAX_RECV_REQUESTS;
+    fn stats(&self) -> &Stats {
+        self.engine.stats()
+    }
+    fn in_flight(&self) -> usize {
+        self.engine.in_flight()
+    }
+    fn failure(&self) -> Option<&ReqError> {
+        self.engine.failure()
+    }
+    fn fail(&mut self, e: ReqError) {
+        self.engine.fail(e)
+    }
+    fn stalls(&mut self, now: u64, timeout_ns: u64) -> Vec<Stall> {
+        self.engine.stalls(now, timeout_ns)
+    }
+    fn handle_wc(&mut self, now: u64, wc: &Wc) {
+        self.engine.handle_wc(now, wc, &RecvMem(&self.bufs))
+    }
+    fn after_poll(&mut self, now: u64) {
+        self.engine
+            .after_poll(now, &mut PoolSource(&self.bufs.pool));
+    }
+    fn execute(&mut self, exec: &mut Executor, qp: &mut dyn QueuePair) -> Result<(), Error> {
+        let sink = &mut CommSink {
+            qp,
+            staging: &[&self.bufs.ctrl],
+            recv: Some((&self.bufs, &self.dst)),
+        };
+        exec.execute(&mut self.engine, sink)
+    }
+    fn test(&mut self, id: ReqId) -> Result<Option<Vec<u64>>, ReqError> {
+        let r = self.engine.test(id);
+        if !matches!(r, Ok(None)) {
+            if let Some(d) = self.dst.get_mut(id.slot as usize) {
+                *d = Default::default();
+            }
+        }
+        r
+    }
+    fn release(&mut self) -> Option<sealed::Held> {
+        let held = self.engine.release_all();
+        (!held.is_empty()).then(|| (self.bufs.pool.clone(), held))
+    }
+}
+
+/// Posts the receive engine's first actions (its initial receive WRs) on `qp`, before the QP
+/// can receive anything; the engine stages nothing and copies nothing yet.
+///
+/// # Errors
+/// [`Op::Buffers`]: a post failed, or the engine asked for more than posts.
+pub(super) fn post_initial(qp: &mut dyn QueuePair, engine: &mut RecvEngine) -> Result<(), Error> {
+    let exec = &mut Executor::default();
+    let sink = &mut CommSink {
+        qp,
+        staging: &[],
+        recv: None,
+    };
+    exec.execute(engine, sink).map_err(|e| {
+        Error::new(
+            Op::Buffers,
+            Class::System,
+            "posting the initial receive queue failed",
+        )
+        .because(e)
+    })
+}
+
+/// Where a comm carries out its engine's actions ([`Executor`]): its QP, its staging
+/// buffers, and on the receive side its bounce buffers, the pool and the destinations of the
+/// posted receives.
+struct CommSink<'a> {
+    qp: &'a mut dyn QueuePair,
+    /// The buffers `Stage` actions write into.
+    staging: &'a [&'a Mr],
+    /// The receive side's: what eager copies read and write, where bounce buffers go back.
+    recv: Option<(&'a RecvBuffers, &'a [Dests])>,
+}
+
+impl CommSink<'_> {
+    fn recv(&self, what: &str) -> Result<(&RecvBuffers, &[Dests]), Error> {
+        self.recv.ok_or_else(|| {
+            Error::new(
+                Op::Progress,
+                Class::Internal,
+                format!("{what} on a send comm"),
+            )
+        })
+    }
+}
+
+impl ActionSink for CommSink<'_> {
+    type Error = Error;
+
+    fn stage(&mut self, addr: u64, bytes: &[u8]) -> Result<(), Error> {
+        Regions(self.staging).stage(addr, bytes)
+    }
+
+    fn post_send(&mut self, wrs: &[SendWr]) -> Result<(), Error> {
+        self.qp
+            .post_send(wrs)
+            .map_err(|e| Error::new(Op::Progress, Class::System, "post_send").because(e))
+    }
+
+    fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<(), Error> {
+        self.qp
+            .post_recv(wrs)
+            .map_err(|e| Error::new(Op::Progress, Class::System, "post_recv").because(e))
+    }
+
+    fn copy(&mut self, src: u64, req: ReqId, buf: usize, len: u64) -> Result<(), Error> {
+        let (bufs, dst) = self.recv("an eager copy")?;
+        let d = dst.get(req.slot as usize).and_then(|d| d[buf].as_ref());
+        let slab: Option<Arc<Mr>>;
+        let from = if bufs.bounce.region.contains(src, len) {
+            Some(&bufs.bounce.region)
+        } else {
+            slab = bufs.pool.slab(src, len);
+            slab.as_ref().map(|s| &s.region)
+        };
+        match (d, from) {
+            (Some(d), Some(from)) => d
+                .copy_from(0, from, (src - from.addr()) as usize, len as usize)
+                .map_err(|e| Error::new(Op::Progress, Class::Internal, "eager copy").because(e)),
+            _ => Err(Error::new(
+                Op::Progress,
+                Class::Internal,
+                format!(
+                    "eager copy of {len} bytes at {src:#x} into request {req:?}: unknown buffer"
+                ),
+            )),
+        }
+    }
+
+    fn return_bounce(&mut self, b: &[(u64, u32)]) -> Result<(), Error> {
+        self.recv("returning bounce buffers")?.0.pool.give(b);
+        Ok(())
+    }
+}
+
+/// The shared pool of the device as the receive engine's [`BounceSource`]: a registration that
+/// fails is one WARN and no buffers (the queue then stays at its depth).
+struct PoolSource<'a>(&'a BouncePool);
+
+impl BounceSource for PoolSource<'_> {
+    fn take(&mut self, k: u32) -> Vec<(u64, u32)> {
+        self.0.take(k as usize).unwrap_or_else(|e| {
+            warn!("the receive queue cannot grow: {}", e.report());
+            Vec::new()
+        })
+    }
+}

@@ -1,0 +1,364 @@
+//! Unit tests of the send engine (`super`), fed by hand.
+
+use super::*;
+
+fn params(credits: bool, initial: u64) -> SendParams {
+    SendParams {
+        eager_limit: 64,
+        credits,
+        initial_credits: initial,
+        hdr_stage: (0x10_0000, 1),
+        rec_stage: (0x20_0000, 2),
+        peer_rec_ring: (0x30_0000, 3),
+        cts_ring: 0x50_0000,
+        credit_word: 0x60_0000,
+        first_seq: 0,
+        first_gen: 0,
+    }
+}
+
+fn cts(r: u64, base: u64, credits: u64, bufs: &[(u64, i32)]) -> CtsEntry {
+    let mut b = [CtsBuf::default(); MAX_RECVS];
+    for (i, &(cap, tag)) in bufs.iter().enumerate() {
+        b[i] = CtsBuf {
+            addr: 0x4000_0000 + i as u64 * 0x1000,
+            cap,
+            rkey: 77,
+            tag,
+        };
+    }
+    CtsEntry {
+        r,
+        credits,
+        base,
+        n: bufs.len() as u32,
+        zeros: 0,
+        bufs: b,
+    }
+}
+
+#[test]
+fn credit_gating_refuses_at_zero_and_resumes_on_credit() {
+    let mut e = SendEngine::new(params(true, 2));
+    assert!(e.isend(0, 0x1000, 5, 8, 0).unwrap().is_some());
+    assert!(e.isend(0, 0x1000, 5, 8, 0).unwrap().is_some());
+    assert_eq!(e.isend(0, 0x1000, 5, 8, 0).unwrap(), None);
+    assert_eq!(e.stats().credit_stalls, 1);
+    e.handle_credit(wire::credit_word(3, 0));
+    assert!(e.isend(0, 0x1000, 5, 8, 0).unwrap().is_some());
+    assert_eq!(e.credits_available(), 0);
+}
+
+#[test]
+fn credits_off_never_refuses_for_credit() {
+    let mut e = SendEngine::new(params(false, 0));
+    for _ in 0..10 {
+        assert!(e.isend(0, 0x1000, 5, 8, 0).unwrap().is_some());
+    }
+    assert_eq!(e.stats().credit_stalls, 0);
+}
+
+#[test]
+fn a_send_whose_cts_is_known_is_one_write_with_imm_into_its_buffer() {
+    let mut e = SendEngine::new(params(true, 8));
+    assert_eq!(e.isend(0, 0x1000, 5, 1000, 9).unwrap(), None);
+    assert_eq!(e.stats().cts_waits, 1);
+    e.handle_cts(1, cts(0, 0, 8, &[(4096, 9), (64, 9)]))
+        .unwrap();
+    for (k, size) in [1000u64, 0].into_iter().enumerate() {
+        let id = e.isend(2, 0x1000, 5, size, 9).unwrap().unwrap();
+        let acts = e.drain_actions();
+        assert_eq!(acts.len(), 1, "{acts:?}");
+        match &acts[0] {
+            Action::PostSend(wr) => {
+                assert_eq!(
+                    wr.opcode,
+                    SendOpcode::RdmaWriteWithImm {
+                        remote_addr: 0x4000_0000 + k as u64 * 0x1000,
+                        rkey: 77,
+                        imm: wire::imm_encode(0, k, false, false)
+                    }
+                );
+                assert_eq!(wr.byte_len(), size);
+                assert_eq!(wr.num_sge, u8::from(size > 0));
+                assert!(wr.signaled);
+            }
+            a => panic!("{a:?}"),
+        }
+        assert_eq!(e.test(id).unwrap(), None);
+        e.handle_wc(
+            3,
+            &Wc {
+                wr_id: wr_id(WrKind::Direct, id.gen, id.slot),
+                status: WcStatus::Success,
+                opcode: crate::transport::WcOpcode::RdmaWrite,
+                byte_len: 0,
+                imm: None,
+            },
+        );
+        assert_eq!(e.test(id).unwrap(), Some(size));
+    }
+    assert_eq!((e.stats().rendezvous, e.stats().eager), (2, 0));
+}
+
+#[test]
+fn a_speculative_send_never_consumes_a_zero_length_receive_wr() {
+    // Two bounce-backed WRs at first; the receiver then posted receive 0 with 3 zero-length
+    // WRs (credits 5, the zeros are WRs 2..5), and the sender matched all of receive 0.
+    let mut e = SendEngine::new(params(true, 2));
+    e.handle_cts(
+        0,
+        CtsEntry {
+            zeros: 3,
+            ..cts(0, 0, 5, &[(64, 1); 3])
+        },
+    )
+    .unwrap();
+    for _ in 0..3 {
+        assert!(e.isend(0, 0x1000, 5, 8, 1).unwrap().is_some());
+    }
+    // WR 3 is zero-length: no speculative SEND, although a credit is there.
+    assert_eq!(e.credits_available(), 2);
+    assert_eq!(e.isend(1, 0x1000, 5, 8, 1).unwrap(), None);
+    assert_eq!(e.stats().cts_waits, 1);
+    // The receiver re-posted 3 bounce-backed WRs (5..8): still WR 3 and 4 first.
+    e.handle_credit(wire::credit_word(8, 5));
+    assert_eq!(e.isend(2, 0x1000, 5, 8, 1).unwrap(), None);
+    // A CTS: the next sends go direct and consume WRs 3 and 4; then WR 5 may take a SEND.
+    e.handle_cts(3, cts(1, 3, 8, &[(64, 1); 2])).unwrap();
+    for _ in 0..2 {
+        assert!(e.isend(4, 0x1000, 5, 8, 1).unwrap().is_some());
+    }
+    assert!(e.isend(5, 0x1000, 5, 8, 1).unwrap().is_some());
+    let sends = e
+        .drain_actions()
+        .into_iter()
+        .filter_map(|a| match a {
+            Action::PostSend(wr) => Some(wr.opcode),
+            _ => None,
+        })
+        .collect::<Vec<_>>();
+    assert_eq!(sends.len(), 6);
+    assert!(sends[..5]
+        .iter()
+        .all(|o| matches!(o, SendOpcode::RdmaWriteWithImm { .. })));
+    assert_eq!(sends[5], SendOpcode::Send);
+    assert_eq!(e.stats().eager, 1);
+}
+
+#[test]
+fn too_large_send_fails_and_notifies_receiver() {
+    let mut e = SendEngine::new(params(true, 8));
+    e.handle_cts(0, cts(0, 0, 8, &[(100, 0)])).unwrap();
+    let err = e.isend(0, 0x1000, 5, 1000, 0).unwrap_err();
+    assert!(
+        matches!(err, ReqError::Usage(ref m) if m.contains("1000 bytes") && m.contains("100 bytes")),
+        "{err}"
+    );
+    let acts = e.drain_actions();
+    assert_eq!(acts.len(), 2);
+    assert_eq!(
+        acts[0],
+        Action::Stage {
+            addr: 0x20_0000,
+            bytes: (REC_TOO_BIG | 1000).to_le_bytes().to_vec()
+        }
+    );
+    assert_eq!(e.in_flight(), 0);
+}
+
+#[test]
+fn eager_before_cts_completes_only_after_cts_validates_it() {
+    let mut e = SendEngine::new(params(true, 8));
+    let id = e.isend(0, 0x1000, 5, 60, 4).unwrap().unwrap();
+    e.handle_wc(
+        1,
+        &Wc {
+            wr_id: wr_id(WrKind::Eager, id.gen, id.slot),
+            status: WcStatus::Success,
+            opcode: crate::transport::WcOpcode::Send,
+            byte_len: 0,
+            imm: None,
+        },
+    );
+    assert_eq!(e.test(id).unwrap(), None, "no CTS yet");
+    e.handle_cts(2, cts(0, 0, 8, &[(50, 4)])).unwrap();
+    assert!(matches!(e.test(id), Err(ReqError::Usage(_))), "60 > 50");
+}
+
+#[test]
+fn speculative_eager_sends_are_capped_so_the_cts_ring_cannot_overrun() {
+    let mut e = SendEngine::new(params(false, 0));
+    for _ in 0..MAX_SPECULATIVE {
+        assert!(e.isend(0, 0x1000, 5, 8, 0).unwrap().is_some());
+    }
+    assert_eq!(
+        e.isend(0, 0x1000, 5, 8, 0).unwrap(),
+        None,
+        "no receive known"
+    );
+    assert_eq!(e.stats().cts_waits, 1);
+    e.handle_cts(0, cts(0, 0, 0, &[(8, 0)])).unwrap();
+    assert!(
+        e.isend(0, 0x1000, 5, 8, 0).unwrap().is_some(),
+        "one matched: one more"
+    );
+    const { assert!(MAX_SPECULATIVE + MAX_RECV_REQUESTS_FOR_RING < CTS_RING_ENTRIES) };
+}
+
+/// Receives that can be posted (and their CTS unread) at once.
+const MAX_RECV_REQUESTS_FOR_RING: usize = crate::engine::MAX_RECV_REQUESTS;
+
+#[test]
+fn out_of_sequence_cts_fails_the_comm() {
+    let mut e = SendEngine::new(params(true, 8));
+    assert!(e.handle_cts(0, cts(1, 0, 8, &[(50, 4)])).is_err());
+    assert!(matches!(e.isend(0, 0, 0, 1, 0), Err(ReqError::Protocol(_))));
+}
+
+#[test]
+fn slot_limit_returns_none_then_recovers() {
+    let mut e = SendEngine::new(params(false, 0));
+    // Receives for every slot: 32 groups of 8 buffers, and one more for the retry.
+    for r in 0..=(MAX_SEND_REQUESTS / MAX_RECVS) as u64 {
+        e.handle_cts(0, cts(r, r * 8, 0, &[(8, 0); 8])).unwrap();
+    }
+    let mut ids = Vec::new();
+    for _ in 0..MAX_SEND_REQUESTS {
+        ids.push(e.isend(0, 0x1000, 5, 8, 0).unwrap().unwrap());
+    }
+    assert_eq!(e.isend(0, 0x1000, 5, 8, 0).unwrap(), None);
+    assert_eq!(e.stats().slots_full, 1);
+    let id = ids[0];
+    e.handle_wc(
+        0,
+        &Wc {
+            wr_id: wr_id(WrKind::Eager, id.gen, id.slot),
+            status: WcStatus::Success,
+            opcode: crate::transport::WcOpcode::Send,
+            byte_len: 0,
+            imm: None,
+        },
+    );
+    assert_eq!(e.test(id).unwrap(), Some(8));
+    assert!(e.isend(0, 0x1000, 5, 8, 0).unwrap().is_some());
+}
+
+fn eager_wc(e: &mut SendEngine, now: u64, id: ReqId) {
+    e.handle_wc(
+        now,
+        &Wc {
+            wr_id: wr_id(WrKind::Eager, id.gen, id.slot),
+            status: WcStatus::Success,
+            opcode: crate::transport::WcOpcode::Send,
+            byte_len: 0,
+            imm: None,
+        },
+    );
+}
+
+#[test]
+fn stalls_name_their_cause_once_per_request_and_per_refusal_streak() {
+    let mut e = SendEngine::new(params(true, 2));
+    let a = e.isend(0, 0x1000, 5, 8, 3).unwrap().unwrap();
+    let b = e.isend(0, 0x1000, 5, 9, 3).unwrap().unwrap();
+    assert_eq!(e.isend(10, 0x1000, 5, 8, 3).unwrap(), None, "no credit");
+    eager_wc(&mut e, 20, a);
+    assert!(e.stalls(60, 100).is_empty(), "not idle long enough");
+    let s = e.stalls(200, 100);
+    assert_eq!(s.len(), 3, "{s:?}");
+    let by = |what: &str| s.iter().find(|x| x.what.starts_with(what)).unwrap();
+    assert_eq!(by("send 0").what, "send 0 (8 bytes, tag 3)");
+    assert!(by("send 0")
+        .waiting_for
+        .starts_with("the receiver's clear-to-send for send 0"));
+    assert!(by("send 1")
+        .waiting_for
+        .starts_with("the completion of a posted send"));
+    assert_eq!(by("isend").req.slot, u32::MAX);
+    assert!(by("isend").waiting_for.starts_with("a credit"));
+    assert_eq!(by("isend").idle_ns, 190);
+    // Once each, however long the stall lasts and however often isend is refused.
+    assert_eq!(e.isend(300, 0x1000, 5, 8, 3).unwrap(), None);
+    assert!(e.stalls(10_000, 100).is_empty());
+    // CTS and credits arrive: both sends complete; the caller tests only b.
+    e.handle_cts(10_100, cts(0, 0, 4, &[(64, 3), (64, 3)]))
+        .unwrap();
+    eager_wc(&mut e, 10_100, b);
+    assert_eq!(e.test(b).unwrap(), Some(9));
+    // A new refusal streak after a success is a new stall.
+    assert!(e.isend(10_200, 0x1000, 5, 8, 3).unwrap().is_some());
+    assert!(e.isend(10_200, 0x1000, 5, 8, 3).unwrap().is_some());
+    assert_eq!(e.isend(10_300, 0x1000, 5, 8, 3).unwrap(), None);
+    let s = e.stalls(10_500, 100);
+    let whats: Vec<&str> = s.iter().map(|x| x.what.as_str()).collect();
+    assert!(whats.contains(&"isend (answering 'retry later')"), "{s:?}");
+    // `a` completed long ago but was never tested: that is what it waits for (it was
+    // reported once already, so only a fresh request shows the wording).
+    assert!(!whats.iter().any(|w| w.starts_with("send 0")), "{s:?}");
+    let mut f = SendEngine::new(params(true, 1));
+    let c = f.isend(0, 0x1000, 5, 8, 3).unwrap().unwrap();
+    f.handle_cts(0, cts(0, 0, 1, &[(64, 3)])).unwrap();
+    eager_wc(&mut f, 0, c);
+    let s = f.stalls(1000, 100);
+    assert_eq!(s.len(), 1);
+    assert!(
+        s[0].waiting_for.starts_with("the caller to test it"),
+        "{s:?}"
+    );
+}
+
+/// Our CTS ring and credit word as the receiver would write them.
+struct Written {
+    ring: Vec<u8>,
+    credit: u64,
+}
+
+impl MemRead for Written {
+    fn read(&self, addr: u64, out: &mut [u8]) -> bool {
+        if addr == 0x60_0000 && out.len() == 8 {
+            out.copy_from_slice(&self.credit.to_le_bytes());
+            return true;
+        }
+        let Some(off) = addr.checked_sub(0x50_0000).map(|o| o as usize) else {
+            return false;
+        };
+        match self.ring.get(off..off + out.len()) {
+            Some(b) => {
+                out.copy_from_slice(b);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+#[test]
+fn peer_writes_are_read_in_order_and_a_torn_entry_waits() {
+    let mut e = SendEngine::new(params(true, 0));
+    let mut w = Written {
+        ring: vec![0; CTS_RING_ENTRIES * CTS_ENTRY_LEN],
+        credit: 5,
+    };
+    assert!(!e.poll_peer_writes(0, &w), "nothing written yet");
+    assert_eq!(e.credits_available(), 5, "the credit word is read too");
+    // Entry 0 complete, entry 1 torn (head written, tail not yet).
+    w.ring[..CTS_ENTRY_LEN].copy_from_slice(&cts(0, 0, 5, &[(64, 1)]).encode());
+    let one = cts(1, 1, 6, &[(64, 2)]).encode();
+    w.ring[CTS_ENTRY_LEN..CTS_ENTRY_LEN + 8].copy_from_slice(&one[..8]);
+    assert!(e.poll_peer_writes(1, &w));
+    assert_eq!(e.expected_cts(), 1, "the torn entry is left for later");
+    w.ring[CTS_ENTRY_LEN..2 * CTS_ENTRY_LEN].copy_from_slice(&one);
+    assert!(e.poll_peer_writes(2, &w));
+    assert_eq!(e.expected_cts(), 2);
+    assert_eq!(e.stats().cts, 2);
+    // Garbage in the next slot fails the comm as a protocol violation.
+    w.ring[2 * CTS_ENTRY_LEN..2 * CTS_ENTRY_LEN + 8].copy_from_slice(&u64::MAX.to_le_bytes());
+    w.ring[3 * CTS_ENTRY_LEN - 8..3 * CTS_ENTRY_LEN].copy_from_slice(&77u64.to_le_bytes());
+    e.poll_peer_writes(3, &w);
+    assert!(
+        matches!(e.failure(), Some(ReqError::Protocol(_))),
+        "{:?}",
+        e.failure()
+    );
+}
