@@ -111,6 +111,17 @@ fn device_properties() {
     }
     if hca().starts_with("rxe") {
         assert_eq!(p.pci_path, None, "rxe is not a PCI device");
+        // the INFO line lists the port (verbs name `dev:port`) with what NCCL IB reports for it
+        let listed = format!(
+            "[0]{}:1 (port 1, NCCL port 1, guid {:#018x}, {} Mbps, pciPath none)",
+            hca(),
+            p.guid,
+            p.speed_mbps
+        );
+        assert!(
+            logged(&["verbs ports in use, in NCCL IB's order", &listed]),
+            "no INFO line listing {listed}"
+        );
         // rxe: GID 0 is link-local, GID 1 the IPv4-mapped RoCE v2 one; the choice is logged
         assert!(
             logged(&["GID chosen", "gid_index=1", "::ffff:", "RoCE v2"]),
