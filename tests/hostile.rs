@@ -315,6 +315,7 @@ fn crafted_hello(nonce: u64, version: u16, kind: Kind, qp_info: &[u8]) -> Vec<u8
     for _ in 0..10 {
         b.extend_from_slice(&0u64.to_le_bytes());
     }
+    b.extend_from_slice(&[0, 0]); // traffic class, SL
     let mut m = (b.len() as u32).to_le_bytes().to_vec();
     m.extend_from_slice(&b);
     m

@@ -95,18 +95,33 @@ fn device_properties() {
     };
     let p = dev.props();
     println!("props: {p:?}");
-    assert_eq!(p.name, format!("{}:1", hca()));
+    // NCCL IB's name: the verbs device, without the port (net_ib/init.cc); one port on one
+    // device of its card: port 1
+    assert_eq!(p.name, hca());
     assert_eq!(p.port, 1);
     assert!(p.speed_mbps > 0);
     assert!(p.max_comms > 0);
-    // guid = the NIC chip's sys_image_guid, as NCCL's IB transport reports (net_ib/init.cc)
+    // guid = the NIC chip's sys_image_guid as ibv_device_attr holds it (big-endian bytes read
+    // as a host integer, unswapped), as NCCL's IB transport reports (net_ib/init.cc)
     let sysfs = format!("/sys/class/infiniband/{}/sys_image_guid", hca());
     if let Ok(text) = std::fs::read_to_string(&sysfs) {
-        let want = u64::from_str_radix(&text.trim().replace(':', ""), 16).expect("a GUID");
+        let human = u64::from_str_radix(&text.trim().replace(':', ""), 16).expect("a GUID");
+        let want = u64::from_ne_bytes(human.to_be_bytes());
         assert_eq!(p.guid, want, "guid vs {sysfs} ({})", text.trim());
     }
     if hca().starts_with("rxe") {
         assert_eq!(p.pci_path, None, "rxe is not a PCI device");
+        // the INFO line lists the port (verbs name `dev:port`) with what NCCL IB reports for it
+        let listed = format!(
+            "[0]{}:1 (port 1, NCCL port 1, guid {:#018x}, {} Mbps, pciPath none)",
+            hca(),
+            p.guid,
+            p.speed_mbps
+        );
+        assert!(
+            logged(&["verbs ports in use, in NCCL IB's order", &listed]),
+            "no INFO line listing {listed}"
+        );
         // rxe: GID 0 is link-local, GID 1 the IPv4-mapped RoCE v2 one; the choice is logged
         assert!(
             logged(&["GID chosen", "gid_index=1", "::ffff:", "RoCE v2"]),
@@ -131,7 +146,7 @@ fn device_properties() {
     assert!(open_devices(&cfg)
         .unwrap()
         .iter()
-        .all(|d| !d.props().name.starts_with(&format!("{}:", hca()))));
+        .all(|d| d.props().name != hca()));
 }
 
 #[test]

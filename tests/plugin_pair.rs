@@ -118,3 +118,107 @@ fn send_larger_than_receive_fails_on_both_ends() {
     );
     assert_eq!(rb.get(0, 200), vec![0; 200], "nothing written");
 }
+
+/// Every INFO line the plugin logs on this thread while `f` runs, as NCCL users read them.
+fn info_lines<T>(f: impl FnOnce() -> T) -> (T, Vec<String>) {
+    use std::sync::{Arc, Mutex};
+    use tracing_subscriber::layer::SubscriberExt as _;
+    let lines = Arc::new(Mutex::new(Vec::new()));
+    let keep = lines.clone();
+    let sub = tracing_subscriber::registry().with(nccl_net_verbsnet::log::text_layer(
+        nccl_net_verbsnet::config::DebugLevel::Info,
+        move |_, text| keep.lock().unwrap().push(text.to_string()),
+    ));
+    let r = tracing::subscriber::with_default(sub, f);
+    let lines = lines.lock().unwrap().clone();
+    (r, lines)
+}
+
+/// NCCL IB's receiver adopts the sender's traffic class and SL (`net_ib/connect.cc`): the
+/// connecting side resolves them (its knobs beat its communicator's trafficClass, which is
+/// the SL when VERBSNET_IB_SL is unset), the hello carries them, and the accepting side uses
+/// them whatever its own settings say. Each end's INFO line says what its QP uses. The
+/// negotiation is transport-independent (tcp carries no traffic class, ib sets it in the QP).
+#[test]
+fn the_receiver_adopts_the_senders_traffic_class_and_sl() {
+    let base = cfg().unwrap();
+    // (sender's config, receiver's config, what both ends use)
+    let cases = [
+        (
+            Config {
+                ib_tc: Some(40),
+                ib_sl: Some(3),
+                ..base.clone()
+            },
+            Config {
+                ib_tc: Some(104),
+                ib_sl: Some(7),
+                comm_traffic_class: Some(26),
+                ..base.clone()
+            },
+            (40u8, 3u8),
+        ),
+        (
+            // the sender's communicator trafficClass 106: SL 106 & 15 = 10
+            Config {
+                comm_traffic_class: Some(106),
+                ..base.clone()
+            },
+            base.clone(),
+            (106, 10),
+        ),
+        (
+            // the sender's set knob beats its communicator's trafficClass, which stays the SL
+            Config {
+                ib_tc: Some(0),
+                comm_traffic_class: Some(106),
+                ..base.clone()
+            },
+            Config {
+                ib_sl: Some(15),
+                ..base.clone()
+            },
+            (0, 10),
+        ),
+    ];
+    for (send_cfg, recv_cfg, (tc, sl)) in cases {
+        let (l, lines) = info_lines(|| link(&send_cfg, &recv_cfg));
+        let Some(l) = l else { return };
+        let want = format!("traffic class {tc} SL {sl}");
+        let connected = |end: &str| {
+            lines
+                .iter()
+                .find(|s| s.starts_with(end) && s.contains(": connected;"))
+                .unwrap_or_else(|| panic!("no {end} connected line in {lines:#?}"))
+        };
+        let send = connected("send comm");
+        let recv = connected("recv comm");
+        assert!(send.contains(&want), "sender: {send}");
+        assert!(
+            recv.contains(&format!("{want} (the sender's)")),
+            "receiver: {recv}"
+        );
+        // and the pair carries data
+        let sb = Buf::new(&l.dev, 4096).unwrap();
+        let rb = Buf::new(&l.dev, 4096).unwrap();
+        let data = pattern(u64::from(tc), 4096);
+        sb.fill(0, &data);
+        let r = l
+            .recv
+            .irecv(&[(rb.addr(0), 4096, 1, &rb.mr)])
+            .unwrap()
+            .expect("irecv slot");
+        let s = nccl_net_verbsnet::testkit::isend_retry(&l.send, &sb, 0, 4096, 1, POLLS, || {
+            let _ = l.recv.test(r);
+        })
+        .unwrap();
+        wait_with(&l.recv, r, POLLS, || {
+            let _ = l.send.progress();
+        })
+        .unwrap();
+        wait(&l.send, s, POLLS).unwrap();
+        assert_eq!(rb.get(0, 4096), data);
+        l.send.close();
+        l.recv.close();
+    }
+}

@@ -376,13 +376,12 @@ pub struct ListenComm {
     ctx: Arc<Context>,
 }
 
-/// The effective configuration of a connection: the shared one with this context's traffic
-/// class, overridden by a per-connection one (v10 `connect` config) when set.
+/// The effective configuration of a connection: the shared one with the communicator's
+/// traffic class, the per-connection one (v10 `connect` config) when set, else this context's;
+/// `VERBSNET_IB_TC`/`_SL` beat it when set (`conn::traffic_class_and_sl`).
 fn conn_config(ctx: &Context, conn_tc: Option<u8>) -> crate::config::Config {
     let mut cfg = ctx.net.cfg.clone();
-    if let Some(tc) = conn_tc.or(ctx.traffic_class) {
-        cfg.ib_tc = tc;
-    }
+    cfg.comm_traffic_class = conn_tc.or(ctx.traffic_class);
     cfg
 }
 
@@ -449,7 +448,7 @@ mod tests {
 
     fn ctx(tc: Option<u8>) -> Context {
         let cfg = crate::config::Config {
-            ib_tc: 7,
+            ib_tc: Some(7),
             ..Default::default()
         };
         Context {
@@ -466,11 +465,19 @@ mod tests {
     }
 
     #[test]
-    fn a_communicator_traffic_class_overrides_the_knob_and_a_connection_one_overrides_both() {
-        assert_eq!(conn_config(&ctx(None), None).ib_tc, 7);
-        assert_eq!(conn_config(&ctx(Some(106)), None).ib_tc, 106);
-        assert_eq!(conn_config(&ctx(Some(106)), Some(40)).ib_tc, 40);
-        assert_eq!(conn_config(&ctx(None), Some(0)).ib_tc, 0);
+    fn a_connections_traffic_class_beats_the_contexts_and_the_knob_is_kept() {
+        assert_eq!(conn_config(&ctx(None), None).comm_traffic_class, None);
+        assert_eq!(
+            conn_config(&ctx(Some(106)), None).comm_traffic_class,
+            Some(106)
+        );
+        assert_eq!(
+            conn_config(&ctx(Some(106)), Some(40)).comm_traffic_class,
+            Some(40)
+        );
+        assert_eq!(conn_config(&ctx(None), Some(0)).comm_traffic_class, Some(0));
+        // VERBSNET_IB_TC stays, to beat it (conn::traffic_class_and_sl)
+        assert_eq!(conn_config(&ctx(Some(106)), None).ib_tc, Some(7));
         assert_eq!(traffic_class(-1, "x"), Ok(None));
         assert_eq!(traffic_class(255, "x"), Ok(Some(255)));
         assert!(

@@ -43,6 +43,11 @@ knobs! {
         /// `wr_id`s and the 32-bit wrap of request handles without 2^24 reuses of a slot.
         #[doc(hidden)]
         test_first_gen: u32 = 0,
+        /// The communicator's `trafficClass` for one connection (`None`: NCCL passed -1, or a
+        /// v7–v9 table): set per connection by the API layer from the v11+ `init` config or
+        /// the v10 `connect` config, never read from the environment. `VERBSNET_IB_TC` and
+        /// `VERBSNET_IB_SL` beat it when set (`crate::conn::traffic_class_and_sl`).
+        comm_traffic_class: Option<u8> = None,
     }
 
     /// `VERBSNET_TRANSPORT`: auto | ib | tcp.
@@ -287,36 +292,47 @@ knobs! {
         nccl_ib: "`NCCL_IB_RETRY_CNT`, default 7",
     }
 
-    // Traffic class and service level (issue 9).
-    /// `VERBSNET_IB_TC`: GRH traffic class of RC QPs (0..=255); a communicator's
-    /// `trafficClass` (ncclNet v10+) overrides it.
-    ib_tc: u8 {
+    // Traffic class and service level (issue 9; precedence and adoption: issue 23).
+    /// `VERBSNET_IB_TC`: GRH traffic class of RC QPs (0..=255); `None` (unset, or -1): the
+    /// communicator's `trafficClass`, else 0 (`crate::conn::traffic_class_and_sl`).
+    ib_tc: Option<u8> {
         var: "VERBSNET_IB_TC",
         group: FlowControl,
-        kind: Kind::Int { lo: 0, hi: 255 },
-        default: 0, "0",
-        parse: |v| v.int(None)?,
-        show: |n| n.to_string(),
-        doc: "The GRH traffic class of every RC QP (on RoCE the IP header's DSCP/ECN byte: DSCP 26 \
-             is `104`, with ECN-capable `106`). A communicator's `trafficClass` overrides it when \
-             set (not -1): NCCL passes it in the v11/v12 `init` config, or in the v10 `connect` \
-             config (`ncclConfig_t.trafficClass`). The value in effect is printed in each \
-             connection's INFO line (`traffic class N SL M`). On InfiniBand it only matters when \
-             the path uses a GRH.",
-        nccl_ib: "`NCCL_IB_TC`, default 0",
+        kind: Kind::IntOrAuto { lo: 0, hi: 255 },
+        default: None, "auto",
+        parse: |v| v.int_or_auto()?.map(|t| t.map(|n| n as u8)),
+        show: |t| t.map_or("auto".into(), |t| t.to_string()),
+        doc: "The GRH traffic class of a connection's RC QPs (on RoCE the IP header's DSCP/ECN \
+             byte: DSCP 26 is `104`, with ECN-capable `106`). Set, it beats the communicator's \
+             `trafficClass`, as `NCCL_IB_TC` does in NCCL IB (`net_ib/connect.cc`). Auto (unset \
+             or `-1`): the communicator's `trafficClass` when NCCL passes one (not -1: the \
+             v11/v12 `init` config, the v10 `connect` config; `ncclConfig_t.trafficClass`), \
+             else 0. The connecting side decides and the accepting side adopts its value (the \
+             handshake carries it), as NCCL IB's receiver does, so both ends of a connection \
+             use one class whatever the receiver's own setting. Each connection's INFO line \
+             prints the value in effect on that end (`traffic class N SL M`). On InfiniBand it \
+             only matters when the path uses a GRH.",
+        nccl_ib: "`NCCL_IB_TC`, default -1 (the communicator's `trafficClass`, else 0)",
     }
 
-    /// `VERBSNET_IB_SL`: service level of RC QPs (0..=15).
-    ib_sl: u8 {
+    /// `VERBSNET_IB_SL`: service level of RC QPs (0..=15); `None` (unset, or -1): the
+    /// communicator's `trafficClass` (its low 4 bits), else 0.
+    ib_sl: Option<u8> {
         var: "VERBSNET_IB_SL",
         group: FlowControl,
-        kind: Kind::Int { lo: 0, hi: 15 },
-        default: 0, "0",
-        parse: |v| v.int(None)?,
-        show: |n| n.to_string(),
-        doc: "The InfiniBand service level of every RC QP (address vector `sl`); fabrics map it to \
-             virtual lanes. Shown in each connection's INFO line.",
-        nccl_ib: "`NCCL_IB_SL`, default 0",
+        kind: Kind::IntOrAuto { lo: 0, hi: 15 },
+        default: None, "auto",
+        parse: |v| v.int_or_auto()?.map(|t| t.map(|n| n as u8)),
+        show: |t| t.map_or("auto".into(), |t| t.to_string()),
+        doc: "The service level of a connection's RC QPs (address vector `sl`; InfiniBand \
+             fabrics map it to virtual lanes, mlx5 RoCE ports take its low 3 bits as the \
+             802.1p priority). Set, it beats everything, as `NCCL_IB_SL`. Auto (unset or \
+             `-1`): NCCL IB's rule (`net_ib/connect.cc`), the communicator's `trafficClass` \
+             when NCCL passes one, used as the SL (its low 4 bits: the SL field is 4 bits wide, \
+             and what mlx5 keeps of NCCL IB's unmasked value), else 0. `VERBSNET_IB_TC` does \
+             not feed it. The accepting side adopts the connecting side's SL; each \
+             connection's INFO line prints it.",
+        nccl_ib: "`NCCL_IB_SL`, default -1 (the communicator's `trafficClass`, else 0)",
     }
 
     /// `VERBSNET_IB_HCA`: device filter (`[^][=]name[:port],...`).

@@ -383,7 +383,7 @@ fn describe_lists_every_knob_in_order() {
         "transport=auto rq_depth=128 rq_batch=16 rq_low_water=112 rq_min_depth=2 \
          rq_shrink_after=2s rq_pool_size=268435456 eager_buf_size=8192 \
          eager_limit=8192 credits=on rnr_timer=12 rnr_retry=7 ib_timeout=20 ib_retry_cnt=6 \
-         ib_tc=0 ib_sl=0 ib_hca=all ib_gid_index=auto socket_addr=auto socket_ifname=auto socket_keepalive=20s \
+         ib_tc=auto ib_sl=auto ib_hca=all ib_gid_index=auto socket_addr=auto socket_ifname=auto socket_keepalive=20s \
          hang_timeout=60s \
          stats_interval=off stats_file=off debug=warn connect_timeout=120s \
          peer_check_interval=1s"
@@ -405,7 +405,7 @@ fn describe_lists_every_knob_in_order() {
         "transport=tcp rq_depth=4 rq_batch=4 rq_low_water=1 rq_min_depth=2 \
          rq_shrink_after=2s rq_pool_size=268435456 eager_buf_size=8192 \
          eager_limit=8192 credits=off rnr_timer=12 rnr_retry=7 ib_timeout=20 ib_retry_cnt=6 \
-         ib_tc=0 ib_sl=0 ib_hca=mlx5_0:1 ib_gid_index=3 socket_addr=10.0.0.1 socket_ifname=eth0 \
+         ib_tc=auto ib_sl=auto ib_hca=mlx5_0:1 ib_gid_index=3 socket_addr=10.0.0.1 socket_ifname=eth0 \
          socket_keepalive=20s hang_timeout=off stats_interval=0.5s stats_file=off debug=trace \
          connect_timeout=120s peer_check_interval=1s"
     );
@@ -414,15 +414,25 @@ fn describe_lists_every_knob_in_order() {
 #[test]
 fn traffic_class_and_service_level_are_bounded() {
     let c = ok(&[("VERBSNET_IB_TC", "106"), ("VERBSNET_IB_SL", "15")]);
-    assert_eq!((c.ib_tc, c.ib_sl), (106, 15));
-    assert_eq!((Config::default().ib_tc, Config::default().ib_sl), (0, 0));
+    assert_eq!((c.ib_tc, c.ib_sl), (Some(106), Some(15)));
+    // set means present: 0 is set (it beats the communicator's trafficClass); -1, empty and
+    // absent are unset, as for NCCL_IB_TC / NCCL_IB_SL
+    let c = ok(&[("VERBSNET_IB_TC", "0"), ("VERBSNET_IB_SL", "0")]);
+    assert_eq!((c.ib_tc, c.ib_sl), (Some(0), Some(0)));
+    let c = ok(&[("VERBSNET_IB_TC", "-1"), ("VERBSNET_IB_SL", " ")]);
+    assert_eq!((c.ib_tc, c.ib_sl), (None, None));
+    assert_eq!(
+        (Config::default().ib_tc, Config::default().ib_sl),
+        (None, None)
+    );
+    assert_eq!(Config::default().comm_traffic_class, None);
     assert_eq!(
         err(&[("VERBSNET_IB_TC", "256")]),
-        r#"VERBSNET_IB_TC="256" is not valid: expected an integer in 0..=255"#
+        r#"VERBSNET_IB_TC="256" is not valid: expected an integer in 0..=255, or -1 for auto"#
     );
     assert_eq!(
         err(&[("VERBSNET_IB_SL", "16")]),
-        r#"VERBSNET_IB_SL="16" is not valid: expected an integer in 0..=15"#
+        r#"VERBSNET_IB_SL="16" is not valid: expected an integer in 0..=15, or -1 for auto"#
     );
 }
 
@@ -524,8 +534,10 @@ fn registry_defaults_are_the_default_config() {
         ),
         ("VERBSNET_SOCKET_ADDR", "auto"),
         ("VERBSNET_SOCKET_IFNAME", "auto"),
-        // Spelt -1 in the environment, as NCCL_IB_GID_INDEX.
+        // Spelt -1 in the environment, as NCCL_IB_GID_INDEX, NCCL_IB_TC and NCCL_IB_SL.
         ("VERBSNET_IB_GID_INDEX", "auto"),
+        ("VERBSNET_IB_TC", "auto"),
+        ("VERBSNET_IB_SL", "auto"),
     ];
     let d = Config::default();
     for k in KNOBS {

@@ -13,7 +13,7 @@ use tracing::{info, warn};
 
 use super::handle::{self, Handle, HANDLE_SIZE};
 use super::hello::{Hello, HelloReader, Wire, READY};
-use super::{qp_config, Error, Stage};
+use super::{qp_config, traffic_class_and_sl, Error, Stage};
 use crate::comm::{message, Class, PeerParams, SendBuffers, SendComm};
 use crate::config::Config;
 use crate::transport::{Device, Kind, QueuePair};
@@ -317,7 +317,8 @@ impl Connecting {
             };
             let stream: TcpStream = sock.into();
             let _ = stream.set_nodelay(true);
-            let qp = dev.create_qp(&qp_config(cfg)).map_err(|e| {
+            let qpc = qp_config(cfg);
+            let qp = dev.create_qp(&qpc).map_err(|e| {
                 let msg = format!("creating a QP on {dev_name}");
                 Error::new(Stage::QpSetup, Class::System, msg).because(e)
             })?;
@@ -333,6 +334,8 @@ impl Connecting {
                 nonce: self.handle.nonce,
                 qp_info: qp.local_info(),
                 p: bufs.announce(cfg, first_seq),
+                tc: qpc.traffic_class,
+                sl: qpc.service_level,
             };
             let mut wire = Wire::new(stream);
             wire.out.extend_from_slice(&hello.encode());
@@ -406,6 +409,8 @@ impl Connecting {
                 .map(|a| a.to_string())
                 .unwrap_or_default();
             let label = format!("send comm {local} -> {} ({dev_name})", self.handle.addr);
+            // Ours, as the QP was made with them; the receiver adopted and echoed them.
+            let (tc, sl) = traffic_class_and_sl(cfg);
             info!(
                 target: "verbsnet::init",
                 "{label}: connected; eager limit {} B, credit gating {}, {} initial credits, \
@@ -413,8 +418,8 @@ impl Connecting {
                 u64::from(cfg.eager_limit).min(peer.eager_buf_size),
                 if cfg.credits { "on" } else { "off" },
                 peer.initial_credits,
-                cfg.ib_tc,
-                cfg.ib_sl
+                tc,
+                sl
             );
             return Ok(Some(SendComm::new(
                 dev.clone(),

@@ -12,9 +12,10 @@ const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"VNHE");
 /// receive it matched (`engine::wire`), and matching follows the front-group rule. 3: a send
 /// whose clear-to-send is known is one WRITE WITH IMM of its payload (size in `byte_len`), the
 /// immediate has a record bit and a starved bit, CTS entries announce zero-length receive WRs
-/// and the credit word carries where they end. A peer of another version is refused at
-/// connect time instead of misplacing data.
-pub const HELLO_VERSION: u16 = 3;
+/// and the credit word carries where they end. 4: the hello ends with the connection's traffic
+/// class and SL, which the receiver adopts. A peer of another version is refused at connect
+/// time instead of misplacing data.
+pub const HELLO_VERSION: u16 = 4;
 pub(super) const READY: &[u8; 4] = b"RDY!";
 const MAX_HELLO: usize = 1024;
 
@@ -26,6 +27,11 @@ pub(super) struct Hello {
     pub(super) nonce: u64,
     pub(super) qp_info: Vec<u8>,
     pub(super) p: PeerParams,
+    /// The connection's traffic class: the sender's choice (`super::traffic_class_and_sl`),
+    /// which the receiver adopts and echoes.
+    pub(super) tc: u8,
+    /// The connection's SL (0..=15; a hello with more is malformed), as `tc`.
+    pub(super) sl: u8,
 }
 
 impl Hello {
@@ -58,6 +64,7 @@ impl Hello {
         ] {
             b.extend_from_slice(&v.to_le_bytes());
         }
+        b.extend_from_slice(&[self.tc, self.sl]);
         let len = (b.len() - 4) as u32;
         b[0..4].copy_from_slice(&len.to_le_bytes());
         b
@@ -77,6 +84,8 @@ impl Hello {
         for x in v.iter_mut() {
             *x = c.u64()?;
         }
+        let tc = c.u8()?;
+        let sl = c.u8().filter(|sl| *sl <= 15)?;
         Some(Hello {
             kind,
             role,
@@ -91,6 +100,8 @@ impl Hello {
                 initial_credits: v[8],
                 eager_buf_size: v[9],
             },
+            tc,
+            sl,
         })
     }
 }
@@ -264,6 +275,8 @@ mod tests {
                 eager_buf_size: 8192,
                 first_seq: 9,
             },
+            tc: 106,
+            sl: 10,
         };
         let b = h.encode();
         assert_eq!(
@@ -272,5 +285,13 @@ mod tests {
         );
         assert_eq!(Hello::decode(&b[4..]), Some(h));
         assert_eq!(Hello::decode(&b[4..b.len() - 1]), None);
+        // the SL field is 4 bits: more is not a hello
+        let mut bad = b.clone();
+        *bad.last_mut().unwrap() = 16;
+        assert_eq!(Hello::decode(&bad[4..]), None);
+        // a version 3 hello (no traffic class, no SL) is refused by its version
+        let mut v3 = b[4..b.len() - 2].to_vec();
+        v3[4..6].copy_from_slice(&3u16.to_le_bytes());
+        assert_eq!(Hello::decode(&v3), None);
     }
 }

@@ -88,6 +88,9 @@ enum AcceptStage {
         qp: Box<dyn QueuePair>,
         bufs: RecvBuffers,
         engine: RecvEngine,
+        /// The sender's traffic class and SL, which this end's QP uses.
+        tc: u8,
+        sl: u8,
     },
     Done,
 }
@@ -421,7 +424,12 @@ impl Listen {
                     ),
                 ));
             }
-            let mut qp = self.dev.create_qp(&qp_config(&self.cfg)).map_err(|e| {
+            // The sender's traffic class and SL, as NCCL IB's receiver adopts the sender's
+            // (`ncclIbAccept`, `net_ib/connect.cc`): one class on both ends of a connection.
+            let mut qpc = qp_config(&self.cfg);
+            qpc.traffic_class = h.tc;
+            qpc.service_level = h.sl;
+            let mut qp = self.dev.create_qp(&qpc).map_err(|e| {
                 let msg = format!("creating a QP on {}", self.dev_name);
                 Error::new(Stage::QpSetup, Class::System, msg).because(e)
             })?;
@@ -447,9 +455,17 @@ impl Listen {
                 nonce: h.nonce,
                 qp_info: qp.local_info(),
                 p: RecvComm::announce(&bufs, &engine, &self.cfg),
+                tc: h.tc,
+                sl: h.sl,
             };
             a.wire.out.extend_from_slice(&reply.encode());
-            a.stage = AcceptStage::Reply { qp, bufs, engine };
+            a.stage = AcceptStage::Reply {
+                qp,
+                bufs,
+                engine,
+                tc: h.tc,
+                sl: h.sl,
+            };
         }
         if let AcceptStage::Reply { .. } = a.stage {
             let io = |e: io::Error| StepError::Refuse(refusal_of_io(&e), e.to_string());
@@ -469,6 +485,8 @@ impl Listen {
                 mut qp,
                 bufs,
                 engine,
+                tc,
+                sl,
             } = std::mem::replace(&mut a.stage, AcceptStage::Done)
             else {
                 unreachable!()
@@ -482,14 +500,15 @@ impl Listen {
             info!(
                 target: "verbsnet::init",
                 "{label}: connected; RQ depth {} posted in batches of {}, low-water {}, credits {} granted \
-                 initially, credit gating {} (the sender's VERBSNET_CREDITS), traffic class {} SL {}",
+                 initially, credit gating {} (the sender's VERBSNET_CREDITS), traffic class {} SL {} \
+                 (the sender's)",
                 self.cfg.rq_depth,
                 self.cfg.rq_batch,
                 self.cfg.rq_low_water,
                 engine.granted(),
                 if engine.credits() { "on" } else { "off" },
-                self.cfg.ib_tc,
-                self.cfg.ib_sl
+                tc,
+                sl
             );
             return Ok(Some(RecvComm::new(
                 self.dev.clone(),

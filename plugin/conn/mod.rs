@@ -18,9 +18,11 @@
 //!
 //! ## Handshake over the out-of-band TCP stream
 //! 1. sender → receiver: `Hello` (nonce, QP info, CTS ring and credit word addresses/rkeys,
-//!    credit gating, first sequence number);
-//! 2. the receiver creates its QP, **posts its receive queue**, moves the QP to RTR/RTS, and
-//!    replies with its `Hello` (QP info, record ring, initial credits, bounce buffer size);
+//!    credit gating, first sequence number, the traffic class and SL the receiver adopts:
+//!    [`traffic_class_and_sl`]);
+//! 2. the receiver creates its QP with the sender's traffic class and SL, **posts its receive
+//!    queue**, moves the QP to RTR/RTS, and replies with its `Hello` (QP info, record ring,
+//!    initial credits, bounce buffer size, the traffic class and SL echoed);
 //! 3. the sender moves its QP to RTR/RTS and sends `RDY!`; it hands its comm to NCCL;
 //! 4. the receiver reads `RDY!` and hands its comm to NCCL.
 //!
@@ -64,9 +66,33 @@ pub enum Stage {
 /// An error of connection set-up.
 pub type Error = Failure<Stage>;
 
-/// The QP settings every connection asks for under `cfg` (public so that `verbsnet-perf doctor`
-/// checks them against the device's limits).
+/// The traffic class and service level a connecting side uses under `cfg`, by NCCL IB's rule
+/// (`ncclIbConnectImpl`, `src/transport/net_ib/connect.cc`, NCCL 2.30.7), with
+/// `VERBSNET_IB_TC`/`VERBSNET_IB_SL` in the place of `NCCL_IB_TC`/`NCCL_IB_SL`:
+///
+/// - traffic class: the knob when set, else the communicator's `trafficClass` when NCCL
+///   passed one, else 0;
+/// - SL: the knob when set, else the communicator's `trafficClass` itself, else 0 (the knob
+///   `VERBSNET_IB_TC` never feeds the SL). NCCL IB puts the traffic class unmasked into the
+///   4-bit SL field and the device keeps the low bits (mlx5: 4 on InfiniBand, 3 as the
+///   priority on RoCE); verbsnet keeps the low 4 bits itself, so the SL it prints and carries
+///   is the one on the wire.
+///
+/// The accepting side does not apply this rule: it adopts the values the connecting side's
+/// hello carries (`hello::Hello::tc`/`sl`), as NCCL IB's receiver adopts the sender's
+/// (`ncclIbAccept`: `rtrAttr->tc`/`sl` from the remote metadata).
+pub fn traffic_class_and_sl(cfg: &Config) -> (u8, u8) {
+    let comm = cfg.comm_traffic_class;
+    let tc = cfg.ib_tc.or(comm).unwrap_or(0);
+    let sl = cfg.ib_sl.or(comm.map(|t| t & 0x0f)).unwrap_or(0);
+    (tc, sl)
+}
+
+/// The QP settings a connecting side asks for under `cfg` (public so that `verbsnet-perf
+/// doctor` checks them against the device's limits); the accepting side replaces the traffic
+/// class and SL with the connecting side's.
 pub fn qp_config(cfg: &Config) -> QpConfig {
+    let (traffic_class, service_level) = traffic_class_and_sl(cfg);
     // Sender: data WRs (2 per rendezvous) for every request slot; receiver: CTS and credit writes.
     // Receiver: the bounce-backed WRs of the full depth, and the zero-length ones that cover
     // the posted receive buffers (`engine::MAX_ZERO_WRS`).
@@ -78,8 +104,46 @@ pub fn qp_config(cfg: &Config) -> QpConfig {
         rnr_retry: cfg.rnr_retry,
         timeout: cfg.ib_timeout,
         retry_cnt: cfg.ib_retry_cnt,
-        traffic_class: cfg.ib_tc,
-        service_level: cfg.ib_sl,
+        traffic_class,
+        service_level,
         oob_keepalive: cfg.socket_keepalive,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(tc: Option<u8>, sl: Option<u8>, comm: Option<u8>) -> Config {
+        Config {
+            ib_tc: tc,
+            ib_sl: sl,
+            comm_traffic_class: comm,
+            ..Config::default()
+        }
+    }
+
+    /// NCCL IB's precedence (`ncclIbConnectImpl`, `net_ib/connect.cc`): a set knob beats the
+    /// communicator's `trafficClass`, which is the SL too when `VERBSNET_IB_SL` is unset; the
+    /// knob `VERBSNET_IB_TC` never feeds the SL.
+    #[test]
+    fn set_knobs_beat_the_traffic_class_which_is_the_sl_when_unset() {
+        // (VERBSNET_IB_TC, VERBSNET_IB_SL, trafficClass) -> (traffic class, SL)
+        let table = [
+            ((None, None, None), (0, 0)),
+            ((None, None, Some(106)), (106, 10)),
+            ((None, None, Some(5)), (5, 5)),
+            ((Some(7), None, None), (7, 0)),
+            ((Some(7), None, Some(106)), (7, 10)),
+            ((None, Some(3), Some(106)), (106, 3)),
+            ((Some(7), Some(3), Some(106)), (7, 3)),
+            ((Some(0), Some(0), Some(106)), (0, 0)),
+        ];
+        for ((tc, sl, comm), want) in table {
+            let c = cfg(tc, sl, comm);
+            assert_eq!(traffic_class_and_sl(&c), want, "{tc:?} {sl:?} {comm:?}");
+            let q = qp_config(&c);
+            assert_eq!((q.traffic_class, q.service_level), want);
+        }
     }
 }

@@ -289,19 +289,27 @@ pub struct DeviceRnrCounters {
     pub retry_rnr_exceeded_err: Option<u64>,
 }
 
-/// Properties reported through `getProperties` (units as in `ncclNetProperties_v8_t`).
+/// Properties reported through `getProperties` (units as in `ncclNetProperties_v8_t`). The ib
+/// transport fills them as NCCL IB does (`transport::ib::props`, from
+/// `src/transport/net_ib/init.cc`): NCCL's topology trusts them (`src/graph/search.cc` shares
+/// the bandwidth of nets with equal `guid` and `port`; `src/graph/xml.cc` keys nets by `name`
+/// and places them by `pci_path`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct DeviceProps {
-    /// Unique per device, e.g. `rxe0:1` or `tcp0`.
+    /// NCCL's `name`: ib: the verbs device, without the port (`mlx5_0`, `rxe0`), as NCCL IB;
+    /// tcp: `tcp0`, `tcp1`, ...
     pub name: String,
-    /// Realpath of the PCI device in sysfs, or `None` (tcp, rxe).
+    /// sysfs path of the PCI device with the function merged to `.0` (and virtual functions
+    /// into their card), as NCCL IB; `None` for tcp and software devices (rxe).
     pub pci_path: Option<String>,
-    /// The NIC chip's GUID (ib: `sys_image_guid`); NCCL treats devices with the same GUID as one
-    /// NIC (functions of one chip).
+    /// The NIC chip (ib: `sys_image_guid` as `ibv_query_device` stores it, unswapped, as NCCL
+    /// IB); the functions and ports of one card share it.
     pub guid: u64,
     /// Link speed in Mbps.
     pub speed_mbps: i32,
-    /// Port number (1-based, as verbs ports; tcp reports 1).
+    /// NCCL's `port`: ib: the verbs port plus the number of earlier devices on the same card
+    /// (NCCL IB's `realPort`), so that the functions of a multi-port card are distinct
+    /// (`guid`, `port`) pairs; tcp: 1.
     pub port: i32,
     /// Latency in microseconds (0 = NCCL's default).
     pub latency_us: f32,

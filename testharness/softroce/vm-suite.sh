@@ -22,7 +22,8 @@
 #   5. perf_*            verbsnet-perf all_reduce --ranks 2 and 4, sendrecv --ranks 2, and
 #                        alltoall --ranks 4 --shared-comms 2, 4, 8 (skewed senders) over ib,
 #                        small sizes: exit 0, #wrong 0, and the log names rxe0, the GID index and
-#                        the MTU (when the harness exists)
+#                        the MTU; the header's getProperties name is "rxe0" (no ':1', as NCCL
+#                        IB's), with a speed and no pciPath (when the harness exists)
 #   6. doctor_*          verbsnet-perf doctor on rxe0: exit 0 and the port/GID/depth/memlock/
 #                        counter lines when healthy, --json; provoked faults (forced empty or
 #                        link-local GID index, RQ depth over max_cqe, a typo'd knob, an unresolvable plugin,
@@ -32,7 +33,8 @@
 #                        cycles leave fds, threads and `rdma resource` counts at baseline (heap:
 #                        on the host, 400 cycles over tcp);
 #                        two v11 communicators finalized in turn (the one with trafficClass 106
-#                        shows "traffic class 106" in its connections' INFO lines)
+#                        shows "traffic class 106 SL 10" in its connections' INFO lines: its
+#                        trafficClass is the SL too, low 4 bits, as VERBSNET_IB_SL is unset)
 #      explorer          tests/explorer.rs over ib: the contract explorer through the v12 table
 #                        (VM_EXPLORER_CASES sequences, default 60; VM_EXPLORER_DEATH_CASES of the
 #                        peer-death profile, default 8); its "explorer[...]: N
@@ -110,6 +112,11 @@ if [ "${1:-}" = --guest ]; then
         grep -q 'Out of bounds values : 0 OK' "$log" || missing+=("'Out of bounds values : 0 OK'")
         grep -qE '^ *[0-9]+ +[0-9]+ ' "$log" || missing+=("result rows")
         grep -q 'rxe0' "$log" || missing+=("rxe0")
+        # getProperties through the table, as NCCL IB names the port (net_ib/init.cc): the verbs
+        # device without ':port', a speed, and no pciPath (rxe has no PCI device)
+        grep -qE '^# transport: .*dev [0-9]+ of [0-9]+: "rxe0" speed [1-9][0-9]* Mbps ' "$log" \
+            || missing+=("the header's device \"rxe0\" with a speed")
+        ! grep -qE '^# transport: .* pci ' "$log" || missing+=("no pciPath for rxe")
         grep -qE 'gid_index[=: ]+[0-9]' "$log" || missing+=("the GID index")
         grep -qE 'mtu[=: ]+[0-9]+' "$log" || missing+=("the MTU")
         grep -qE '^# plugin: verbsnet \(ncclNetPlugin_v[0-9]+\)' "$log" || missing+=("the table used")
@@ -160,8 +167,9 @@ if [ "${1:-}" = --guest ]; then
     if [ -n "${BIN_lifecycle:-}" ]; then
         test_step lifecycle "$BIN_lifecycle" RUST_TEST_THREADS=1 VERBSNET_TRANSPORT=ib VERBSNET_DEBUG=info \
             VERBSNET_TEST_CYCLES=3,20
-        # communicator a: no trafficClass (VERBSNET_IB_TC, 0); b: trafficClass 106 (overrides)
-        for want in "traffic class 0 SL 0" "traffic class 106 SL 0"; do
+        # communicator a: no trafficClass (0, SL 0); b: trafficClass 106, which is also the
+        # SL (its low 4 bits: 10) as VERBSNET_IB_SL is unset (NCCL IB's rule)
+        for want in "traffic class 0 SL 0" "traffic class 106 SL 10"; do
             grep -qF "$want" "$logs/lifecycle.log" \
                 || fail lifecycle "no connection INFO line with '$want' in lifecycle.log"
         done
@@ -213,7 +221,8 @@ if [ "${1:-}" = --guest ]; then
     fi
     if [ -n "${PERF_BIN:-}" ] && "$PERF_BIN" doctor --help > /dev/null 2>&1; then
         doctor_step doctor_ok 0 "" "" \
-            '^ok +transport +auto: ib \(rxe0:1\)' '^ok +port rxe0:1 +ACTIVE, Ethernet, active MTU [0-9]+' \
+            '^ok +plugin\.devices +rxe0 \([1-9][0-9]* Mbps\)' \
+            '^ok +transport +auto: ib \(rxe0\)' '^ok +port rxe0:1 +ACTIVE, Ethernet, active MTU [0-9]+' \
             '^ok +gid rxe0:1 +index 1 ::ffff:192\.0\.2\.1 RoCE v2' '^ok +depth\.(rq|sq|cq) rxe0' \
             '^ok +memlock' '^ok +counters rxe0:1 +none moved' 'doctor: [0-9]+ ok, 0 warn, 0 fail'
         doctor_step doctor_json 0 "" "--json" '"exit":0' '"verdict":"ok"' '"name":"gid rxe0:1"'
@@ -238,7 +247,7 @@ if [ "${1:-}" = --guest ]; then
             --interval 0 --listen 127.0.0.1:29650 --pings 200 --bw-bytes 16M > "$logs/doctor_listen.log" 2>&1 &
         lpid=$!
         doctor_step doctor_peer 0 "" "--peer 127.0.0.1:29650 --pings 200 --bw-bytes 16M" \
-            '^ok +peer\.transport +here ib \(rxe0:1\)' '^ok +peer\.mtu +here 4096, peer 4096: path MTU 4096' \
+            '^ok +peer\.transport +here ib \(rxe0\)' '^ok +peer\.mtu +here 4096, peer 4096: path MTU 4096' \
             '^ok +peer\.connect' '^ok +peer\.latency +[0-9.]+ us' '^ok +peer\.bandwidth +[0-9.]+ GB/s'
         wait "$lpid" || fail doctor_listen "the listening side exited $?"
     else

@@ -41,36 +41,66 @@ pub fn path_mtu(local: u32, remote: u32) -> u32 {
     known(local).min(known(remote))
 }
 
-/// Per-lane signalling rate in Mbps of an `active_speed` code of `ibv_port_attr`.
-pub fn lane_speed_mbps(active_speed: u8) -> Option<u32> {
-    Some(match active_speed {
-        1 => 2_500,     // SDR
-        2 => 5_000,     // DDR
-        4 => 10_000,    // QDR
-        8 => 10_000,    // FDR10
-        16 => 14_000,   // FDR
-        32 => 25_000,   // EDR
-        64 => 50_000,   // HDR
-        128 => 100_000, // NDR
-        _ => return None,
-    })
+/// Per-lane rates in Mbps by speed bit, as NCCL IB's table (`ibvSpeeds`,
+/// `src/transport/net_ib/init.cc`, NCCL 2.30.7): bit 0 SDR, 1 DDR, 2 QDR, 3 FDR10, 4 FDR,
+/// 5 EDR, 6 HDR, 7 NDR, 8 XDR (`IBV_SPEED_XDR` = 0x100, only in `active_speed_ex`).
+const LANE_MBPS: [u32; 9] = [
+    2_500, 5_000, 10_000, 10_000, 14_000, 25_000, 50_000, 100_000, 200_000,
+];
+
+/// Lanes by width bit (`ibvWidths`, same file): bit 0 1x, 1 4x, 2 8x, 3 12x, 4 2x.
+const WIDTH_LANES: [u32; 5] = [1, 4, 8, 12, 2];
+
+/// Index of the lowest set bit of `code`, at most `max` (NCCL IB's `firstBitSet`: a code with
+/// no bit below `max` set, 0 included, reads as `max`).
+fn first_bit_set(code: u32, max: usize) -> usize {
+    (0..max).find(|&i| code & (1 << i) != 0).unwrap_or(max)
 }
 
-/// Lanes of an `active_width` code of `ibv_port_attr`.
-pub fn width_lanes(active_width: u8) -> Option<u32> {
-    Some(match active_width {
-        1 => 1,
-        2 => 4,
-        4 => 8,
-        8 => 12,
-        16 => 2,
-        _ => return None,
-    })
+/// Per-lane rate in Mbps of a speed code (`active_speed_ex` when non-zero, else
+/// `active_speed`), by NCCL IB's rule (`ncclIbSpeed`, `net_ib/init.cc`): the lowest set bit
+/// picks the entry, and a code past the table — a speed newer than XDR, or 0 — reads as the
+/// last entry, XDR's 200 Gb/s per lane, never as something slower.
+pub fn lane_speed_mbps(speed: u32) -> u32 {
+    LANE_MBPS[first_bit_set(speed, LANE_MBPS.len() - 1)]
 }
 
-/// Port speed in Mbps (lane rate × lanes); `None` when a code is unknown.
-pub fn port_speed_mbps(active_speed: u8, active_width: u8) -> Option<u32> {
-    Some(lane_speed_mbps(active_speed)? * width_lanes(active_width)?)
+/// Lanes of an `active_width` code by NCCL IB's rule (`ncclIbWidth`): the lowest set bit picks
+/// the entry; an unknown code reads as the last entry (2x).
+pub fn width_lanes(width: u8) -> u32 {
+    WIDTH_LANES[first_bit_set(u32::from(width), WIDTH_LANES.len() - 1)]
+}
+
+/// True when `speed` is one speed the table names (one bit, SDR … XDR).
+pub fn speed_code_known(speed: u32) -> bool {
+    speed.is_power_of_two() && speed <= 1 << (LANE_MBPS.len() - 1)
+}
+
+/// True when `width` is one width the table names (one bit, 1x … 2x).
+pub fn width_code_known(width: u8) -> bool {
+    width.is_power_of_two() && u32::from(width) <= 1 << (WIDTH_LANES.len() - 1)
+}
+
+/// The speed code NCCL IB reads (`net_ib/init.cc`): `active_speed_ex` when non-zero (rdma-core
+/// 49+ and a kernel that reports it: XDR and newer only fit there), else `active_speed`.
+pub fn speed_code(active_speed: u8, active_speed_ex: u32) -> u32 {
+    if active_speed_ex != 0 {
+        active_speed_ex
+    } else {
+        u32::from(active_speed)
+    }
+}
+
+/// Port speed in Mbps as NCCL IB reports it (`ncclIbInitDevices`, `net_ib/init.cc`, NCCL
+/// 2.30.7): `ibv_query_port_speed`'s effective bandwidth (units of 100 Mb/s) when the library
+/// exports it and the device answers, else lane rate × lanes of the speed code
+/// ([`speed_code`]) and `active_width`. Saturates at `i32::MAX` (NCCL's `speed` is an `int`).
+pub fn port_speed_mbps(queried_100mbps: Option<u64>, speed: u32, active_width: u8) -> i32 {
+    let mbps = match queried_100mbps {
+        Some(q) => q.saturating_mul(100),
+        None => u64::from(lane_speed_mbps(speed)) * u64::from(width_lanes(active_width)),
+    };
+    i32::try_from(mbps).unwrap_or(i32::MAX)
 }
 
 /// Our status for an `ibv_wc_status` code.
@@ -130,14 +160,68 @@ mod tests {
         assert_eq!(path_mtu(2, 99), 2);
     }
 
+    /// IB spec speed codes × widths (`ibv_port_attr`), as `ibv_devinfo` names them; the rate
+    /// NCCL IB reports for each.
     #[test]
-    fn speeds() {
-        assert_eq!(port_speed_mbps(32, 2), Some(100_000)); // EDR 4x
-        assert_eq!(port_speed_mbps(64, 2), Some(200_000)); // HDR 4x
-        assert_eq!(port_speed_mbps(1, 1), Some(2_500)); // SDR 1x (rxe reports this by default)
-        assert_eq!(port_speed_mbps(128, 16), Some(200_000)); // NDR 2x
-        assert_eq!(port_speed_mbps(3, 1), None);
-        assert_eq!(port_speed_mbps(1, 3), None);
+    fn speeds_follow_nccl_ibs_table() {
+        // (speed code, name, Gb/s per lane)
+        let speeds = [
+            (1, "SDR", 2.5),
+            (2, "DDR", 5.0),
+            (4, "QDR", 10.0),
+            (8, "FDR10", 10.0),
+            (16, "FDR", 14.0),
+            (32, "EDR", 25.0),
+            (64, "HDR", 50.0),
+            (128, "NDR", 100.0),
+            (256, "XDR", 200.0),
+        ];
+        // (width code, lanes)
+        let widths = [(1u8, 1u32), (2, 4), (4, 8), (8, 12), (16, 2)];
+        for (code, name, gbps) in speeds {
+            assert!(speed_code_known(code), "{name}");
+            for (w, lanes) in widths {
+                let want = (gbps * 1000.0) as i32 * lanes as i32;
+                // active_speed holds codes up to NDR; XDR only fits active_speed_ex
+                let (legacy, ex) = if code <= 128 {
+                    (code as u8, 0)
+                } else {
+                    (0, code)
+                };
+                assert_eq!(
+                    port_speed_mbps(None, speed_code(legacy, ex), w),
+                    want,
+                    "{name} {lanes}x"
+                );
+            }
+        }
+        assert_eq!(port_speed_mbps(None, 32, 2), 100_000); // EDR 4x
+        assert_eq!(port_speed_mbps(None, 1, 1), 2_500); // SDR 1x (rxe's default)
+        assert_eq!(port_speed_mbps(None, 256, 2), 800_000); // XDR 4x
+        assert_eq!(port_speed_mbps(None, 128, 16), 200_000); // NDR 2x
+    }
+
+    #[test]
+    fn an_xdr_port_is_never_read_as_slower() {
+        // active_speed_ex beats a stale active_speed
+        assert_eq!(speed_code(0, 0x100), 0x100);
+        assert_eq!(speed_code(32, 0), 32);
+        assert_eq!(speed_code(128, 0x100), 0x100);
+        // an XDR port whose library fills only the 8-bit active_speed (0: no code fits) reads
+        // as XDR, as in NCCL IB: the table's last entry, not 10 Gb/s
+        assert_eq!(port_speed_mbps(None, speed_code(0, 0), 2), 800_000);
+        // a code newer than XDR (0x200) reads as XDR too
+        assert_eq!(port_speed_mbps(None, 0x200, 2), 800_000);
+        assert!(!speed_code_known(0) && !speed_code_known(0x200) && !speed_code_known(3));
+        // several bits: the lowest wins (NCCL's firstBitSet)
+        assert_eq!(lane_speed_mbps(32 | 64), 25_000);
+        // unknown widths read as 2x, the table's last entry
+        assert_eq!(width_lanes(0), 2);
+        assert_eq!(width_lanes(32), 2);
+        assert!(width_code_known(16) && !width_code_known(3) && !width_code_known(32));
+        // ibv_query_port_speed (100 Mb/s units) beats the codes
+        assert_eq!(port_speed_mbps(Some(8000), 1, 1), 800_000);
+        assert_eq!(port_speed_mbps(Some(u64::MAX), 1, 1), i32::MAX);
     }
 
     #[test]

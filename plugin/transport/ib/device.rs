@@ -11,13 +11,14 @@ use rdma_sys::{ibv_access_flags, ibv_device_attr, ibv_gid, ibv_mr, ibv_port_attr
 use tracing::{debug, info, warn};
 
 use super::context::{
-    Context, PortInfo, ProtectionDomain, LINK_LAYER_ETHERNET, LINK_LAYER_INFINIBAND,
-    LINK_LAYER_UNSPECIFIED,
+    query_port, query_port_speed, Context, PortInfo, ProtectionDomain, LINK_LAYER_ETHERNET,
+    LINK_LAYER_INFINIBAND, LINK_LAYER_UNSPECIFIED,
 };
 use super::convert;
 use super::dl;
 use super::filter::HcaFilter;
 use super::gid::{self, GidKind};
+use super::props;
 use super::qp::IbQueuePair;
 use crate::mem::Region;
 use crate::transport::{
@@ -165,17 +166,10 @@ pub(crate) fn read_rnr_counters(dir: &Path) -> DeviceRnrCounters {
     }
 }
 
-/// Realpath of `<sysfs dev dir>/device` when it is a PCI device (its `subsystem` is the `pci`
-/// bus), else `None` (rxe and other software devices have no PCI parent).
-pub(crate) fn pci_path(dev_dir: &Path) -> Option<String> {
-    let device = fs::canonicalize(dev_dir.join("device")).ok()?;
-    let subsystem = fs::canonicalize(device.join("subsystem")).ok()?;
-    (subsystem.file_name()? == "pci").then(|| device.to_string_lossy().into_owned())
-}
-
 /// Opens every verbs device, and returns one [`Device`] per ACTIVE port (link layer InfiniBand
-/// or Ethernet) that `cfg.ib_hca` selects and that has a usable GID. No device, or no
-/// `libibverbs` devices at all (e.g. no RDMA in the kernel), is `Ok(vec![])`.
+/// or Ethernet) that `cfg.ib_hca` selects and that has a usable GID, in NCCL IB's order and
+/// with the properties NCCL IB would report for it ([`props::nccl_properties`]). No device,
+/// or no `libibverbs` devices at all (e.g. no RDMA in the kernel), is `Ok(vec![])`.
 ///
 /// # Errors
 /// [`TransportError::Unavailable`] when `libibverbs.so.1` cannot be loaded (the message names
@@ -196,7 +190,7 @@ pub fn open_devices(cfg: &crate::config::Config) -> Result<Vec<Arc<dyn Device>>,
         info!("no verbs devices: ibv_get_device_list: {e}");
         return Ok(vec![]);
     }
-    let mut out: Vec<Arc<dyn Device>> = Vec::new();
+    let mut opened: Vec<OpenPort> = Vec::new();
     for i in 0..usize::try_from(num).unwrap_or(0) {
         // SAFETY: list holds `num` valid device pointers (libibverbs contract).
         let dev = unsafe { *list.add(i) };
@@ -218,25 +212,51 @@ pub fn open_devices(cfg: &crate::config::Config) -> Result<Vec<Arc<dyn Device>>,
             continue;
         }
         let ctx = Arc::new(Context { verbs, ctx, name });
-        out.extend(open_ports(&ctx, &filter, cfg.ib_gid_index));
+        opened.extend(open_ports(&ctx, &filter, cfg.ib_gid_index));
     }
     // SAFETY: list came from ibv_get_device_list; the opened contexts do not borrow it.
     unsafe { (verbs.free_device_list)(list) };
-    if out.is_empty() {
+    if opened.is_empty() {
         info!(filter = ?cfg.ib_hca, "no usable verbs port");
-    } else {
-        let names: Vec<String> = out.iter().map(|d| d.props().name).collect();
-        info!("verbs ports in use: {}", names.join(" "));
+        return Ok(vec![]);
     }
+    let facts: Vec<props::PortFacts> = opened.iter().map(|o| o.facts.clone()).collect();
+    let mut opened: Vec<Option<OpenPort>> = opened.into_iter().map(Some).collect();
+    let mut out: Vec<Arc<dyn Device>> = Vec::new();
+    let mut line = Vec::new();
+    for (i, props) in props::nccl_properties(&facts) {
+        let Some(o) = opened[i].take() else { continue };
+        line.push(format!(
+            "[{}]{} (port {}, NCCL port {}, guid {:#018x}, {} Mbps, pciPath {})",
+            out.len(),
+            o.port.label(),
+            o.port.port,
+            props.port,
+            props.guid,
+            props.speed_mbps,
+            props.pci_path.as_deref().unwrap_or("none")
+        ));
+        out.push(Arc::new(IbDevice {
+            pd: o.pd,
+            port: Arc::new(o.port),
+            props,
+            counters_dir: o.counters_dir,
+        }));
+    }
+    info!("verbs ports in use, in NCCL IB's order: {}", line.join(" "));
     Ok(out)
 }
 
+/// One usable port of an opened device, before the list's NCCL properties are known.
+struct OpenPort {
+    pd: Arc<ProtectionDomain>,
+    port: PortInfo,
+    counters_dir: PathBuf,
+    facts: props::PortFacts,
+}
+
 /// The usable ports of one opened device.
-fn open_ports(
-    ctx: &Arc<Context>,
-    filter: &HcaFilter,
-    forced_gid: Option<u32>,
-) -> Vec<Arc<dyn Device>> {
+fn open_ports(ctx: &Arc<Context>, filter: &HcaFilter, forced_gid: Option<u32>) -> Vec<OpenPort> {
     let verbs = ctx.verbs;
     // SAFETY: ibv_device_attr is plain data; all-zero is a valid value.
     let mut attr: ibv_device_attr = unsafe { std::mem::zeroed() };
@@ -247,21 +267,22 @@ fn open_ports(
         return vec![];
     }
     let dev_dir = Path::new(SYSFS_IB).join(&ctx.name);
+    let full_pci_path = props::pci_path(Path::new(SYSFS_IB), &ctx.name);
     let mut pd: Option<Arc<ProtectionDomain>> = None;
-    let mut out: Vec<Arc<dyn Device>> = Vec::new();
+    let mut out: Vec<OpenPort> = Vec::new();
     for port in 1..=attr.phys_port_cnt {
         if !filter.selects(&ctx.name, port) {
             debug!(dev = %ctx.name, port, "excluded by VERBSNET_IB_HCA");
             continue;
         }
-        // SAFETY: ibv_port_attr is plain data; all-zero is a valid value.
-        let mut pattr: ibv_port_attr = unsafe { std::mem::zeroed() };
-        // SAFETY: ctx is open, port is in 1..=phys_port_cnt, pattr is a full-size out-struct.
-        let rc = unsafe { (verbs.query_port)(ctx.ctx, port, &mut pattr) };
-        if rc != 0 {
-            warn!(dev = %ctx.name, port, rc, "ibv_query_port failed; skipping the port");
-            continue;
-        }
+        let pa = match query_port(ctx, port) {
+            Ok(pa) => pa,
+            Err(rc) => {
+                warn!(dev = %ctx.name, port, rc, "ibv_query_port failed; skipping the port");
+                continue;
+            }
+        };
+        let pattr = &pa.attr;
         if pattr.state != ibv_port_state::IBV_PORT_ACTIVE {
             info!(dev = %ctx.name, port, state = pattr.state, "port not ACTIVE; skipped");
             continue;
@@ -275,8 +296,7 @@ fn open_ports(
             }
         };
         let port_dir = dev_dir.join("ports").join(port.to_string());
-        let (gid_index, gid) = match pick_gid(ctx, port, &port_dir, link_layer, &pattr, forced_gid)
-        {
+        let (gid_index, gid) = match pick_gid(ctx, port, &port_dir, link_layer, pattr, forced_gid) {
             Ok(pick) => {
                 if let Some(caveat) = &pick.caveat {
                     warn!(dev = %format!("{}:{port}", ctx.name), index = pick.index, "{caveat}");
@@ -324,36 +344,37 @@ fn open_ports(
             max_qp_wr: attr.max_qp_wr.max(1) as u32,
             max_sge: attr.max_sge.max(0) as u32,
         };
-        let speed = convert::port_speed_mbps(pattr.active_speed, pattr.active_width);
-        if speed.is_none() {
-            debug!(dev = %ctx.name, port, speed = pattr.active_speed, width = pattr.active_width, "unknown port speed code");
+        let code = convert::speed_code(pattr.active_speed, pa.active_speed_ex);
+        let queried = query_port_speed(ctx, port);
+        if queried.is_none()
+            && !(convert::speed_code_known(code) && convert::width_code_known(pattr.active_width))
+        {
+            debug!(dev = %ctx.name, port, speed = code, width = pattr.active_width, "unknown port speed or width code; reported by NCCL IB's rule");
         }
-        let props = DeviceProps {
-            name: info.label(),
-            pci_path: pci_path(&dev_dir),
-            // The NIC chip, as NCCL's IB transport reports (`net_ib/init.cc`): functions
-            // and ports of one NIC share it, so NCCL's topology sees them as one chip.
-            guid: u64::from_be(attr.sys_image_guid),
-            speed_mbps: speed.unwrap_or(10_000).min(i32::MAX as u32) as i32,
-            port: i32::from(port),
-            latency_us: 0.0,
-            max_comms: attr.max_qp.max(1),
-        };
+        let speed_mbps = convert::port_speed_mbps(queried, code, pattr.active_width);
         info!(
-            dev = %props.name,
+            dev = %info.label(),
             link_layer = if link_layer == LINK_LAYER_ETHERNET { "RoCE" } else { "IB" },
             mtu = convert::mtu_bytes(info.active_mtu).unwrap_or(0),
-            speed_mbps = props.speed_mbps,
+            speed_mbps,
             gid_index,
             lid = info.lid,
             "verbs port usable"
         );
-        out.push(Arc::new(IbDevice {
+        out.push(OpenPort {
             pd,
             counters_dir: port_dir.join("hw_counters"),
-            port: Arc::new(info),
-            props,
-        }));
+            facts: props::PortFacts {
+                dev: ctx.name.clone(),
+                port,
+                // As NCCL IB (`net_ib/init.cc`): the NIC chip's GUID, as the struct holds it.
+                sys_image_guid: attr.sys_image_guid,
+                speed_mbps,
+                full_pci_path: full_pci_path.clone(),
+                max_qp: attr.max_qp,
+            },
+            port: info,
+        });
     }
     out
 }
@@ -486,14 +507,6 @@ mod tests {
         assert_eq!(c.rcvd_rnr_err, Some(3));
         assert_eq!(c.send_rnr_err, Some(5));
         assert_eq!(c.retry_rnr_exceeded_err, None);
-        fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn software_devices_have_no_pci_path() {
-        let dir = std::env::temp_dir().join(format!("verbsnet-nopci-{}", std::process::id()));
-        fs::create_dir_all(&dir).unwrap();
-        assert_eq!(pci_path(&dir), None);
         fs::remove_dir_all(&dir).unwrap();
     }
 }

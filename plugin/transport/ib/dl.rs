@@ -50,6 +50,12 @@ pub(crate) struct Verbs {
     pub(crate) create_qp: unsafe extern "C" fn(*mut ibv_pd, *mut ibv_qp_init_attr) -> *mut ibv_qp,
     pub(crate) modify_qp: unsafe extern "C" fn(*mut ibv_qp, *mut ibv_qp_attr, c_int) -> c_int,
     pub(crate) destroy_qp: unsafe extern "C" fn(*mut ibv_qp) -> c_int,
+    /// `ibv_query_port_speed(context, port_num, *speed)` (rdma-core 62+, symbol version
+    /// `IBVERBS_1.16`): the port's effective bandwidth in units of 100 Mb/s; `None` where the
+    /// library predates it. Returns 0 or an errno value (`EOPNOTSUPP` from providers without
+    /// it, e.g. rxe). NCCL IB reads it first (`src/misc/ibvsymbols.cc`, `net_ib/init.cc`).
+    pub(crate) query_port_speed:
+        Option<unsafe extern "C" fn(*mut ibv_context, u32, *mut u64) -> c_int>,
 }
 
 static VERBS: OnceLock<Result<Verbs, String>> = OnceLock::new();
@@ -104,6 +110,11 @@ fn load(soname: &str) -> Result<Verbs, String> {
         create_qp: sym!("ibv_create_qp"),
         modify_qp: sym!("ibv_modify_qp"),
         destroy_qp: sym!("ibv_destroy_qp"),
+        // SAFETY: as for sym!; the prototype is verbs.h's (rdma-core 62+). Optional: older
+        // libraries do not export it.
+        query_port_speed: unsafe { lib.get(b"ibv_query_port_speed\0") }
+            .ok()
+            .map(|s| *s),
         _lib: lib,
     })
 }

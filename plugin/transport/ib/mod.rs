@@ -17,8 +17,11 @@
 //!   `TransportError::Resource`) the WRs before the failing one *were* posted; the message says
 //!   how many.
 //!
+//! - `getProperties` reports each port as NCCL IB would ([`props`]: name, `pciPath`, guid,
+//!   port, speed and the device order, each rule from `src/transport/net_ib/init.cc`).
+//!
 //! Modules: `dl` (the run-time symbol table), [`filter`], [`gid`], [`convert`] (pure code
-//! mappings), `context` (the device context, protection domain and port facts that devices and
+//! mappings), [`props`] (NCCL IB's properties from the facts discovery gathered), `context` (the device context, protection domain and port facts that devices and
 //! QPs share), `device` (MRs, QP creation, discovery), [`qp`], [`survey`] (every device and port
 //! with the plugin's verdict on it, for `verbsnet-perf doctor`). Imports run one way:
 //! `device` → `qp` → `context` (and `device` → `context`), never back.
@@ -30,6 +33,7 @@ mod dl;
 pub mod convert;
 pub mod filter;
 pub mod gid;
+pub mod props;
 pub mod qp;
 pub mod survey;
 

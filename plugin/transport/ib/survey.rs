@@ -12,9 +12,12 @@ use std::ffi::{c_char, CStr};
 use std::io;
 use std::path::{Path, PathBuf};
 
-use rdma_sys::{ibv_device_attr, ibv_port_attr, ibv_port_state};
+use rdma_sys::{ibv_device_attr, ibv_port_state};
 
-use super::context::{Context, LINK_LAYER_ETHERNET, LINK_LAYER_INFINIBAND, LINK_LAYER_UNSPECIFIED};
+use super::context::{
+    query_port, query_port_speed, Context, PortAttr, LINK_LAYER_ETHERNET, LINK_LAYER_INFINIBAND,
+    LINK_LAYER_UNSPECIFIED,
+};
 use super::convert;
 use super::device::{gid_table, pick_gid, GidPick, SYSFS_IB};
 use super::dl;
@@ -59,7 +62,8 @@ pub struct DeviceLimits {
 pub struct PortSurvey {
     /// Port number (1-based).
     pub port: u8,
-    /// `<dev>:<port>`, the plugin's device name for it.
+    /// `<dev>:<port>`, as the plugin's log lines name the port (its `getProperties` name is
+    /// the device's, `<dev>`, as NCCL IB's).
     pub label: String,
     /// `ibv_query_port` failed: why (then the other facts are zero).
     pub error: Option<String>,
@@ -71,7 +75,10 @@ pub struct PortSurvey {
     pub active_mtu: Option<u32>,
     /// Largest MTU of the port in bytes.
     pub max_mtu: Option<u32>,
-    /// Speed in Mbps (`None`: unknown speed or width code).
+    /// Speed in Mbps as the plugin reports it (`ibv_query_port_speed`, else the speed code,
+    /// `active_speed_ex` included, × width: [`convert::port_speed_mbps`]); `None` when neither
+    /// the query answered nor both codes are known ones (the plugin then reports NCCL IB's
+    /// fallback, the table's last entries).
     pub speed_mbps: Option<u32>,
     /// The port's LID (InfiniBand; 0 on RoCE).
     pub lid: u16,
@@ -222,10 +229,20 @@ fn survey_port(
 ) -> PortSurvey {
     let label = format!("{}:{port}", ctx.name);
     let sysfs = dev_dir.join("ports").join(port.to_string());
-    // SAFETY: ibv_port_attr is plain data; all-zero is a valid value.
-    let mut pattr: ibv_port_attr = unsafe { std::mem::zeroed() };
-    // SAFETY: ctx is open, port is in 1..=phys_port_cnt, pattr is a full-size out-struct.
-    let rc = unsafe { (ctx.verbs.query_port)(ctx.ctx, port, &mut pattr) };
+    let (rc, pa) = match query_port(ctx, port) {
+        Ok(pa) => (0, pa),
+        // SAFETY: PortAttr is plain data; all-zero is a valid value (the facts read as zero).
+        Err(rc) => (rc, unsafe { std::mem::zeroed::<PortAttr>() }),
+    };
+    let pattr = &pa.attr;
+    let code = convert::speed_code(pattr.active_speed, pa.active_speed_ex);
+    let queried = if rc == 0 {
+        query_port_speed(ctx, port)
+    } else {
+        None
+    };
+    let known = queried.is_some()
+        || (convert::speed_code_known(code) && convert::width_code_known(pattr.active_width));
     let mut s = PortSurvey {
         port,
         label,
@@ -238,7 +255,8 @@ fn survey_port(
         },
         active_mtu: convert::mtu_bytes(pattr.active_mtu),
         max_mtu: convert::mtu_bytes(pattr.max_mtu),
-        speed_mbps: convert::port_speed_mbps(pattr.active_speed, pattr.active_width),
+        speed_mbps: known
+            .then(|| convert::port_speed_mbps(queried, code, pattr.active_width).unsigned_abs()),
         lid: pattr.lid,
         gid_tbl_len: u32::try_from(pattr.gid_tbl_len).unwrap_or(0),
         gids: vec![],
@@ -282,7 +300,7 @@ fn survey_port(
             })
             .collect();
     }
-    s.gid = pick_gid(ctx, port, &s.sysfs, link_layer, &pattr, forced).map(|p: GidPick| SurveyGid {
+    s.gid = pick_gid(ctx, port, &s.sysfs, link_layer, pattr, forced).map(|p: GidPick| SurveyGid {
         index: p.index,
         addr: std::net::Ipv6Addr::from(p.gid),
         kind: if link_layer == LINK_LAYER_ETHERNET {

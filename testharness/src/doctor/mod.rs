@@ -154,7 +154,7 @@ pub fn main(argv: impl IntoIterator<Item = String>) -> i32 {
 pub struct Local {
     /// `ib` or `tcp`.
     pub transport: String,
-    /// The plugin's device name, e.g. `rxe0:1` or `tcp0`.
+    /// The plugin's first device's name (`getProperties`), e.g. `rxe0` or `tcp0`.
     pub device: String,
     /// Active MTU of that port in bytes (ib).
     pub mtu: Option<u32>,
@@ -234,8 +234,12 @@ fn local_checks(
             for c in device_checks(d, cfg.as_ref(), &cfg_for_devices) {
                 report.push(c);
             }
-            if let Some(p) = d.ports.iter().find(|p| p.label == local.device) {
-                local.mtu = p.active_mtu;
+            // The plugin names a verbs device as NCCL IB does (`rxe0`, no port): its first
+            // usable port is the one the plugin listed first on that device.
+            if d.name == local.device && local.mtu.is_none() {
+                if let Some(p) = d.ports.iter().find(|p| p.usable.is_ok()) {
+                    local.mtu = p.active_mtu;
+                }
             }
         }
     }

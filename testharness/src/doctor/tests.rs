@@ -103,11 +103,12 @@ fn nccl_net_and_env() {
         ("NCCL_IB_HCA", "mlx5_0"),
         ("VERBSNET_IB_HCA", "mlx5_0"),
         ("NCCL_IB_SL", "3"),
+        ("NCCL_IB_PKEY", "1"),
     ]
     .into_iter()
     .collect();
     let checks = nccl_env_checks(|k| env.get(k).map(|v| v.to_string()));
-    assert_eq!(checks.len(), 3);
+    assert_eq!(checks.len(), 4);
     let by = |n: &str| {
         checks
             .iter()
@@ -120,7 +121,9 @@ fn nccl_net_and_env() {
         .contains("VERBSNET_SOCKET_IFNAME"));
     assert_eq!(by("NCCL_IB_HCA").verdict, Verdict::Ok);
     assert_eq!(by("NCCL_IB_SL").verdict, Verdict::Warn);
-    assert!(by("NCCL_IB_SL").observed.contains("no equivalent"));
+    assert!(by("NCCL_IB_SL").fix.contains("VERBSNET_IB_SL"));
+    assert_eq!(by("NCCL_IB_PKEY").verdict, Verdict::Warn);
+    assert!(by("NCCL_IB_PKEY").observed.contains("no equivalent"));
 }
 
 #[test]
