@@ -270,17 +270,9 @@ fn wrong_gid_index_fails_config() {
 #[test]
 fn nccl_ib_variables_name_their_replacement() {
     let mut c = doctor(&[]);
-    c.env("NCCL_SOCKET_IFNAME", "eth0")
-        .env("NCCL_IB_SL", "3")
-        .env("NCCL_IB_PKEY", "1");
+    c.env("NCCL_IB_SL", "3").env("NCCL_IB_PKEY", "1");
     let (o, v) = run_json(c);
     assert_eq!(o.status.code(), Some(1), "{}", show(&o));
-    assert_check(
-        &v,
-        "env NCCL_SOCKET_IFNAME",
-        "warn",
-        "VERBSNET_SOCKET_IFNAME",
-    );
     assert_check(&v, "env NCCL_IB_SL", "warn", "VERBSNET_IB_SL");
     assert_check(&v, "env NCCL_IB_PKEY", "warn", "unset NCCL_IB_PKEY");
 }

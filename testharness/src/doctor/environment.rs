@@ -22,10 +22,11 @@ pub fn unknown_var_checks(env: impl Iterator<Item = (String, String)>) -> Vec<Ch
         .collect()
 }
 
-/// `NCCL_*` variables that configure NCCL's own IB or socket transports, which verbsnet does
-/// not read, with the knob that replaces each (`None`: no equivalent).
+/// `NCCL_*` variables that configure NCCL's own IB transport, which verbsnet does not read,
+/// with the knob that replaces each (`None`: no equivalent). `NCCL_SOCKET_IFNAME` and
+/// `NCCL_SOCKET_FAMILY` are not here: verbsnet reads them when its own knobs are unset
+/// (docs/configuration.md, "The set-up interface").
 pub const NCCL_REPLACED: &[(&str, Option<&str>, &str)] = &[
-    ("NCCL_SOCKET_IFNAME", Some("VERBSNET_SOCKET_IFNAME"), "NCCL's bootstrap still uses it; verbsnet's out-of-band listener does not"),
     ("NCCL_IB_HCA", Some("VERBSNET_IB_HCA"), "same syntax, except that prefixes never cut a number (mlx5_1 is not mlx5_10)"),
     ("NCCL_IB_GID_INDEX", Some("VERBSNET_IB_GID_INDEX"), "default: the automatic RoCE v2 IPv4 choice"),
     ("NCCL_IB_TIMEOUT", Some("VERBSNET_IB_TIMEOUT"), "same encoding"),
@@ -65,11 +66,7 @@ pub fn nccl_env_checks(get: impl Fn(&str) -> Option<String>) -> Vec<Check> {
                 format!("{var}={v}: verbsnet does not read it ({note})"),
             )
             .expect(format!("{k} for verbsnet"))
-            .fix(if *var == "NCCL_SOCKET_IFNAME" {
-                format!("export {k}=<one interface name of {v}> (an exact name: no prefixes or ^)")
-            } else {
-                format!("export {k}=... (docs/configuration.md)")
-            }),
+            .fix(format!("export {k}=... (docs/configuration.md)")),
             None => Check::new(
                 name,
                 Verdict::Warn,
