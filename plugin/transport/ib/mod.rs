@@ -26,6 +26,7 @@
 //! with the plugin's verdict on it, for `verbsnet-perf doctor`). Imports run one way:
 //! `device` → `qp` → `context` (and `device` → `context`), never back.
 
+mod conninfo;
 mod context;
 mod device;
 mod dl;

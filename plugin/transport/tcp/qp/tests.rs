@@ -1,0 +1,445 @@
+//! The tcp QP's own tests (state, requester and responder at the byte level).
+
+use std::io::Write;
+use std::net::{TcpListener, TcpStream};
+
+use super::io::STAGE_READ_MAX;
+use super::*;
+use crate::mem::Region;
+use crate::transport::tcp::wire::HEADER_LEN;
+use crate::transport::{SendOpcode, Sge};
+
+fn established() -> (TcpQp, TcpStream, Region, u32) {
+    let registry = Arc::new(Registry::new(1));
+    let cfg = QpConfig {
+        max_recv_wr: 16,
+        max_send_wr: 16,
+        min_rnr_timer: 1,
+        rnr_retry: 7,
+        timeout: 14,
+        retry_cnt: 7,
+        traffic_class: 0,
+        service_level: 0,
+        oob_keepalive: None,
+    };
+    let mut qp = TcpQp::new(1, 100, cfg, Arc::clone(&registry));
+    qp.doorbell = false;
+    let region = Region::alloc(64 << 10);
+    let lkey = registry.insert(region.clone()).expect("register");
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let s = TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+    let (peer, _) = l.accept().expect("accept");
+    let info = ConnInfo {
+        qp_num: 2,
+        initial_psn: 7,
+    }
+    .encode();
+    qp.establish(&info, s).expect("establish");
+    (qp, peer, region, lkey)
+}
+
+fn send_of(region: &Region, lkey: u32, len: u32) -> SendWr {
+    SendWr {
+        wr_id: 1,
+        sgl: [
+            Sge {
+                addr: region.addr(),
+                length: len,
+                lkey,
+            },
+            Sge::default(),
+        ],
+        num_sge: 1,
+        opcode: SendOpcode::Send,
+        signaled: true,
+    }
+}
+
+fn frames_in(buf: &[u8]) -> Vec<Frame> {
+    let mut v = Vec::new();
+    let mut off = 0;
+    while off + HEADER_LEN <= buf.len() {
+        let mut h = [0u8; HEADER_LEN];
+        h.copy_from_slice(&buf[off..off + HEADER_LEN]);
+        let f = Frame::decode(&h).expect("frame");
+        off += HEADER_LEN;
+        if let Frame::Send { len, .. } = f {
+            off += len as usize;
+        }
+        v.push(f);
+    }
+    v
+}
+
+#[test]
+fn error_keeps_control_frames_and_drops_data_not_begun() {
+    let (mut qp, _peer, region, lkey) = established();
+    qp.post_send(&[send_of(&region, lkey, 16); 3])
+        .expect("post");
+    qp.push_ack(6);
+    assert!(qp.stage_frames(Instant::now()));
+    qp.push_ack(7); // queued behind the data, not staged yet
+    assert_eq!(qp.tx_frames.len(), 4);
+    assert_eq!(qp.tx_buf.len(), 32 + 3 * 48);
+    qp.enter_error(Cause::Local, "test");
+    assert_eq!(frames_in(&qp.tx_buf), [Frame::Ack { psn: 6 }]);
+    assert_eq!(qp.tx_off, 0);
+    assert_eq!(qp.tx_frames.len(), 1);
+    assert!(
+        qp.stage_frames(Instant::now()),
+        "the queued ACK still goes out"
+    );
+    assert_eq!(
+        frames_in(&qp.tx_buf),
+        [Frame::Ack { psn: 6 }, Frame::Ack { psn: 7 }]
+    );
+}
+
+#[test]
+fn error_finishes_the_frame_being_written() {
+    let (mut qp, _peer, region, lkey) = established();
+    qp.post_send(&[send_of(&region, lkey, 16); 3])
+        .expect("post");
+    assert!(qp.stage_frames(Instant::now()));
+    let first_end = 48;
+    qp.tx_off = 40; // 8 bytes of the first frame still to write
+    let rest = qp.tx_buf[40..first_end].to_vec();
+    qp.enter_error(Cause::Local, "test");
+    assert_eq!(qp.tx_buf, rest);
+    assert_eq!(qp.tx_frames.len(), 1);
+}
+
+#[test]
+fn error_drops_a_large_payload_whose_header_is_not_out() {
+    let (mut qp, _peer, region, lkey) = established();
+    qp.post_send(&[send_of(&region, lkey, 32 << 10)])
+        .expect("post");
+    assert!(qp.stage_frames(Instant::now()));
+    assert!(qp.tx_payload.is_some());
+    qp.enter_error(Cause::Local, "test");
+    assert!(qp.tx_buf.is_empty());
+    assert!(qp.tx_payload.is_none());
+    // No payload in flight: the WR flushes at once.
+    qp.retire_sq();
+    assert_eq!(qp.cq.len(), 1);
+}
+
+#[test]
+fn error_keeps_a_large_payload_whose_header_is_out() {
+    for tx_off in [10, 32] {
+        let (mut qp, _peer, region, lkey) = established();
+        qp.post_send(&[send_of(&region, lkey, 32 << 10)])
+            .expect("post");
+        assert!(qp.stage_frames(Instant::now()));
+        if tx_off == 32 {
+            // Header fully written: tx_buf drained.
+            qp.tx_buf.clear();
+            qp.tx_frames.clear();
+            qp.tx_off = 0;
+        } else {
+            qp.tx_off = tx_off;
+        }
+        qp.enter_error(Cause::Local, "test");
+        assert_eq!(qp.tx_buf.len(), 32 - tx_off.min(32));
+        assert!(qp.tx_payload.is_some(), "tx_off {tx_off}");
+        qp.retire_sq();
+        assert!(qp.cq.is_empty(), "the WR waits for its payload");
+    }
+}
+
+#[test]
+fn a_large_payload_mostly_bypasses_the_staging_buffer() {
+    let (mut qp, mut peer, region, key) = established();
+    let len = 48 << 10;
+    let payload: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+    let mut bytes = Frame::Write {
+        psn: 7,
+        len: len as u32,
+        remote_addr: region.addr(),
+        rkey: key,
+    }
+    .encode()
+    .to_vec();
+    bytes.extend_from_slice(&payload);
+    peer.write_all(&bytes).expect("peer write");
+    // The header comes with a bounded staged read (so little of the payload is copied
+    // twice), the rest of the payload straight into the region.
+    let deadline = Instant::now() + std::time::Duration::from_secs(10);
+    while qp.rcv_nxt != 8 && Instant::now() < deadline {
+        qp.read_rx(Instant::now());
+        assert!(
+            qp.rx_end <= STAGE_READ_MAX,
+            "a staged read took {} bytes",
+            qp.rx_end
+        );
+    }
+    assert_eq!(qp.rcv_nxt, 8, "the WRITE was not carried out");
+    assert!(matches!(qp.rx, RxState::Header));
+    let mut got = vec![0u8; len];
+    region.read(0, &mut got).expect("read region");
+    assert!(got == payload, "payload differs");
+    assert_eq!(qp.ctrl.back(), Some(&Frame::Ack { psn: 7 }));
+}
+
+/// Reads `n` frames (with their payloads) from the raw peer, waiting at most 10 s.
+fn read_frames(peer: &mut TcpStream, n: usize) -> Vec<(Frame, Vec<u8>)> {
+    use std::io::Read;
+    peer.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .expect("timeout");
+    let mut out = Vec::new();
+    while out.len() < n {
+        let mut h = [0u8; HEADER_LEN];
+        peer.read_exact(&mut h).expect("peer read header");
+        let f = Frame::decode(&h).expect("frame");
+        let len = match f {
+            Frame::Send { len, .. } | Frame::Write { len, .. } | Frame::WriteImm { len, .. } => {
+                len as usize
+            }
+            _ => 0,
+        };
+        let mut payload = vec![0u8; len];
+        peer.read_exact(&mut payload).expect("peer read payload");
+        out.push((f, payload));
+    }
+    out
+}
+
+fn poll_all(qp: &mut TcpQp) -> Vec<Wc> {
+    let mut wcs = Vec::new();
+    qp.poll_cq(&mut wcs, 64).expect("poll");
+    wcs
+}
+
+/// Many WRs posted in one call, small (copied into the out-buffer) and large (gathered
+/// from registered memory behind their header), reach the peer intact and in order, and
+/// complete only as the peer's (cumulative) ACKs arrive, in posting order.
+#[test]
+fn a_posted_batch_arrives_in_order_and_completes_only_when_acknowledged() {
+    let (mut qp, mut peer, region, lkey) = established();
+    qp.doorbell = true;
+    let pattern: Vec<u8> = (0..region.len()).map(|i| (i * 7 % 253) as u8).collect();
+    region.write(0, &pattern).expect("fill");
+    let lens: Vec<u32> = (0..12)
+        .map(|i| {
+            if i % 4 == 3 {
+                20_000 + i * 1000
+            } else {
+                8 + i * 3
+            }
+        })
+        .collect();
+    let wrs: Vec<SendWr> = lens
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| {
+            let mut wr = send_of(&region, lkey, len);
+            wr.wr_id = i as u64;
+            wr.sgl[0].addr = region.addr() + (i as u64) * 512;
+            wr
+        })
+        .collect();
+    qp.post_send(&wrs).expect("post");
+    // The doorbell wrote what fit; polling finishes the rest (no ACK can have come).
+    let deadline = Instant::now() + std::time::Duration::from_secs(10);
+    while (qp.tx_payload.is_some() || !qp.tx_buf.is_empty()) && Instant::now() < deadline {
+        assert!(poll_all(&mut qp).is_empty(), "a completion before any ACK");
+    }
+    let got = read_frames(&mut peer, wrs.len());
+    for (i, (f, payload)) in got.iter().enumerate() {
+        assert_eq!(
+            *f,
+            Frame::Send {
+                psn: 100 + i as u32,
+                len: lens[i]
+            },
+            "frame {i}"
+        );
+        let at = i * 512;
+        assert!(
+            payload[..] == pattern[at..at + lens[i] as usize],
+            "payload of frame {i} differs"
+        );
+    }
+    assert!(poll_all(&mut qp).is_empty(), "completed without an ACK");
+    // A cumulative ACK of the first 5 completes exactly those, in order.
+    peer.write_all(&Frame::Ack { psn: 104 }.encode())
+        .expect("ack");
+    let mut done = Vec::new();
+    while done.len() < 5 && Instant::now() < deadline {
+        done.extend(poll_all(&mut qp).iter().map(|w| (w.wr_id, w.status)));
+    }
+    assert_eq!(
+        done,
+        (0..5).map(|i| (i, WcStatus::Success)).collect::<Vec<_>>()
+    );
+    assert!(poll_all(&mut qp).is_empty(), "only the acknowledged ones");
+    peer.write_all(&Frame::Ack { psn: 111 }.encode())
+        .expect("ack");
+    while done.len() < 12 && Instant::now() < deadline {
+        done.extend(poll_all(&mut qp).iter().map(|w| (w.wr_id, w.status)));
+    }
+    assert_eq!(
+        done,
+        (0..12).map(|i| (i, WcStatus::Success)).collect::<Vec<_>>()
+    );
+}
+
+/// Inside a batch, the ACK `poll_cq` generates waits for the batch's next `post_send`
+/// and leaves in the same write, ahead of the new frame; a batch that posts nothing
+/// sends it at `end_batch`. Outside a batch it leaves in the same `poll_cq`.
+#[test]
+fn a_batch_holds_acks_until_its_send_or_its_end() {
+    let (mut qp, mut peer, region, lkey) = established();
+    qp.doorbell = true;
+    let write = |psn: u32| {
+        let mut b = Frame::Write {
+            psn,
+            len: 4,
+            remote_addr: region.addr(),
+            rkey: lkey,
+        }
+        .encode()
+        .to_vec();
+        b.extend_from_slice(&[1, 2, 3, 4]);
+        b
+    };
+    let carried = |qp: &mut TcpQp, psn: u32| {
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        while qp.rcv_nxt != psn.wrapping_add(1) && Instant::now() < deadline {
+            poll_all(qp);
+        }
+        assert_eq!(
+            qp.rcv_nxt,
+            psn.wrapping_add(1),
+            "message {psn} not carried out"
+        );
+    };
+    // 1: held, then sent with the batch's SEND, ACK first.
+    qp.begin_batch();
+    peer.write_all(&write(7)).expect("peer write");
+    carried(&mut qp, 7);
+    assert_eq!(
+        frames_in(&qp.tx_buf[qp.tx_off..])
+            .into_iter()
+            .chain(qp.ctrl.iter().copied())
+            .collect::<Vec<_>>(),
+        [Frame::Ack { psn: 7 }],
+        "the ACK waits inside the batch"
+    );
+    qp.post_send(&[send_of(&region, lkey, 8)]).expect("post");
+    qp.end_batch();
+    let got = read_frames(&mut peer, 2);
+    assert_eq!(got[0].0, Frame::Ack { psn: 7 });
+    assert_eq!(got[1].0, Frame::Send { psn: 100, len: 8 });
+    // 2: a batch that posts nothing sends the ACK at its end.
+    qp.begin_batch();
+    peer.write_all(&write(8)).expect("peer write");
+    carried(&mut qp, 8);
+    qp.end_batch();
+    assert_eq!(read_frames(&mut peer, 1)[0].0, Frame::Ack { psn: 8 });
+    // 3: no batch: the ACK leaves in the poll that generated it.
+    peer.write_all(&write(9)).expect("peer write");
+    carried(&mut qp, 9);
+    assert!(
+        qp.ctrl.is_empty() && qp.tx_buf.is_empty(),
+        "nothing left queued"
+    );
+    assert_eq!(read_frames(&mut peer, 1)[0].0, Frame::Ack { psn: 9 });
+}
+
+/// Waits until the QP's socket holds at least `n` unread bytes (the peer's write has
+/// arrived), without reading them: an event, not a time.
+fn wait_in_socket(qp: &TcpQp, n: usize) {
+    let stream = qp.stream.as_ref().expect("established");
+    let mut buf = vec![0u8; n];
+    let deadline = Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match stream.peek(&mut buf) {
+            Ok(k) if k >= n => return,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => panic!("peek: {e}"),
+        }
+        assert!(Instant::now() < deadline, "the peer's bytes never arrived");
+        std::thread::yield_now();
+    }
+}
+
+fn write_frame(psn: u32, region: &Region, lkey: u32) -> Vec<u8> {
+    let mut b = Frame::Write {
+        psn,
+        len: 4,
+        remote_addr: region.addr(),
+        rkey: lkey,
+    }
+    .encode()
+    .to_vec();
+    b.extend_from_slice(&[9; 4]);
+    b
+}
+
+/// After a read that drained the socket, the next [`io::RX_SKIP_POLLS`] polls (within the
+/// window) make no read system call even with bytes waiting, never more in a row: the
+/// poll after takes them in. Past the window a poll always reads. (The bytes' arrival is
+/// awaited with `peek`, and the reads are counted, so no sleep decides the outcome.)
+#[test]
+fn a_drained_socket_is_not_read_on_every_poll_but_data_waits_a_bounded_number_of_polls() {
+    let (mut qp, mut peer, region, lkey) = established();
+    let now = Instant::now();
+    qp.poll_rx(now); // EAGAIN: drained
+    assert_eq!(qp.rx_drained_at, Some(now));
+    let b = write_frame(7, &region, lkey);
+    peer.write_all(&b).expect("peer write");
+    wait_in_socket(&qp, b.len());
+    let reads = qp.rx_syscalls;
+    for k in 0..io::RX_SKIP_POLLS {
+        qp.poll_rx(now); // within the window: skipped
+        assert_eq!(qp.rcv_nxt, 7, "skipped poll {k} took nothing in");
+    }
+    assert_eq!(qp.rx_syscalls, reads, "a skipped poll made a read call");
+    qp.poll_rx(now); // never more skips in a row
+    assert_eq!(qp.rcv_nxt, 8, "the next poll took the message in");
+    assert!(qp.rx_syscalls > reads);
+    // Past the window a poll always reads.
+    let b = write_frame(8, &region, lkey);
+    peer.write_all(&b).expect("peer write");
+    wait_in_socket(&qp, b.len());
+    let t = qp.rx_drained_at.expect("drained");
+    let reads = qp.rx_syscalls;
+    qp.poll_rx(t + io::RX_SKIP_WINDOW);
+    assert_eq!(qp.rcv_nxt, 9, "a poll after the window reads");
+    assert!(qp.rx_syscalls > reads);
+}
+
+/// The NIC thread's service gives way to an owner waiting for the state before any socket
+/// call (`preempt`), leaving everything for the owner; without it, it does what a poll
+/// does, minus handing out completions.
+#[test]
+fn service_gives_way_to_a_waiting_owner_before_any_socket_call() {
+    let (mut qp, mut peer, region, lkey) = established();
+    let b = write_frame(7, &region, lkey);
+    peer.write_all(&b).expect("peer write");
+    wait_in_socket(&qp, b.len());
+    qp.post_send(&[send_of(&region, lkey, 8)]).expect("post"); // no doorbell: queued
+    qp.preempt.store(true, Ordering::Relaxed);
+    let reads = qp.rx_syscalls;
+    qp.service(Instant::now());
+    assert_eq!(qp.rx_syscalls, reads, "read while the owner waited");
+    assert_eq!(
+        qp.rcv_nxt, 7,
+        "carried a message out while the owner waited"
+    );
+    assert_eq!(qp.snd_nxt, 100, "staged a message while the owner waited");
+    assert!(!qp.servicing);
+    qp.preempt.store(false, Ordering::Relaxed);
+    qp.service(Instant::now());
+    assert_eq!(qp.rcv_nxt, 8, "the service carries the WRITE out");
+    assert_eq!(qp.snd_nxt, 101, "and sends the queued SEND");
+    let got = read_frames(&mut peer, 2);
+    assert_eq!(got[0].0, Frame::Send { psn: 100, len: 8 });
+    assert_eq!(got[1].0, Frame::Ack { psn: 7 });
+    assert!(
+        qp.cq.is_empty(),
+        "nothing completed yet (no ACK from the peer)"
+    );
+}
