@@ -7,7 +7,7 @@
 //!   says otherwise ([`gid`]); InfiniBand ports use GID 0 and the LID.
 //! - Each port's device has one protection domain per verbs device; memory regions are
 //!   registered with local write, remote write and remote read access.
-//! - A queue pair is an RC QP with its own CQ; [`qp::ConnInfo`] is what `local_info` sends to
+//! - A queue pair is an RC QP with its own CQ; `conninfo::ConnInfo` is what `local_info` sends to
 //!   the peer. The out-of-band TCP stream handed to `establish` is kept to notice a peer that
 //!   exits.
 //!
