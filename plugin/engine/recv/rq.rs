@@ -7,8 +7,13 @@ use super::{RecvEngine, RECV_FIXED_BYTES};
 use crate::engine::wire::{self, CTS_ENTRY_LEN};
 use crate::engine::{
     wr_id, Action, BounceSource, WrKind, CTRL_SIGNAL_EVERY, CTRL_STAGE_SLOTS, MAX_SPECULATIVE,
+    MAX_ZERO_WRS,
 };
 use crate::transport::{RecvWr, SendOpcode, SendWr, Sge};
+
+/// Fewest zero-length receive WRs posted in one call when some are needed
+/// ([`RecvEngine::cover_posted_receives`]).
+pub const ZERO_BATCH: u32 = 8;
 
 impl RecvEngine {
     /// Receive WRs per post call at the current depth: `rq_batch` at full depth, at most half
@@ -214,7 +219,10 @@ impl RecvEngine {
     /// at most the bounce-backed WRs not seen consumed, and at most [`MAX_SPECULATIVE`]. What
     /// is missing is posted as zero-length WRs (no memory). A queue at most 16 deep thus keeps
     /// about one zero-length WR per posted buffer, like NCCL IB; a deeper one rarely needs
-    /// any.
+    /// any. When some are missing it posts at least [`ZERO_BATCH`] (up to [`MAX_ZERO_WRS`]
+    /// posted): the next receives then find them posted, and a run of receives costs one
+    /// receive post call per batch, not one per receive. The extra ones only delay eager
+    /// SENDs (which never go into a zero-length WR) until direct writes consumed them.
     pub(super) fn cover_posted_receives(&mut self) -> u32 {
         if !self.p.credits {
             return 0;
@@ -227,6 +235,14 @@ impl RecvEngine {
             .sum();
         let need = unmatched + self.posted_b.min(MAX_SPECULATIVE as u32);
         let k = need.saturating_sub(self.posted_b + self.posted_z);
+        if k == 0 {
+            return 0;
+        }
+        // Post ahead: at least ZERO_BATCH at a time (they cost no memory), so that a run of
+        // receives posts them in one call per batch instead of one per `irecv`. Never more
+        // than MAX_ZERO_WRS posted (`k` alone always fits: `need` <= MAX_ZERO_WRS).
+        let room = MAX_ZERO_WRS.saturating_sub(self.posted_z);
+        let k = k.max(ZERO_BATCH.min(room));
         self.post_zeros(k);
         k
     }
