@@ -110,12 +110,17 @@ pub(super) struct TcpQp {
     tx_payload: Option<TxPayload>,
     /// Control frames (ACK, RNR NAK, NAK) waiting to be staged, in generation order.
     ctrl: VecDeque<Frame>,
+    /// The ACK owed for messages flagged unsignaled: sent with the next frame staged, merged
+    /// into the next ACK or NAK, or before our BYE (`wire::FLAG_UNSIGNALED`).
+    deferred_ack: Option<u32>,
 
     // Responder.
     /// Posted receive WRs, consumed in FIFO order.
     rq: VecDeque<RecvWr>,
     /// PSN of the next message the responder will carry out.
     rcv_nxt: u32,
+    /// The message being received is flagged unsignaled (its ACK may wait).
+    rx_unsignaled: bool,
     /// An RNR NAK for `rcv_nxt` went out: discard messages until it is retransmitted.
     rnr_nak_outstanding: bool,
     /// Staging for incoming headers and small payloads; `rx_buf[rx_start..rx_end]` is unread.
@@ -204,8 +209,10 @@ impl TcpQp {
             tx_frames: VecDeque::new(),
             tx_payload: None,
             ctrl: VecDeque::new(),
+            deferred_ack: None,
             rq: VecDeque::new(),
             rcv_nxt: 0,
+            rx_unsignaled: false,
             rnr_nak_outstanding: false,
             rx_buf: vec![0; RX_BUF_LEN],
             rx_start: 0,
@@ -515,6 +522,9 @@ impl TcpQp {
             return;
         }
         debug!(qp_num = self.qp_num, "goodbye: BYE queued");
+        if let Some(psn) = self.deferred_ack.take() {
+            self.push_ack(psn);
+        }
         self.ctrl.push_back(Frame::Bye);
         self.closing = Closing::ByeQueued;
         if !self.io_dead {
@@ -626,7 +636,7 @@ mod tests {
     use super::io::STAGE_READ_MAX;
     use super::*;
     use crate::mem::Region;
-    use crate::transport::tcp::wire::HEADER_LEN;
+    use crate::transport::tcp::wire::{self, HEADER_LEN};
     use crate::transport::{SendOpcode, Sge};
 
     fn established() -> (TcpQp, TcpStream, Region, u32) {
@@ -965,6 +975,64 @@ mod tests {
             "nothing left queued"
         );
         assert_eq!(read_frames(&mut peer, 1)[0].0, Frame::Ack { psn: 9 });
+    }
+
+    /// A message flagged unsignaled is acknowledged only with the next frame the QP sends
+    /// anyway: no ACK of its own; the next signaled message's ACK covers it (cumulative); our
+    /// own data frame carries it (ACK first); our goodbye sends it before the BYE.
+    #[test]
+    fn an_unsignaled_message_is_acknowledged_only_with_the_next_frame_sent() {
+        let (mut qp, mut peer, region, lkey) = established();
+        qp.doorbell = true;
+        let write = |psn: u32, unsignaled: bool| {
+            let mut b = write_frame(psn, &region, lkey);
+            if unsignaled {
+                b[29] |= wire::FLAG_UNSIGNALED;
+            }
+            b
+        };
+        let carried = |qp: &mut TcpQp, psn: u32| {
+            let deadline = Instant::now() + std::time::Duration::from_secs(10);
+            while qp.rcv_nxt != psn.wrapping_add(1) && Instant::now() < deadline {
+                poll_all(qp);
+            }
+            assert_eq!(
+                qp.rcv_nxt,
+                psn.wrapping_add(1),
+                "message {psn} not carried out"
+            );
+        };
+        let queued = |qp: &TcpQp| {
+            frames_in(&qp.tx_buf[qp.tx_off..])
+                .into_iter()
+                .chain(qp.ctrl.iter().copied())
+                .collect::<Vec<_>>()
+        };
+        // 1: two unsignaled WRITEs: nothing queued; a signaled one: one ACK covering all.
+        peer.write_all(&write(7, true)).expect("peer write");
+        peer.write_all(&write(8, true)).expect("peer write");
+        carried(&mut qp, 8);
+        assert_eq!(queued(&qp), [], "no ACK of its own");
+        assert_eq!(qp.deferred_ack, Some(8));
+        peer.write_all(&write(9, false)).expect("peer write");
+        carried(&mut qp, 9);
+        assert_eq!(read_frames(&mut peer, 1)[0].0, Frame::Ack { psn: 9 });
+        assert_eq!(qp.deferred_ack, None);
+        // 2: an unsignaled WRITE, then our own SEND: the ACK goes ahead of it, same write.
+        peer.write_all(&write(10, true)).expect("peer write");
+        carried(&mut qp, 10);
+        assert_eq!(queued(&qp), []);
+        qp.post_send(&[send_of(&region, lkey, 8)]).expect("post");
+        let got = read_frames(&mut peer, 2);
+        assert_eq!(got[0].0, Frame::Ack { psn: 10 });
+        assert_eq!(got[1].0, Frame::Send { psn: 100, len: 8 });
+        // 3: an unsignaled WRITE, then goodbye: ACK, then BYE.
+        peer.write_all(&write(11, true)).expect("peer write");
+        carried(&mut qp, 11);
+        qp.goodbye();
+        let got = read_frames(&mut peer, 2);
+        assert_eq!(got[0].0, Frame::Ack { psn: 11 });
+        assert_eq!(got[1].0, Frame::Bye);
     }
 
     /// Waits until the QP's socket holds at least `n` unread bytes (the peer's write has
