@@ -341,14 +341,15 @@ impl RecvEngine {
     /// whether the WRITE is signaled; `None` while all [`CTRL_STAGE_SLOTS`] are in flight.
     ///
     /// Selective signaling, as NCCL IB's CTS writes (`src/transport/net_ib/p2p.cc`,
-    /// `ncclIbPostFifo`: one signaled write per FIFO wrap, "otherwise the send queue will never
-    /// empty"): only every [`CTRL_SIGNAL_EVERY`]-th control WRITE is signaled. Work requests on
+    /// `ncclIbPostFifo`: one signaled write per FIFO wrap, so that its send queue drains): only
+    /// every [`CTRL_SIGNAL_EVERY`]-th control WRITE is signaled. Work requests on
     /// one QP complete in posting order, so the completion of a signaled one (its `wr_id`
     /// carries its control sequence number) frees its slot and every slot before it
     /// ([`RecvEngine::ctrl_completed`]); until then the unsignaled ones keep both their
     /// staging slot and their send-queue slot. [`CTRL_STAGE_SLOTS`] is a multiple of the
     /// period, so when every slot is in flight the newest is signaled and the slots always
-    /// come free: the send queue (512 WRs) never holds more than 64 control WRITEs. An
+    /// come free: the send queue never holds more than these 64 control WRITEs (its
+    /// capacity, `conn::qp_config`, reserves [`CTRL_STAGE_SLOTS`] for them). An
     /// unsignaled WRITE that fails still completes, with its error (verbs: errors always
     /// generate a completion; the QP then flushes every later WR), so it fails the comm as a
     /// signaled one would.
