@@ -62,6 +62,8 @@ pub(super) struct Core<R: Role> {
     exec: Executor,
     watch: Watch,
     post_errors: u64,
+    /// Work completions the CQ polls handed out (counter `wcs_polled`).
+    wcs_polled: u64,
     /// The first usage or remote error a call returned: every later call returns it too.
     sticky: Option<Error>,
     /// For the device RNR counters in watchdog reports.
@@ -94,6 +96,7 @@ impl<R: Role> Core<R> {
             exec: Executor::default(),
             watch: Watch::new(cfg),
             post_errors: 0,
+            wcs_polled: 0,
             sticky: None,
             dev_base: dev.rnr_counters(),
             dev: dev.clone(),
@@ -110,6 +113,11 @@ impl<R: Role> Core<R> {
     pub(super) fn counters(&self) -> Vec<(&'static str, u64)> {
         let mut v: Vec<(&'static str, u64)> = self.side.stats().fields().to_vec();
         let q = self.qp.counters();
+        // Work per message (issue 22): send-side post calls and WRs as the executor made them,
+        // completions as the polls handed them out.
+        v.push(("sq_post_calls", self.exec.sq_post_calls()));
+        v.push(("sq_wrs_posted", self.exec.sq_wrs_posted()));
+        v.push(("wcs_polled", self.wcs_polled));
         v.push(("rnr_naks_received", q.rnr_naks_received));
         v.push(("rnr_naks_sent", q.rnr_naks_sent));
         // Device-wide counters (every QP of the port), as moved since this comm was created.
@@ -206,6 +214,7 @@ impl<R: Role> Core<R> {
         wcs.clear();
         let polled = self.qp.poll_cq(&mut wcs, 64);
         let n = wcs.len();
+        self.wcs_polled += n as u64;
         let mut peer_gone = self.watch.warned_peer;
         for wc in &wcs {
             if wc.status != WcStatus::Success && !peer_gone {

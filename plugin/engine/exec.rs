@@ -45,9 +45,21 @@ pub trait ActionQueue {
 pub struct Executor {
     actions: Vec<Action>,
     sends: Vec<SendWr>,
+    sq_post_calls: u64,
+    sq_wrs_posted: u64,
 }
 
 impl Executor {
+    /// Send-side post calls made so far (`ibv_post_send` calls: counter `sq_post_calls`).
+    pub fn sq_post_calls(&self) -> u64 {
+        self.sq_post_calls
+    }
+
+    /// Send WRs posted so far, of every kind (counter `sq_wrs_posted`).
+    pub fn sq_wrs_posted(&self) -> u64 {
+        self.sq_wrs_posted
+    }
+
     /// Carries out the actions `engine` produced so far, in order, on `sink`, stopping at the
     /// first failure (the actions after it are dropped: the caller fails the engine with the
     /// error).
@@ -102,6 +114,8 @@ impl Executor {
             return Ok(());
         }
         let r = sink.post_send(&self.sends);
+        self.sq_post_calls += 1;
+        self.sq_wrs_posted += self.sends.len() as u64;
         self.sends.clear();
         r
     }

@@ -81,6 +81,13 @@ pub const MAX_SPECULATIVE: usize = 16;
 pub const MAX_ZERO_WRS: u32 = (MAX_RECV_REQUESTS * wire::MAX_RECVS + MAX_SPECULATIVE) as u32;
 /// Staging slots for CTS and credit writes on the receive side.
 pub const CTRL_STAGE_SLOTS: usize = 64;
+/// One control WRITE (CTS or credit) in this many is signaled (see the receive engine's
+/// `ctrl_slot`); a power of two, and [`CTRL_STAGE_SLOTS`] is a multiple of it. NCCL IB signals one CTS write per
+/// FIFO wrap of 32 (`src/transport/net_ib/p2p.cc`).
+pub const CTRL_SIGNAL_EVERY: u32 = 16;
+const _: () = assert!(
+    CTRL_SIGNAL_EVERY.is_power_of_two() && CTRL_STAGE_SLOTS & (CTRL_SIGNAL_EVERY as usize - 1) == 0
+);
 
 /// Reads plugin-owned memory that the peer or the NIC writes (bounce headers, records, the CTS
 /// ring, the credit word) for the engine. Implementations copy into `out` (no reference into

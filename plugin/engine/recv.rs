@@ -9,7 +9,7 @@ use super::wire::{
     REC_TOO_BIG,
 };
 use super::{
-    wc_error, wr_id, wr_parse, Action, MemRead, ReqError, ReqId, Slots, Stall, Stats, WrKind,
+    wc_error, wr_parse, Action, MemRead, ReqError, ReqId, Slots, Stall, Stats, WrKind,
     CTRL_STAGE_SLOTS, CTS_RING_ENTRIES, MAX_RECV_REQUESTS,
 };
 use crate::transport::{SendOpcode, SendWr, Sge, Wc, WcOpcode, WcStatus};
@@ -126,8 +126,10 @@ pub struct RecvEngine {
     granted: u64,
     consumed: u64,
     last_credit_sent: u64,
+    /// Control WRITEs (CTS and credit) posted so far.
     ctrl_seq: u64,
-    ctrl_outstanding: u32,
+    /// Control WRITEs known complete (a signaled one completed at or after them).
+    ctrl_done: u64,
     failed: Option<ReqError>,
     actions: Vec<Action>,
     stats: Stats,
@@ -158,7 +160,7 @@ impl RecvEngine {
             consumed: 0,
             last_credit_sent: 0,
             ctrl_seq: 0,
-            ctrl_outstanding: 0,
+            ctrl_done: 0,
             failed: None,
             actions: Vec::new(),
             stats: Stats {
@@ -226,7 +228,7 @@ impl RecvEngine {
             )));
         }
         if self.reqs.in_use() == MAX_RECV_REQUESTS
-            || self.ctrl_outstanding as usize >= CTRL_STAGE_SLOTS
+            || self.ctrl_outstanding() as usize >= CTRL_STAGE_SLOTS
         {
             self.stats.slots_full += 1;
             return Ok(None);
@@ -290,13 +292,13 @@ impl RecvEngine {
             zeros,
             bufs: cb,
         };
-        let stage = self.ctrl_slot().expect("checked above");
+        let (stage, cts_id, signaled) = self.ctrl_slot(WrKind::Cts).expect("checked above");
         self.actions.push(Action::Stage {
             addr: stage,
             bytes: entry.encode().to_vec(),
         });
         self.actions.push(Action::PostSend(SendWr {
-            wr_id: wr_id(WrKind::Cts, 0, 0),
+            wr_id: cts_id,
             sgl: [
                 Sge {
                     addr: stage,
@@ -311,7 +313,7 @@ impl RecvEngine {
                     + (r % CTS_RING_ENTRIES as u64) * CTS_ENTRY_LEN as u64,
                 rkey: self.p.peer_cts_ring.1,
             },
-            signaled: true,
+            signaled,
         }));
         self.last_credit_sent = self.granted;
         self.stats.cts += 1;
@@ -381,9 +383,7 @@ impl RecvEngine {
             return;
         };
         match kind {
-            WrKind::Cts | WrKind::Credit => {
-                self.ctrl_outstanding = self.ctrl_outstanding.saturating_sub(1)
-            }
+            WrKind::Cts | WrKind::Credit => self.ctrl_completed(index),
             WrKind::Bounce => self.posted_b = self.posted_b.saturating_sub(1),
             WrKind::Zero => self.posted_z = self.posted_z.saturating_sub(1),
             _ => {}

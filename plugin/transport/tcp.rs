@@ -32,7 +32,10 @@
 //!   messages, a large payload) leaves in one `sendmsg`. A signaled WR completes when the peer
 //!   acknowledges it; an unsignaled one completes only on error. Completions appear in posting
 //!   order. The peer acknowledges after carrying a message out (ACKs are cumulative and
-//!   coalesced), inside its owner's `poll_cq` or, while its owner does not poll, in its
+//!   coalesced; a message flagged unsignaled is acknowledged only with the next frame the peer
+//!   sends anyway, the next ACK it owes, or its goodbye, so that an unsignaled WRITE costs no
+//!   `sendmsg` of its own: its WR leaves the send queue when a later one is acknowledged, as
+//!   on a NIC, where an unsignaled WR is outstanding until a later completion is polled), inside its owner's `poll_cq` or, while its owner does not poll, in its
 //!   device's thread (1-2 ms after the owner's last poll; at most 16 ms after a long run of
 //!   polling): a send completes whether or not the peer's owner ever calls again. Inside a caller's batch (`begin_batch` … `end_batch`: one comm entry) those
 //!   ACKs wait for the batch's next `post_send`, and leave in its `sendmsg`, or for the batch's
@@ -106,7 +109,7 @@
 //! | offset | size | field |
 //! |---:|---:|---|
 //! | 0 | 4 | magic `"VNTQ"` |
-//! | 4 | 1 | wire version (2) |
+//! | 4 | 1 | wire version (3) |
 //! | 5 | 3 | QP number (24 bits, big-endian, nonzero) |
 //! | 8 | 4 | PSN of the first message this QP sends (big-endian) |
 //!
@@ -116,7 +119,7 @@
 //! | offset | size | field |
 //! |---:|---:|---|
 //! | 0 | 2 | magic `0x564e` (`"VN"`) |
-//! | 2 | 1 | version (2; 1 had no BYE frame, and a peer of another version is refused at `establish`) |
+//! | 2 | 1 | version (3; 2 had no unsignaled flag, 1 no BYE frame; a peer of another version is refused at `establish`) |
 //! | 3 | 1 | opcode |
 //! | 4 | 4 | PSN |
 //! | 8 | 4 | length: payload bytes (at most 2^30), 0 for control frames |
@@ -124,7 +127,8 @@
 //! | 16 | 8 | remote address (WRITE, WRITE_IMM; else 0) |
 //! | 24 | 4 | immediate (WRITE_IMM; else 0) |
 //! | 28 | 1 | syndrome: RNR timer code (RNR_NAK), NAK code (NAK); else 0 |
-//! | 29 | 3 | reserved, 0 |
+//! | 29 | 1 | flags: bit 0 = unsignaled (SEND, WRITE, WRITE_IMM: the requester's WR needs no prompt ACK); other bits and other opcodes 0 |
+//! | 30 | 2 | reserved, 0 |
 //!
 //! | opcode | name | meaning of PSN |
 //! |---|---|---|

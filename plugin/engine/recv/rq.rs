@@ -5,8 +5,15 @@
 
 use super::{RecvEngine, RECV_FIXED_BYTES};
 use crate::engine::wire::{self, CTS_ENTRY_LEN};
-use crate::engine::{wr_id, Action, BounceSource, WrKind, CTRL_STAGE_SLOTS, MAX_SPECULATIVE};
+use crate::engine::{
+    wr_id, Action, BounceSource, WrKind, CTRL_SIGNAL_EVERY, CTRL_STAGE_SLOTS, MAX_SPECULATIVE,
+    MAX_ZERO_WRS,
+};
 use crate::transport::{RecvWr, SendOpcode, SendWr, Sge};
+
+/// Fewest zero-length receive WRs posted in one call when some are needed
+/// ([`RecvEngine::cover_posted_receives`]).
+pub const ZERO_BATCH: u32 = 8;
 
 impl RecvEngine {
     /// Receive WRs per post call at the current depth: `rq_batch` at full depth, at most half
@@ -212,7 +219,10 @@ impl RecvEngine {
     /// at most the bounce-backed WRs not seen consumed, and at most [`MAX_SPECULATIVE`]. What
     /// is missing is posted as zero-length WRs (no memory). A queue at most 16 deep thus keeps
     /// about one zero-length WR per posted buffer, like NCCL IB; a deeper one rarely needs
-    /// any.
+    /// any. When some are missing it posts at least [`ZERO_BATCH`] (up to [`MAX_ZERO_WRS`]
+    /// posted): the next receives then find them posted, and a run of receives costs one
+    /// receive post call per batch, not one per receive. The extra ones only delay eager
+    /// SENDs (which never go into a zero-length WR) until direct writes consumed them.
     pub(super) fn cover_posted_receives(&mut self) -> u32 {
         if !self.p.credits {
             return 0;
@@ -225,6 +235,14 @@ impl RecvEngine {
             .sum();
         let need = unmatched + self.posted_b.min(MAX_SPECULATIVE as u32);
         let k = need.saturating_sub(self.posted_b + self.posted_z);
+        if k == 0 {
+            return 0;
+        }
+        // Post ahead: at least ZERO_BATCH at a time (they cost no memory), so that a run of
+        // receives posts them in one call per batch instead of one per `irecv`. Never more
+        // than MAX_ZERO_WRS posted (`k` alone always fits: `need` <= MAX_ZERO_WRS).
+        let room = MAX_ZERO_WRS.saturating_sub(self.posted_z);
+        let k = k.max(ZERO_BATCH.min(room));
         self.post_zeros(k);
         k
     }
@@ -289,7 +307,7 @@ impl RecvEngine {
         if delta == 0 || (sender_view >= short && delta < u64::from(self.p.rq_batch)) {
             return;
         }
-        let Some(stage) = self.ctrl_slot() else {
+        let Some((stage, id, signaled)) = self.ctrl_slot(WrKind::Credit) else {
             return;
         };
         self.actions.push(Action::Stage {
@@ -299,7 +317,7 @@ impl RecvEngine {
                 .to_vec(),
         });
         self.actions.push(Action::PostSend(SendWr {
-            wr_id: wr_id(WrKind::Credit, 0, 0),
+            wr_id: id,
             sgl: [
                 Sge {
                     addr: stage,
@@ -313,19 +331,54 @@ impl RecvEngine {
                 remote_addr: self.p.peer_credit_word.0,
                 rkey: self.p.peer_credit_word.1,
             },
-            signaled: true,
+            signaled,
         }));
         self.last_credit_sent = self.granted;
         self.stats.credit_msgs += 1;
     }
 
-    pub(super) fn ctrl_slot(&mut self) -> Option<u64> {
-        if self.ctrl_outstanding as usize >= CTRL_STAGE_SLOTS {
+    /// A control staging slot for the next CTS or credit WRITE: its address, its `wr_id` and
+    /// whether the WRITE is signaled; `None` while all [`CTRL_STAGE_SLOTS`] are in flight.
+    ///
+    /// Selective signaling, as NCCL IB's CTS writes (`src/transport/net_ib/p2p.cc`,
+    /// `ncclIbPostFifo`: one signaled write per FIFO wrap, so that its send queue drains): only
+    /// every [`CTRL_SIGNAL_EVERY`]-th control WRITE is signaled. Work requests on
+    /// one QP complete in posting order, so the completion of a signaled one (its `wr_id`
+    /// carries its control sequence number) frees its slot and every slot before it
+    /// ([`RecvEngine::ctrl_completed`]); until then the unsignaled ones keep both their
+    /// staging slot and their send-queue slot. [`CTRL_STAGE_SLOTS`] is a multiple of the
+    /// period, so when every slot is in flight the newest is signaled and the slots always
+    /// come free: the send queue never holds more than these 64 control WRITEs (its
+    /// capacity, `conn::qp_config`, reserves [`CTRL_STAGE_SLOTS`] for them). An
+    /// unsignaled WRITE that fails still completes, with its error (verbs: errors always
+    /// generate a completion; the QP then flushes every later WR), so it fails the comm as a
+    /// signaled one would.
+    pub(super) fn ctrl_slot(&mut self, kind: WrKind) -> Option<(u64, u64, bool)> {
+        if self.ctrl_outstanding() as usize >= CTRL_STAGE_SLOTS {
             return None;
         }
-        let slot = self.ctrl_seq % CTRL_STAGE_SLOTS as u64;
+        let seq = self.ctrl_seq;
+        let slot = seq % CTRL_STAGE_SLOTS as u64;
         self.ctrl_seq += 1;
-        self.ctrl_outstanding += 1;
-        Some(self.p.ctrl_stage.0 + slot * CTS_ENTRY_LEN as u64)
+        let signaled = self.ctrl_seq & u64::from(CTRL_SIGNAL_EVERY - 1) == 0;
+        Some((
+            self.p.ctrl_stage.0 + slot * CTS_ENTRY_LEN as u64,
+            wr_id(kind, 0, seq as u32),
+            signaled,
+        ))
+    }
+
+    /// Control WRITEs posted and not known complete.
+    pub(super) fn ctrl_outstanding(&self) -> u64 {
+        self.ctrl_seq - self.ctrl_done
+    }
+
+    /// The control WRITE with sequence number `seq` (low 32 bits, from its `wr_id`) completed,
+    /// so did every one before it (posting order): their staging slots are free.
+    pub(super) fn ctrl_completed(&mut self, seq: u32) {
+        let ahead = (seq.wrapping_add(1)).wrapping_sub(self.ctrl_done as u32);
+        if u64::from(ahead) <= self.ctrl_outstanding() {
+            self.ctrl_done += u64::from(ahead);
+        }
     }
 }

@@ -48,3 +48,85 @@ fn a_receive_without_data_is_reported_once_naming_what_is_missing() {
     assert_eq!(three.idle_ns, 195);
     assert!(e.stalls(100_000, 100).is_empty(), "reported once");
 }
+
+/// The control WRITEs `e` queued since the last call: (wr_id, signaled).
+fn ctrl_writes(e: &mut RecvEngine) -> Vec<(u64, bool)> {
+    e.drain_actions()
+        .into_iter()
+        .filter_map(|a| match a {
+            Action::PostSend(w) => Some((w.wr_id, w.signaled)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn wc(wr_id: u64, status: WcStatus) -> Wc {
+    Wc {
+        wr_id,
+        status,
+        opcode: WcOpcode::RdmaWrite,
+        byte_len: 0,
+        imm: None,
+    }
+}
+
+struct NoMem;
+impl MemRead for NoMem {
+    fn read(&self, _: u64, _: &mut [u8]) -> bool {
+        false
+    }
+}
+
+#[test]
+fn one_cts_write_in_sixteen_is_signaled_and_its_completion_frees_the_slots_before_it() {
+    let mut e = RecvEngine::new(params());
+    e.drain_actions();
+    let mut writes = Vec::new();
+    for _ in 0..MAX_RECV_REQUESTS {
+        e.irecv(0, &[buf(1)]).unwrap().unwrap();
+        writes.extend(ctrl_writes(&mut e));
+    }
+    assert_eq!(writes.len(), MAX_RECV_REQUESTS, "one CTS per irecv");
+    let signaled: Vec<usize> = (0..writes.len()).filter(|&i| writes[i].1).collect();
+    assert_eq!(signaled, [15, 31], "the 16th and the 32nd");
+    assert_eq!(e.ctrl_outstanding(), 32);
+    // The 16th's completion frees the 16 slots up to it; a stale repeat frees nothing more.
+    e.handle_wc(1, &wc(writes[15].0, WcStatus::Success), &NoMem);
+    assert_eq!(e.ctrl_outstanding(), 16);
+    e.handle_wc(1, &wc(writes[15].0, WcStatus::Success), &NoMem);
+    assert_eq!(e.ctrl_outstanding(), 16);
+    assert!(e.failure().is_none());
+    // An unsignaled write that fails still completes (with its error) and fails the comm.
+    e.handle_wc(2, &wc(writes[20].0, WcStatus::RemoteAccess), &NoMem);
+    let f = e.failure().expect("the comm failed").to_string();
+    assert!(
+        f.contains("clear-to-send RDMA WRITE completed with IBV_WC_REM_ACCESS_ERR"),
+        "{f}"
+    );
+}
+
+#[test]
+fn with_every_control_slot_in_flight_irecv_waits_and_the_newest_write_is_signaled() {
+    let mut e = RecvEngine::new(params());
+    e.drain_actions();
+    let mut last = (0, false);
+    // 64 control WRITEs in flight: receives completed by hand (test) to free request slots.
+    for i in 0..CTRL_STAGE_SLOTS {
+        let id = e.irecv(0, &[buf(1)]).unwrap().unwrap();
+        last = *ctrl_writes(&mut e).last().unwrap();
+        if i + 1 < CTRL_STAGE_SLOTS {
+            let r = e.reqs.get_mut(id).unwrap();
+            r.arrived = r.n;
+            e.test(id).unwrap().unwrap();
+        }
+    }
+    assert!(last.1, "the 64th control WRITE is signaled");
+    assert_eq!(
+        e.irecv(0, &[buf(1)]),
+        Ok(None),
+        "all staging slots in flight"
+    );
+    e.handle_wc(1, &wc(last.0, WcStatus::Success), &NoMem);
+    assert_eq!(e.ctrl_outstanding(), 0);
+    assert!(e.irecv(0, &[buf(1)]).unwrap().is_some());
+}

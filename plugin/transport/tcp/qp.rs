@@ -110,12 +110,17 @@ pub(super) struct TcpQp {
     tx_payload: Option<TxPayload>,
     /// Control frames (ACK, RNR NAK, NAK) waiting to be staged, in generation order.
     ctrl: VecDeque<Frame>,
+    /// The ACK owed for messages flagged unsignaled: sent with the next frame staged, merged
+    /// into the next ACK or NAK, or before our BYE (`wire::FLAG_UNSIGNALED`).
+    deferred_ack: Option<u32>,
 
     // Responder.
     /// Posted receive WRs, consumed in FIFO order.
     rq: VecDeque<RecvWr>,
     /// PSN of the next message the responder will carry out.
     rcv_nxt: u32,
+    /// The message being received is flagged unsignaled (its ACK may wait).
+    rx_unsignaled: bool,
     /// An RNR NAK for `rcv_nxt` went out: discard messages until it is retransmitted.
     rnr_nak_outstanding: bool,
     /// Staging for incoming headers and small payloads; `rx_buf[rx_start..rx_end]` is unread.
@@ -204,8 +209,10 @@ impl TcpQp {
             tx_frames: VecDeque::new(),
             tx_payload: None,
             ctrl: VecDeque::new(),
+            deferred_ack: None,
             rq: VecDeque::new(),
             rcv_nxt: 0,
+            rx_unsignaled: false,
             rnr_nak_outstanding: false,
             rx_buf: vec![0; RX_BUF_LEN],
             rx_start: 0,
@@ -515,6 +522,9 @@ impl TcpQp {
             return;
         }
         debug!(qp_num = self.qp_num, "goodbye: BYE queued");
+        if let Some(psn) = self.deferred_ack.take() {
+            self.push_ack(psn);
+        }
         self.ctrl.push_back(Frame::Bye);
         self.closing = Closing::ByeQueued;
         if !self.io_dead {

@@ -98,7 +98,7 @@ fn frames_round_trip() {
     assert_eq!(
         h,
         [
-            0x56, 0x4e, 2, 3, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 0x11, 0x12, 0x13, 0x14, 0x15,
+            0x56, 0x4e, 3, 3, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 0x11, 0x12, 0x13, 0x14, 0x15,
             0x16, 0x17, 0x18, 0x19, 0x1a, 0x1b, 0x1c, 0, 0, 0, 0
         ]
     );
@@ -119,9 +119,28 @@ fn malformed_headers_are_refused() {
         h
     };
     assert_eq!(Frame::decode(&with(0, 0)), Err(FrameError::Magic(0x004e)));
-    // A version-1 peer's frame (before BYE existed), and an unknown later version.
+    // A version-1 peer's frame (before BYE existed), a version-2 one (before the unsignaled
+    // flag), and an unknown later version.
     assert_eq!(Frame::decode(&with(2, 1)), Err(FrameError::Version(1)));
-    assert_eq!(Frame::decode(&with(2, 3)), Err(FrameError::Version(3)));
+    assert_eq!(Frame::decode(&with(2, 2)), Err(FrameError::Version(2)));
+    assert_eq!(Frame::decode(&with(2, 4)), Err(FrameError::Version(4)));
+    // Byte 29 of a data frame: bit 0 flags an unsignaled WR; any other bit is refused, and
+    // a control frame carries no flag.
+    assert_eq!(
+        Frame::decode(&with(29, 1)),
+        Ok(Frame::decode(&good).unwrap())
+    );
+    assert!(wire::unsignaled(&with(29, 1)) && !wire::unsignaled(&good));
+    assert_eq!(
+        Frame::decode(&with(29, 2)),
+        Err(FrameError::NonZero("reserved"))
+    );
+    let mut flagged_ack = Frame::Ack { psn: 1 }.encode();
+    flagged_ack[29] = 1;
+    assert_eq!(
+        Frame::decode(&flagged_ack),
+        Err(FrameError::NonZero("reserved"))
+    );
     assert_eq!(Frame::decode(&with(3, 0x7f)), Err(FrameError::Opcode(0x7f)));
     assert_eq!(
         Frame::decode(&with(31, 1)),
@@ -199,7 +218,7 @@ fn conn_info_round_trips_and_is_checked() {
     let b = info.encode();
     assert_eq!(
         b,
-        [b'V', b'N', b'T', b'Q', 2, 0xab, 0xcd, 0xef, 0xff, 0xff, 0xff, 0xf0]
+        [b'V', b'N', b'T', b'Q', 3, 0xab, 0xcd, 0xef, 0xff, 0xff, 0xff, 0xf0]
     );
     assert_eq!(ConnInfo::decode(&b), Ok(info));
     assert!(ConnInfo::decode(&b[..11]).is_err());

@@ -17,7 +17,18 @@ pub(super) const MAGIC: u16 = 0x564e;
 /// Wire version; a peer with another version is refused in `establish` and per frame.
 /// 2: the BYE frame (version 1 had no way to announce an orderly close; a version-1 peer
 /// would take a BYE for a malformed frame, so the two are refused at `establish` instead).
-pub(super) const VERSION: u8 = 2;
+pub(super) const VERSION: u8 = 3;
+
+/// Flag bit of a data frame's byte 29 (wire version 3): the requester's WR is unsignaled, so
+/// it needs no prompt ACK; the responder acknowledges it with the next frame it sends anyway
+/// or the next ACK it owes (ACKs are cumulative). As a NIC's coalesced ACKs: an unsignaled WR
+/// leaves the send queue only when a later completion is polled.
+pub(super) const FLAG_UNSIGNALED: u8 = 1;
+
+/// Whether the data frame header `h` carries [`FLAG_UNSIGNALED`].
+pub(super) fn unsignaled(h: &[u8; HEADER_LEN]) -> bool {
+    h[29] & FLAG_UNSIGNALED != 0
+}
 
 /// Largest payload of one message (1 GiB): longer send WRs complete with
 /// [`WcStatus::LocalLength`], and a header announcing more is a protocol violation.
@@ -233,7 +244,8 @@ impl Frame {
         let remote_addr = u64::from_be_bytes(a);
         let imm = be32(24);
         let syndrome = h[28];
-        if h[29..32] != [0, 0, 0] {
+        let flags = h[29];
+        if h[30..32] != [0, 0] || flags & !FLAG_UNSIGNALED != 0 {
             return Err(FrameError::NonZero("reserved"));
         }
         let zero = |v: u64, field: &'static str| {
@@ -251,6 +263,7 @@ impl Frame {
                 zero(u64::from(syndrome), "syndrome")?;
             }
             OP_ACK | OP_RNR_NAK | OP_NAK | OP_BYE => {
+                zero(u64::from(flags), "reserved")?;
                 zero(u64::from(len), "length")?;
                 zero(u64::from(rkey), "rkey")?;
                 zero(remote_addr, "remote_addr")?;

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use super::responder::{RxState, Sink};
 use super::{Closing, TcpQp};
 use crate::mem::{self, IoPiece, Region};
-use crate::transport::tcp::wire::{Frame, HEADER_LEN};
+use crate::transport::tcp::wire::{self, Frame, HEADER_LEN};
 use crate::transport::MAX_SEND_SGE;
 
 /// A frame in `tx_buf`: where it ends, and whether it carries a message (not ACK/NAK).
@@ -203,6 +203,11 @@ impl TcpQp {
     /// payload is pending. Returns whether anything was staged.
     pub(super) fn stage_frames(&mut self, now: Instant) -> bool {
         let mut staged = false;
+        if !self.ctrl.is_empty() {
+            if let Some(psn) = self.deferred_ack.take() {
+                self.push_ack(psn); // merged into a queued ACK, or behind the queued frames
+            }
+        }
         while self.tx_buf.len() < TX_BUF_CAP
             && self.tx_payload.is_none()
             && self.closing != Closing::ByeStaged
@@ -219,7 +224,23 @@ impl TcpQp {
                 staged = true;
                 continue;
             }
+            // An ACK owed for unsignaled messages leaves with a data frame that goes anyway:
+            // staged ahead of it, taken back if no data frame follows.
+            let owed = self.deferred_ack.take().map(|psn| {
+                let start = self.tx_buf.len();
+                self.tx_buf.extend_from_slice(&Frame::Ack { psn }.encode());
+                self.tx_frames.push_back(Staged {
+                    end: self.tx_buf.len(),
+                    data: false,
+                });
+                (psn, start)
+            });
             if !self.stage_data(now) {
+                if let Some((psn, start)) = owed {
+                    self.tx_buf.truncate(start);
+                    self.tx_frames.pop_back();
+                    self.deferred_ack = Some(psn);
+                }
                 break;
             }
             staged = true;
@@ -411,7 +432,10 @@ impl TcpQp {
                     h.copy_from_slice(&self.rx_buf[self.rx_start..self.rx_start + HEADER_LEN]);
                     self.rx_start += HEADER_LEN;
                     match Frame::decode(&h) {
-                        Ok(f) => self.on_frame(f, now),
+                        Ok(f) => {
+                            self.rx_unsignaled = wire::unsignaled(&h);
+                            self.on_frame(f, now)
+                        }
                         Err(e) => self.bad_frame(e),
                     }
                 }

@@ -99,7 +99,11 @@ impl TcpQp {
             },
         };
         let start = self.tx_buf.len();
-        self.tx_buf.extend_from_slice(&frame.encode());
+        let mut header = frame.encode();
+        if !entry.wr.signaled {
+            header[29] |= wire::FLAG_UNSIGNALED;
+        }
+        self.tx_buf.extend_from_slice(&header);
         if len as usize <= INLINE_MAX {
             for (key, r) in &segs {
                 let tx_buf = &mut self.tx_buf;

@@ -85,8 +85,19 @@ pub(super) fn recv_wc(wr_id: u64, status: WcStatus) -> Wc {
 pub(super) const MAX_CTRL_QUEUE: usize = 64 * 1024;
 
 impl TcpQp {
+    /// Acknowledges message `psn` as its requester asked: at once (queued), or, flagged
+    /// unsignaled, with the next frame we send (the tcp wire's `FLAG_UNSIGNALED`).
+    fn ack_done(&mut self, psn: u32) {
+        if self.rx_unsignaled {
+            self.deferred_ack = Some(psn);
+        } else {
+            self.push_ack(psn);
+        }
+    }
+
     /// Queues an ACK for `psn`, merging it into a queued ACK (ACKs are cumulative).
     pub(super) fn push_ack(&mut self, psn: u32) {
+        self.deferred_ack = None; // covered: ACKs are cumulative
         if let Some(Frame::Ack { psn: p }) = self.ctrl.back_mut() {
             *p = psn;
             return;
@@ -103,6 +114,10 @@ impl TcpQp {
             return self.protocol_error(format!(
                 "{MAX_CTRL_QUEUE} control frames are queued: the peer does not read"
             ));
+        }
+        if matches!(f, Frame::RnrNak { .. } | Frame::Nak { .. }) {
+            // A NAK acknowledges every message before the one it names.
+            self.deferred_ack = None;
         }
         self.ctrl.push_back(f);
     }
@@ -316,7 +331,7 @@ impl TcpQp {
     pub(super) fn finish(&mut self, done: Done) {
         match done {
             Done::Nothing => {}
-            Done::Ack(psn) => self.push_ack(psn),
+            Done::Ack(psn) => self.ack_done(psn),
             Done::Recv { wr_id, psn, len } => {
                 self.cq.push_back(Wc {
                     wr_id,
@@ -325,7 +340,7 @@ impl TcpQp {
                     byte_len: len,
                     imm: None,
                 });
-                self.push_ack(psn);
+                self.ack_done(psn);
             }
             Done::RecvImm {
                 wr_id,
@@ -340,7 +355,7 @@ impl TcpQp {
                     byte_len: len,
                     imm: Some(imm),
                 });
-                self.push_ack(psn);
+                self.ack_done(psn);
             }
         }
     }

@@ -6,7 +6,7 @@ use std::net::{TcpListener, TcpStream};
 use super::io::STAGE_READ_MAX;
 use super::*;
 use crate::mem::Region;
-use crate::transport::tcp::wire::HEADER_LEN;
+use crate::transport::tcp::wire::{self, HEADER_LEN};
 use crate::transport::{SendOpcode, Sge};
 
 fn established() -> (TcpQp, TcpStream, Region, u32) {
@@ -345,6 +345,64 @@ fn a_batch_holds_acks_until_its_send_or_its_end() {
         "nothing left queued"
     );
     assert_eq!(read_frames(&mut peer, 1)[0].0, Frame::Ack { psn: 9 });
+}
+
+/// A message flagged unsignaled is acknowledged only with the next frame the QP sends
+/// anyway: no ACK of its own; the next signaled message's ACK covers it (cumulative); our
+/// own data frame carries it (ACK first); our goodbye sends it before the BYE.
+#[test]
+fn an_unsignaled_message_is_acknowledged_only_with_the_next_frame_sent() {
+    let (mut qp, mut peer, region, lkey) = established();
+    qp.doorbell = true;
+    let write = |psn: u32, unsignaled: bool| {
+        let mut b = write_frame(psn, &region, lkey);
+        if unsignaled {
+            b[29] |= wire::FLAG_UNSIGNALED;
+        }
+        b
+    };
+    let carried = |qp: &mut TcpQp, psn: u32| {
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        while qp.rcv_nxt != psn.wrapping_add(1) && Instant::now() < deadline {
+            poll_all(qp);
+        }
+        assert_eq!(
+            qp.rcv_nxt,
+            psn.wrapping_add(1),
+            "message {psn} not carried out"
+        );
+    };
+    let queued = |qp: &TcpQp| {
+        frames_in(&qp.tx_buf[qp.tx_off..])
+            .into_iter()
+            .chain(qp.ctrl.iter().copied())
+            .collect::<Vec<_>>()
+    };
+    // 1: two unsignaled WRITEs: nothing queued; a signaled one: one ACK covering all.
+    peer.write_all(&write(7, true)).expect("peer write");
+    peer.write_all(&write(8, true)).expect("peer write");
+    carried(&mut qp, 8);
+    assert_eq!(queued(&qp), [], "no ACK of its own");
+    assert_eq!(qp.deferred_ack, Some(8));
+    peer.write_all(&write(9, false)).expect("peer write");
+    carried(&mut qp, 9);
+    assert_eq!(read_frames(&mut peer, 1)[0].0, Frame::Ack { psn: 9 });
+    assert_eq!(qp.deferred_ack, None);
+    // 2: an unsignaled WRITE, then our own SEND: the ACK goes ahead of it, same write.
+    peer.write_all(&write(10, true)).expect("peer write");
+    carried(&mut qp, 10);
+    assert_eq!(queued(&qp), []);
+    qp.post_send(&[send_of(&region, lkey, 8)]).expect("post");
+    let got = read_frames(&mut peer, 2);
+    assert_eq!(got[0].0, Frame::Ack { psn: 10 });
+    assert_eq!(got[1].0, Frame::Send { psn: 100, len: 8 });
+    // 3: an unsignaled WRITE, then goodbye: ACK, then BYE.
+    peer.write_all(&write(11, true)).expect("peer write");
+    carried(&mut qp, 11);
+    qp.goodbye();
+    let got = read_frames(&mut peer, 2);
+    assert_eq!(got[0].0, Frame::Ack { psn: 11 });
+    assert_eq!(got[1].0, Frame::Bye);
 }
 
 /// Waits until the QP's socket holds at least `n` unread bytes (the peer's write has
