@@ -279,10 +279,18 @@ impl<'n> Endpoint<'n> {
         )
     }
 
-    /// One pass of the proxy: receives posted ahead up to `rx_end`, sends posted up to
-    /// `tx_end`, then receives and sends tested as far as they are done. `size` is every
+    /// One pass of the proxy: receives posted ahead up to `rx_end` and sends posted up to
+    /// `tx_end` (sends first with `sends_first`), then receives and sends tested as far as they
+    /// are done. `size` is every
     /// message's length. Returns whether anything moved.
-    fn pass(&mut self, tx_end: u64, rx_end: u64, size: usize, phase: Phase) -> Result<bool> {
+    fn pass(
+        &mut self,
+        tx_end: u64,
+        rx_end: u64,
+        size: usize,
+        phase: Phase,
+        sends_first: bool,
+    ) -> Result<bool> {
         if let (Some(n), Some(rx)) = (self.stall_after, self.rx.as_ref()) {
             if rx.done >= n {
                 eprintln!(
@@ -296,46 +304,19 @@ impl<'n> Endpoint<'n> {
             }
         }
         let net = self.net;
-        let w = self.window;
         let full = phase == Phase::Checked;
         let mut moved = false;
-        if let Some(rx) = self.rx.as_mut() {
-            let cap = rx.fifo.slot_size();
-            while rx.posted < rx_end && rx.posted_q.len() < w {
-                let slot = (rx.posted % w as u64) as usize;
-                if full {
-                    rx.fifo
-                        .slot_mut(slot)
-                        .ok_or("receive slot still busy")?
-                        .fill(SENTINEL);
-                }
-                match net.irecv(&mut rx.comm, &mut rx.fifo, slot, cap, self.peer as i32)? {
-                    Some(req) => {
-                        rx.posted_q.push_back(req);
-                        rx.posted += 1;
-                        moved = true;
-                    }
-                    None => break,
-                }
-            }
-        }
-        if let Some(tx) = self.tx.as_mut() {
-            while tx.posted < tx_end && tx.inflight.len() < w {
-                let slot = (tx.posted % w as u64) as usize;
-                let buf = tx.fifo.slot_mut(slot).ok_or("send slot still busy")?;
-                fill(&mut buf[..size], self.rank, tx.posted, full);
-                match net.isend(&mut tx.comm, &mut tx.fifo, slot, size, self.rank as i32)? {
-                    Some(req) => {
-                        tx.inflight.push_back(req);
-                        tx.posted += 1;
-                        moved = true;
-                    }
-                    None => {
-                        tx.refused += 1;
-                        break;
-                    }
-                }
-            }
+        // A ping-pong's reply goes before the receives posted ahead (`sends_first`): their
+        // clear-to-send costs the plugin a WRITE each, and the next receive is already posted
+        // (the window), so holding the reply behind them only adds that WRITE to every half
+        // round trip. A stream posts receives first, so that the peer's sends find their
+        // clear-to-send (NCCL's proxy posts a step's receive as soon as it has the step).
+        if sends_first {
+            self.post_sends(tx_end, size, full, &mut moved)?;
+            self.post_recvs(rx_end, full, &mut moved)?;
+        } else {
+            self.post_recvs(rx_end, full, &mut moved)?;
+            self.post_sends(tx_end, size, full, &mut moved)?;
         }
         if let Some(rx) = self.rx.as_mut() {
             while let Some(req) = rx.posted_q.front_mut() {
@@ -377,18 +358,72 @@ impl<'n> Endpoint<'n> {
         Ok(moved)
     }
 
+    /// Posts sends up to `tx_end` (up to the window in flight); "retry later" ends the round.
+    fn post_sends(&mut self, tx_end: u64, size: usize, full: bool, moved: &mut bool) -> Result<()> {
+        let net = self.net;
+        let w = self.window;
+        if let Some(tx) = self.tx.as_mut() {
+            while tx.posted < tx_end && tx.inflight.len() < w {
+                let slot = (tx.posted % w as u64) as usize;
+                let buf = tx.fifo.slot_mut(slot).ok_or("send slot still busy")?;
+                fill(&mut buf[..size], self.rank, tx.posted, full);
+                match net.isend(&mut tx.comm, &mut tx.fifo, slot, size, self.rank as i32)? {
+                    Some(req) => {
+                        tx.inflight.push_back(req);
+                        tx.posted += 1;
+                        *moved = true;
+                    }
+                    None => {
+                        tx.refused += 1;
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Posts receives ahead up to `rx_end` (up to the window posted).
+    fn post_recvs(&mut self, rx_end: u64, full: bool, moved: &mut bool) -> Result<()> {
+        let net = self.net;
+        let w = self.window;
+        if let Some(rx) = self.rx.as_mut() {
+            let cap = rx.fifo.slot_size();
+            while rx.posted < rx_end && rx.posted_q.len() < w {
+                let slot = (rx.posted % w as u64) as usize;
+                if full {
+                    rx.fifo
+                        .slot_mut(slot)
+                        .ok_or("receive slot still busy")?
+                        .fill(SENTINEL);
+                }
+                match net.irecv(&mut rx.comm, &mut rx.fifo, slot, cap, self.peer as i32)? {
+                    Some(req) => {
+                        rx.posted_q.push_back(req);
+                        rx.posted += 1;
+                        *moved = true;
+                    }
+                    None => break,
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Runs passes until `until(self)` holds; idle passes spin, then yield and nap.
+    /// `sends_first`: see [`Self::pass`].
     fn drive(
         &mut self,
         tx_end: u64,
         rx_end: u64,
         size: usize,
         phase: Phase,
+        sends_first: bool,
         until: impl Fn(&Self) -> bool,
     ) -> Result<()> {
         let mut idle = Idle::new(self.spin);
         while !until(self) {
-            if self.pass(tx_end, rx_end, size, phase)? {
+            if self.pass(tx_end, rx_end, size, phase, sends_first)? {
                 idle.progressed();
             } else if idle.wait() > STALL_TIMEOUT {
                 return Err(self
@@ -408,7 +443,7 @@ impl<'n> Endpoint<'n> {
     pub fn stream(&mut self, msgs: u64, size: usize, phase: Phase) -> Result<()> {
         let tx_end = self.tx.as_ref().map_or(0, |t| t.posted + msgs);
         let rx_end = self.rx.as_ref().map_or(0, |r| r.posted + msgs);
-        self.drive(tx_end, rx_end, size, phase, |e| {
+        self.drive(tx_end, rx_end, size, phase, false, |e| {
             e.tx.as_ref().is_none_or(|t| t.done >= tx_end)
                 && e.rx.as_ref().is_none_or(|r| r.done >= rx_end)
         })
@@ -421,7 +456,7 @@ impl<'n> Endpoint<'n> {
     /// Plugin errors, no send comm, or a stall.
     pub fn send_one(&mut self, size: usize, phase: Phase, rx_end: u64) -> Result<()> {
         let goal = self.tx.as_ref().ok_or("no send comm")?.posted + 1;
-        self.drive(goal, rx_end, size, phase, |e| {
+        self.drive(goal, rx_end, size, phase, true, |e| {
             e.tx.as_ref().is_some_and(|t| t.posted >= goal)
         })
     }
@@ -437,7 +472,7 @@ impl<'n> Endpoint<'n> {
             return Err("no receive comm".into());
         }
         let tx_end = self.tx.as_ref().map_or(0, |t| t.posted);
-        self.drive(tx_end, rx_end, size, phase, |e| {
+        self.drive(tx_end, rx_end, size, phase, false, |e| {
             e.rx.as_ref().is_some_and(|r| r.done >= goal)
         })
     }
@@ -459,7 +494,7 @@ impl<'n> Endpoint<'n> {
     pub fn finish_sends(&mut self, size: usize, phase: Phase) -> Result<()> {
         let tx_end = self.tx.as_ref().map_or(0, |t| t.posted);
         let rx_end = self.recvs_posted();
-        self.drive(tx_end, rx_end, size, phase, |e| {
+        self.drive(tx_end, rx_end, size, phase, false, |e| {
             e.tx.as_ref().is_none_or(|t| t.done >= t.posted)
         })
     }
