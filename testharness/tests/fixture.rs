@@ -9,8 +9,8 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
-/// Per-run limit handed to the launcher (`-T`), so a hang fails the test instead of blocking it.
-const RUN_TIMEOUT_S: &str = "300";
+mod common;
+use common::{run_json, show};
 
 /// `libnccl-net-fixture.so` (ncclNetPlugin_v8 and _v6).
 const FIXTURE: &str = env!("FIXTURE_NET_SO");
@@ -24,37 +24,9 @@ const FIXTURE_V11: &str = env!("FIXTURE_NET_V11_SO");
 
 /// A `verbsnet-perf` command loading `so`, with no other NCCL or verbsnet variable set.
 fn perf(so: &str, args: &[&str]) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_verbsnet-perf"));
-    c.args(args).args(["-T", RUN_TIMEOUT_S]);
-    for (k, _) in std::env::vars() {
-        if k.starts_with("NCCL_") || k.starts_with("VERBSNET_") || k.starts_with("FIXTURE_NET_") {
-            c.env_remove(k);
-        }
-    }
+    let mut c = common::perf(args);
     c.env("NCCL_NET_PLUGIN", so);
     c
-}
-
-fn show(o: &Output) -> String {
-    format!(
-        "status {:?}\n--- stdout\n{}\n--- stderr\n{}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-/// Runs with `--json`; returns the output and the object.
-fn run_json(c: &mut Command) -> (Output, Value) {
-    let o = c.arg("--json").output().expect("run verbsnet-perf");
-    let text = String::from_utf8_lossy(&o.stdout);
-    let line = text
-        .lines()
-        .rev()
-        .find(|l| l.starts_with('{'))
-        .unwrap_or_else(|| panic!("no JSON object on stdout\n{}", show(&o)));
-    let v = serde_json::from_str(line).unwrap_or_else(|e| panic!("bad JSON {e}\n{}", show(&o)));
-    (o, v)
 }
 
 /// [`assert_runs`], and no contract deviation.

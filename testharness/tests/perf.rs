@@ -6,12 +6,12 @@
 //! (or without `--release` for both).
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 use serde_json::Value;
 
-/// Per-run limit handed to the launcher (`-T`), so a hang fails the test instead of blocking it.
-const RUN_TIMEOUT_S: &str = "300";
+mod common;
+use common::{perf, show};
 
 fn exe() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_verbsnet-perf"))
@@ -50,45 +50,10 @@ fn canonical(p: &Path) -> PathBuf {
     std::fs::canonicalize(p).unwrap_or_else(|e| panic!("canonicalize {}: {e}", p.display()))
 }
 
-/// A `verbsnet-perf` command with a clean plugin environment: no `NCCL_*` or `VERBSNET_*`
-/// variable of the caller (run-tests.sh sets `VERBSNET_REQUIRE_PLOT`, which the plugin would
-/// WARN about as an unknown knob).
-fn perf(args: &[&str]) -> Command {
-    let mut c = Command::new(exe());
-    c.args(args).args(["-T", RUN_TIMEOUT_S]);
-    for (k, _) in std::env::vars() {
-        if k.starts_with("NCCL_") || k.starts_with("VERBSNET_") {
-            c.env_remove(k);
-        }
-    }
-    c
-}
-
-fn show(o: &Output) -> String {
-    format!(
-        "status {:?}\n--- stdout\n{}\n--- stderr\n{}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
 /// Runs with `--json` and returns the object.
 fn run_json(args: &[&str]) -> (Output, Value) {
     let _ = plugin();
-    let o = perf(args)
-        .arg("--json")
-        .output()
-        .expect("run verbsnet-perf");
-    let text = String::from_utf8_lossy(&o.stdout);
-    let line = text
-        .lines()
-        .rev()
-        .find(|l| l.starts_with('{'))
-        .unwrap_or_else(|| panic!("no JSON object on stdout\n{}", show(&o)));
-    let v: Value =
-        serde_json::from_str(line).unwrap_or_else(|e| panic!("bad JSON {e}\n{}", show(&o)));
-    (o, v)
+    common::run_json(&mut perf(args))
 }
 
 /// Asserts a clean run: exit 0, every #wrong 0, the plugin from next to the binary.
