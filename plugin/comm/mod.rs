@@ -243,6 +243,8 @@ impl SendComm {
         label: String,
     ) -> SendComm {
         let engine = SendEngine::new(SendParams {
+            qps: 1,
+            split: false,
             eager_limit: u64::from(cfg.eager_limit).min(peer.eager_buf_size),
             credits: cfg.credits,
             initial_credits: peer.initial_credits,
@@ -284,6 +286,7 @@ impl RecvComm {
         cfg: &Config,
     ) -> Result<RecvEngine, Error> {
         let mut engine = RecvEngine::new(RecvParams {
+            qps: 1,
             rq_depth: cfg.rq_depth,
             rq_min: buffers::rq_min(cfg),
             shrink_after_ns: cfg

@@ -274,7 +274,14 @@ impl ActionSink for CommSink<'_> {
         Regions(self.staging).stage(addr, bytes)
     }
 
-    fn post_send(&mut self, wrs: &[SendWr]) -> Result<(), Error> {
+    fn post_send(&mut self, qp: usize, wrs: &[SendWr]) -> Result<(), Error> {
+        if qp != 0 {
+            return Err(Error::new(
+                Op::Progress,
+                Class::Internal,
+                format!("a send WR for QP {qp} of a one-QP connection"),
+            ));
+        }
         self.qp
             .post_send(wrs)
             .map_err(|e| Error::new(Op::Progress, Class::System, "post_send").because(e))

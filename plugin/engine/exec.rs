@@ -16,8 +16,9 @@ pub trait ActionSink {
     /// Writes `bytes` at plugin-owned address `addr` (a staging buffer).
     fn stage(&mut self, addr: u64, bytes: &[u8]) -> Result<(), Self::Error>;
 
-    /// Posts send WRs, in order, in one post call.
-    fn post_send(&mut self, wrs: &[SendWr]) -> Result<(), Self::Error>;
+    /// Posts send WRs, in order, in one post call, on QP `qp` of the connection (0: the first
+    /// QP, which every engine uses; above: data QPs, see [`Action::PostSendQp`]).
+    fn post_send(&mut self, qp: usize, wrs: &[SendWr]) -> Result<(), Self::Error>;
 
     /// Posts receive WRs, in order, in one post call.
     fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<(), Self::Error>;
@@ -45,6 +46,8 @@ pub trait ActionQueue {
 pub struct Executor {
     actions: Vec<Action>,
     sends: Vec<SendWr>,
+    /// The QP the WRs in `sends` go to.
+    sends_qp: usize,
     sq_post_calls: u64,
     sq_wrs_posted: u64,
 }
@@ -64,9 +67,10 @@ impl Executor {
     /// first failure (the actions after it are dropped: the caller fails the engine with the
     /// error).
     ///
-    /// Consecutive [`Action::PostSend`]s go out in one [`ActionSink::post_send`] (one
-    /// doorbell, or one socket write, for a CTS and its credit write), flushed before the next
-    /// [`Action::PostRecv`] and at the end. Stages and copies do not flush: the engine stages
+    /// Consecutive [`Action::PostSend`]s (or [`Action::PostSendQp`]s to one QP) go out in one
+    /// [`ActionSink::post_send`] (one doorbell, or one socket write, for a CTS and its credit
+    /// write), flushed before the next [`Action::PostRecv`], before a send to another QP and
+    /// at the end. Stages and copies do not flush: the engine stages
     /// into a slot no WR queued before it reads, so writing it early is the same as writing it
     /// in place.
     ///
@@ -94,10 +98,12 @@ impl Executor {
         sink: &mut S,
     ) -> Result<(), S::Error> {
         self.sends.clear();
+        self.sends_qp = 0;
         for a in actions {
             match a {
                 Action::Stage { addr, bytes } => sink.stage(addr, &bytes)?,
-                Action::PostSend(wr) => self.sends.push(wr),
+                Action::PostSend(wr) => self.queue_send(0, wr, sink)?,
+                Action::PostSendQp { qp, wr } => self.queue_send(usize::from(qp), wr, sink)?,
                 Action::PostRecv(wrs) => {
                     self.flush(sink)?;
                     sink.post_recv(&wrs)?;
@@ -109,11 +115,25 @@ impl Executor {
         self.flush(sink)
     }
 
+    fn queue_send<S: ActionSink + ?Sized>(
+        &mut self,
+        qp: usize,
+        wr: SendWr,
+        sink: &mut S,
+    ) -> Result<(), S::Error> {
+        if qp != self.sends_qp {
+            self.flush(sink)?;
+            self.sends_qp = qp;
+        }
+        self.sends.push(wr);
+        Ok(())
+    }
+
     fn flush<S: ActionSink + ?Sized>(&mut self, sink: &mut S) -> Result<(), S::Error> {
         if self.sends.is_empty() {
             return Ok(());
         }
-        let r = sink.post_send(&self.sends);
+        let r = sink.post_send(self.sends_qp, &self.sends);
         self.sq_post_calls += 1;
         self.sq_wrs_posted += self.sends.len() as u64;
         self.sends.clear();
@@ -148,9 +168,13 @@ mod tests {
         fn stage(&mut self, addr: u64, bytes: &[u8]) -> Result<(), String> {
             self.call(format!("stage {addr:#x} {}", bytes.len()))
         }
-        fn post_send(&mut self, wrs: &[SendWr]) -> Result<(), String> {
+        fn post_send(&mut self, qp: usize, wrs: &[SendWr]) -> Result<(), String> {
             let ids: Vec<u64> = wrs.iter().map(|w| w.wr_id).collect();
-            self.call(format!("send {ids:?}"))
+            if qp == 0 {
+                self.call(format!("send {ids:?}"))
+            } else {
+                self.call(format!("send qp{qp} {ids:?}"))
+            }
         }
         fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<(), String> {
             let ids: Vec<u64> = wrs.iter().map(|w| w.wr_id).collect();
@@ -229,6 +253,21 @@ mod tests {
                 "return 2",
                 "send [5]",
             ]
+        );
+    }
+
+    #[test]
+    fn sends_to_another_qp_flush_the_batch_and_batch_among_themselves() {
+        let on = |qp: u8, id: u64| match send(id) {
+            Action::PostSend(wr) => Action::PostSendQp { qp, wr },
+            _ => unreachable!(),
+        };
+        let mut q = vec![send(1), on(2, 2), on(2, 3), on(1, 4), send(5), send(6)];
+        let mut log = Log::default();
+        assert_eq!(Executor::default().execute(&mut q, &mut log), Ok(()));
+        assert_eq!(
+            log.calls,
+            ["send [1]", "send qp2 [2, 3]", "send qp1 [4]", "send [5, 6]"]
         );
     }
 

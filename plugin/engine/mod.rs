@@ -72,6 +72,12 @@ pub const MAX_RECV_REQUESTS: usize = 32;
 /// receive known) filled it, and at most [`MAX_SPECULATIVE`] of those are unmatched at a time:
 /// 32 + 16 < 64. (512 before the cap: 128 KiB pinned per send comm instead of 16 KiB.)
 pub const CTS_RING_ENTRIES: usize = 64;
+/// Most QPs one connection may have (`VERBSNET_IB_QPS_PER_CONNECTION`): NCCL IB's
+/// `NCCL_IB_MAX_QPS` (`src/transport/net_ib/common.h`).
+pub const MAX_QPS_PER_CONNECTION: usize = 128;
+/// Pieces of a payload split over several QPs are multiples of this many bytes (but the
+/// last): NCCL IB's `IB_WRITE_CHUNK_ALIGNMENT` (`src/transport/net_ib/p2p.cc`).
+pub const SPLIT_ALIGN: u64 = 128;
 /// Speculative eager sends (issued before any receive is known) unmatched at a time; one more
 /// is "retry later" until a clear-to-send arrives. Bounds the CTS ring ([`CTS_RING_ENTRIES`]).
 pub const MAX_SPECULATIVE: usize = 16;
@@ -117,8 +123,17 @@ pub enum Action {
         /// The bytes.
         bytes: Vec<u8>,
     },
-    /// Post one send WR.
+    /// Post one send WR on the connection's first QP (QP 0), which carries every WR that
+    /// consumes a receive WR, the CTS and credit writes.
     PostSend(SendWr),
+    /// Post one send WR on data QP `qp` (`1..qps`, `VERBSNET_IB_QPS_PER_CONNECTION`): a plain
+    /// RDMA WRITE of a piece of a payload, which consumes no receive WR.
+    PostSendQp {
+        /// The QP's index in the connection, 1 or above.
+        qp: u8,
+        /// The WR.
+        wr: SendWr,
+    },
     /// Post these receive WRs in one call.
     PostRecv(Vec<RecvWr>),
     /// These bounce buffers (addr, lkey) are no longer used: back to the pool.

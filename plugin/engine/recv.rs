@@ -53,6 +53,9 @@ pub struct RecvParams {
     pub peer_credit_word: (u64, u32),
     /// The sender gates on credits: send credit updates.
     pub credits: bool,
+    /// QPs of the connection (the sender's `qps`): with more than one, direct writes and
+    /// size records may arrive out of send order.
+    pub qps: u8,
     /// First send/receive sequence number (as the sender's).
     pub first_seq: u64,
 }

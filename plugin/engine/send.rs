@@ -27,6 +27,13 @@ pub struct SendParams {
     pub eager_limit: u64,
     /// Credit gating on.
     pub credits: bool,
+    /// QPs of the connection (`1..=MAX_QPS_PER_CONNECTION`, `VERBSNET_IB_QPS_PER_CONNECTION`,
+    /// the sender's, which the receiver adopts). QP 0 carries every WR that consumes a receive
+    /// WR; the others only plain RDMA WRITEs of payload pieces ([`super::Action::PostSendQp`]).
+    pub qps: u8,
+    /// Split each direct send evenly over all QPs in [`super::SPLIT_ALIGN`]-byte pieces
+    /// (`VERBSNET_IB_SPLIT_DATA_ON_QPS`); otherwise each send goes whole on one QP, round robin.
+    pub split: bool,
     /// Receive WRs the receiver posted before the handshake finished (initial credits).
     pub initial_credits: u64,
     /// Our staging area for eager headers: `MAX_SEND_REQUESTS * EAGER_HDR_LEN` bytes (addr, lkey).

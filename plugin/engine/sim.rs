@@ -106,7 +106,8 @@ impl ActionSink for SimSink<'_> {
         Ok(())
     }
 
-    fn post_send(&mut self, wrs: &[SendWr]) -> Result<(), Self::Error> {
+    fn post_send(&mut self, qp: usize, wrs: &[SendWr]) -> Result<(), Self::Error> {
+        assert_eq!(qp, 0, "the simulated pair has one QP");
         self.qp.sq.extend(wrs.iter().copied());
         Ok(())
     }
@@ -283,6 +284,7 @@ impl Pair {
         rmem.add(R_CTRL, ctrl, 0);
         rmem.add(R_USER, USER_LEN, RKEY_USER);
         let rcv = RecvEngine::new(RecvParams {
+            qps: 1,
             rq_depth: c.rq_depth,
             rq_min,
             shrink_after_ns: c.shrink_after_ns,
@@ -298,6 +300,8 @@ impl Pair {
             first_seq: c.first_seq,
         });
         let snd = SendEngine::new(SendParams {
+            qps: 1,
+            split: false,
             eager_limit: c.eager_limit.min(c.eager_buf_size),
             credits: c.credits,
             initial_credits: c.initial_credits.unwrap_or(rcv.granted()),

@@ -4,6 +4,7 @@ use super::*;
 
 fn params() -> RecvParams {
     RecvParams {
+        qps: 1,
         rq_depth: 4,
         rq_min: 4,
         shrink_after_ns: u64::MAX,

@@ -4,6 +4,8 @@ use super::*;
 
 fn params(credits: bool, initial: u64) -> SendParams {
     SendParams {
+        qps: 1,
+        split: false,
         eager_limit: 64,
         credits,
         initial_credits: initial,
