@@ -196,13 +196,43 @@ pub fn knob(var: &str) -> Option<&'static Knob> {
     KNOBS.iter().find(|k| k.var == var)
 }
 
-/// The `VERBSNET_*` names in `env` that are not knobs (typos such as `VERBSNET_RQDEPTH`),
-/// sorted, so `init` can WARN about them. Other variables are ignored.
+/// `VERBSNET_*` names that belong to the project's own test and benchmark tools (the test
+/// suites, the explorer, the GPU check, the plot test), not to the plugin: prefixes ending in
+/// `_` and whole names. They are not knobs, and the plugin does not WARN about them, so a suite
+/// that sets `VERBSNET_TEST_TRANSPORT=ib` does not fill its logs with "unknown variable".
+pub const TOOL_VARS: &[&str] = &[
+    "VERBSNET_TEST_",
+    "VERBSNET_EXPLORER_",
+    "VERBSNET_LIVENESS_",
+    "VERBSNET_SCEN_",
+    "VERBSNET_GPU_",
+    "VERBSNET_FAKE_",
+    "VERBSNET_PLOT_",
+    "VERBSNET_BLESS",
+    "VERBSNET_REQUIRE_PLOT",
+    "VERBSNET_PLUGIN_SO",
+    "VERBSNET_NCCL_HOME",
+    "VERBSNET_NVCC_FLAGS",
+];
+
+fn tool_var(name: &str) -> bool {
+    TOOL_VARS.iter().any(|t| {
+        if t.ends_with('_') {
+            name.starts_with(t)
+        } else {
+            name == *t
+        }
+    })
+}
+
+/// The `VERBSNET_*` names in `env` that are neither knobs nor the test tools' own
+/// ([`TOOL_VARS`]): typos such as `VERBSNET_RQDEPTH`, sorted, so `init` can WARN about them.
+/// Other variables are ignored.
 #[must_use]
 pub fn unknown_vars(env: impl Iterator<Item = (String, String)>) -> Vec<String> {
     let mut unknown: Vec<String> = env
         .map(|(name, _)| name)
-        .filter(|name| name.starts_with("VERBSNET_") && knob(name).is_none())
+        .filter(|name| name.starts_with("VERBSNET_") && knob(name).is_none() && !tool_var(name))
         .collect();
     unknown.sort();
     unknown.dedup();

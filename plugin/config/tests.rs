@@ -498,11 +498,22 @@ fn unknown_vars_flags_typos_only() {
         ("VERBSNET_TRANSPORTS", "tcp"),
         ("VERBSNET_RQDEPTH", "1"),
         ("verbsnet_rq_depth", "1"),
+        ("VERBSNET_TEST_TRANSPORT", "ib"),
+        ("VERBSNET_EXPLORER_SEED", "7"),
+        ("VERBSNET_REQUIRE_PLOT", "1"),
+        ("VERBSNET_REQUIRE_PLOTS", "1"),
+        ("VERBSNET_TEST", "1"),
     ]
     .map(|(k, v)| (k.to_string(), v.to_string()));
     assert_eq!(
         unknown_vars(env.into_iter()),
-        vec!["VERBSNET_RQDEPTH", "VERBSNET_TRANSPORTS"]
+        vec![
+            "VERBSNET_REQUIRE_PLOTS",
+            "VERBSNET_RQDEPTH",
+            "VERBSNET_TEST",
+            "VERBSNET_TRANSPORTS"
+        ],
+        "the test tools' own variables are not reported; a near miss of a whole name is"
     );
     let known = KNOBS.iter().map(|k| (k.var.to_string(), String::new()));
     assert!(unknown_vars(known).is_empty());
