@@ -645,6 +645,14 @@ impl RecvEngine {
         Ok(Some(sizes))
     }
 
+    /// Whether receive `id` has every buffer filled (what `test` would report done), without
+    /// consuming it: the simulated pair checks the received bytes at that moment.
+    pub(crate) fn complete(&self, id: ReqId) -> bool {
+        self.reqs
+            .get(id)
+            .is_some_and(|r| r.error.is_none() && r.arrived == r.n)
+    }
+
     /// Requests idle for at least `timeout_ns`, each reported once.
     pub fn stalls(&mut self, now: u64, timeout_ns: u64) -> Vec<Stall> {
         let mut out = Vec::new();
