@@ -278,7 +278,8 @@ pub struct Stats {
     pub rendezvous: u64,
     /// `isend` answered "retry later" for want of a credit.
     pub credit_stalls: u64,
-    /// `isend` answered "retry later" because the clear-to-send had not arrived.
+    /// `isend` answered "retry later" because the clear-to-send had not arrived (or, with
+    /// several QPs, because an eager SEND would overtake a size record not posted yet).
     pub cts_waits: u64,
     /// `isend` answered "retry later" because the front receive group had no unmatched buffer
     /// with the send's tag (several senders sharing one comm, one of them ahead).

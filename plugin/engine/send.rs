@@ -321,6 +321,10 @@ impl SendEngine {
     ///   holding it is not at the front yet); or no receive is known and the send is too large
     ///   for a bounce buffer, too many speculative sends are unmatched, or the next receive WR
     ///   is a zero-length one (a receive is posted whose clear-to-send is on its way).
+    /// - With several QPs (`qps` > 1) a direct send whose pieces ([`pieces`]) are not one
+    ///   piece on QP 0 goes as plain RDMA WRITEs on its QPs and completes with a size record
+    ///   on QP 0 posted once every piece was acknowledged (see [`SendEngine::handle_wc`]); while
+    ///   any such record is unposted, an eager send is "retry later" too (`cts_waits`).
     /// - `Err(Usage)` when the matched buffer is smaller than the send: nothing is written, the
     ///   receiver is told, and the comm is failed (every later call returns the error).
     pub fn isend(

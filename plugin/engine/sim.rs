@@ -630,7 +630,10 @@ impl Pair {
             busy |= moved;
         }
         for q in 1..=self.sdata.len() {
-            if self.steps % (1 + self.knobs.data_qp_lag * q as u64) != 0 {
+            if !self
+                .steps
+                .is_multiple_of(1 + self.knobs.data_qp_lag * q as u64)
+            {
                 continue;
             }
             let dq = &mut self.sdata[q - 1];
