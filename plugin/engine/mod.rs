@@ -41,6 +41,13 @@
 //!   SEND never consumes one. The receiver returns credits as it posts, piggybacked on CTS
 //!   entries or in an explicit credit write ([`wire::credit_word`]). With gating off the sender
 //!   relies on the QP's RNR retry, as NCCL does.
+//! - **Several QPs per connection** (`qps` > 1): QP 0 carries everything above; the data QPs
+//!   only plain RDMA WRITEs of payload pieces, spread as NCCL IB spreads a request
+//!   ([`send::pieces`]). A direct send whose data is not all on QP 0 completes with an 8-byte
+//!   size record, WRITE_WITH_IMM on QP 0, posted once every piece was acknowledged; the
+//!   receiver then accepts arrivals naming any unmatched buffer of a posted receive (they no
+//!   longer come in send order), and no eager SEND goes while a size record is unposted.
+//!   See `docs/protocol.md`, "Several QPs per connection".
 
 #![forbid(unsafe_code)]
 
@@ -78,6 +85,7 @@ pub const MAX_QPS_PER_CONNECTION: usize = 128;
 /// Pieces of a payload split over several QPs are multiples of this many bytes (but the
 /// last): NCCL IB's `IB_WRITE_CHUNK_ALIGNMENT` (`src/transport/net_ib/p2p.cc`).
 pub const SPLIT_ALIGN: u64 = 128;
+const _: () = assert!(MAX_SEND_REQUESTS <= 1 << 16 && MAX_QPS_PER_CONNECTION <= 256);
 /// Speculative eager sends (issued before any receive is known) unmatched at a time; one more
 /// is "retry later" until a clear-to-send arrives. Bounds the CTS ring ([`CTS_RING_ENTRIES`]).
 pub const MAX_SPECULATIVE: usize = 16;
@@ -216,6 +224,22 @@ pub(crate) enum WrKind {
     Credit = 7,
     /// A zero-length receive WR, consumed only by a WRITE_WITH_IMM.
     Zero = 8,
+    /// A plain RDMA WRITE of one piece of a payload sent over several QPs; the `wr_id`'s index
+    /// holds the send slot in its low 16 bits and the QP index above ([`piece_index`]).
+    Piece = 9,
+    /// The WRITE_WITH_IMM of a size record, posted on QP 0 once every piece of its send was
+    /// acknowledged; its completion completes the send.
+    SizeRecord = 10,
+}
+
+/// The `wr_id` index of a piece of send slot `slot` on QP `qp` (slots are below 2^16).
+pub(crate) fn piece_index(slot: u32, qp: u8) -> u32 {
+    slot | (u32::from(qp) << 16)
+}
+
+/// Splits a piece's `wr_id` index into (send slot, QP index).
+pub(crate) fn piece_parse(index: u32) -> (u32, u8) {
+    (index & 0xffff, (index >> 16) as u8)
 }
 
 pub(crate) fn wr_id(kind: WrKind, gen: u32, index: u32) -> u64 {
@@ -231,6 +255,8 @@ pub(crate) fn wr_parse(id: u64) -> Option<(WrKind, u32, u32)> {
         6 => WrKind::Cts,
         7 => WrKind::Credit,
         8 => WrKind::Zero,
+        9 => WrKind::Piece,
+        10 => WrKind::SizeRecord,
         _ => return None,
     };
     Some((kind, ((id >> 32) & 0x00ff_ffff) as u32, id as u32))
@@ -252,7 +278,8 @@ pub struct Stats {
     pub rendezvous: u64,
     /// `isend` answered "retry later" for want of a credit.
     pub credit_stalls: u64,
-    /// `isend` answered "retry later" because the clear-to-send had not arrived.
+    /// `isend` answered "retry later" because the clear-to-send had not arrived (or, with
+    /// several QPs, because an eager SEND would overtake a size record not posted yet).
     pub cts_waits: u64,
     /// `isend` answered "retry later" because the front receive group had no unmatched buffer
     /// with the send's tag (several senders sharing one comm, one of them ahead).
@@ -289,11 +316,14 @@ pub struct Stats {
     /// Zero-length receive WRs posted so that the posted WRs cover every posted receive buffer
     /// (receiver, credit gating on; they cost no memory).
     pub zero_wrs: u64,
+    /// Plain RDMA WRITEs of payload pieces posted on the data QPs (QPs 1 and above of a
+    /// connection with `VERBSNET_IB_QPS_PER_CONNECTION` > 1; sender).
+    pub data_qp_writes: u64,
 }
 
 impl Stats {
     /// `(name, value)` pairs in a fixed order.
-    pub fn fields(&self) -> [(&'static str, u64); 21] {
+    pub fn fields(&self) -> [(&'static str, u64); 22] {
         [
             ("ops", self.ops),
             ("bytes", self.bytes),
@@ -316,6 +346,7 @@ impl Stats {
             ("pool_exhausted", self.pool_exhausted),
             ("pinned_bytes", self.pinned_bytes),
             ("zero_wrs", self.zero_wrs),
+            ("data_qp_writes", self.data_qp_writes),
         ]
     }
 }
@@ -434,6 +465,16 @@ mod tests {
             Some((WrKind::Zero, 0, 0))
         );
         assert_eq!(wr_parse(0), None);
+        let id = wr_id(WrKind::Piece, 7, piece_index(255, 127));
+        let (kind, gen, index) = wr_parse(id).unwrap();
+        assert_eq!(
+            (kind, gen, piece_parse(index)),
+            (WrKind::Piece, 7, (255, 127))
+        );
+        assert_eq!(
+            wr_parse(wr_id(WrKind::SizeRecord, 1, 2)),
+            Some((WrKind::SizeRecord, 1, 2))
+        );
     }
 
     #[test]

@@ -495,8 +495,16 @@ impl RecvEngine {
         }
     }
 
-    /// A WRITE_WITH_IMM landed: a direct write of send `s`'s payload into the buffer its
-    /// immediate names (size: `byte_len`), or a refusal record.
+    /// A WRITE_WITH_IMM landed: a direct write of a send's payload into the buffer its
+    /// immediate names (size: `byte_len`), a refusal record, or (several QPs) a size record
+    /// whose send's data landed already. `s` counts arrivals: with one QP it is the send's
+    /// sequence number.
+    ///
+    /// With one QP arrivals come in send order, and the buffer named must be the one our own
+    /// matching gives the next send with its tag. With several QPs a size record comes after
+    /// later sends' direct writes, so the buffer named must only be an unmatched buffer of a
+    /// posted receive (the sender matched it; eager SENDs, which we match ourselves, never
+    /// overtake a size record). Anything else is a protocol error that fails the comm.
     fn write_arrival(&mut self, now: u64, s: u64, wc: &Wc, mem: &dyn MemRead) {
         let Some(imm) = wc.imm.map(wire::imm_decode) else {
             self.fail(ReqError::Protocol(format!(
@@ -516,18 +524,30 @@ impl RecvEngine {
             .and_then(|id| self.reqs.get(id))
             .filter(|r| i < r.n as usize)
             .map(|r| r.bufs[i].tag);
-        let ok = named.is_some() && tag.and_then(|t| self.find_buf(t)) == named.map(|id| (id, i));
+        let ok = if self.p.qps > 1 {
+            named
+                .and_then(|id| self.reqs.get(id))
+                .is_some_and(|r| i < r.n as usize && r.used & (1 << i) == 0)
+        } else {
+            named.is_some() && tag.and_then(|t| self.find_buf(t)) == named.map(|id| (id, i))
+        };
         let Some(id) = named.filter(|_| ok) else {
             self.fail(ReqError::Protocol(format!(
-                "{} (imm {:#x}: receive {} mod 2^27, buffer {i}) for send {s} names no \
-                 unmatched buffer this receiver would give it",
-                if imm.record {
-                    "a refusal record"
-                } else {
-                    "a direct write"
+                "{} (imm {:#x}: receive {} mod 2^27, buffer {i}) for {} {s} names no \
+                 unmatched buffer this receiver would give it{}",
+                match (imm.record, self.p.qps > 1) {
+                    (true, true) => "a record",
+                    (true, false) => "a refusal record",
+                    (false, _) => "a direct write",
                 },
                 wc.imm.unwrap_or(0),
-                imm.r_low
+                imm.r_low,
+                if self.p.qps > 1 { "arrival" } else { "send" },
+                if self.p.qps > 1 {
+                    " (several QPs: it must name an unmatched buffer of a posted receive)"
+                } else {
+                    ""
+                }
             )));
             return;
         };
@@ -562,6 +582,18 @@ impl RecvEngine {
             .read(rec_ring + slot as u64 * 8, &mut rb)
             .then(|| u64::from_le_bytes(rb));
         let e = match rec {
+            Some(v) if v & REC_TOO_BIG == 0 && self.p.qps > 1 && v <= cap => {
+                // A size record: every piece of the send's data was acknowledged before it
+                // was posted.
+                req.sizes[i] = v;
+                self.stats.rendezvous += 1;
+                return;
+            }
+            Some(v) if v & REC_TOO_BIG == 0 && self.p.qps > 1 => ReqError::Protocol(format!(
+                "a size record of {v} bytes (arrival {s}) for a receive buffer of {cap} bytes \
+                 (receive {}, buffer {i})",
+                req.r
+            )),
             Some(v) if v & REC_TOO_BIG != 0 => ReqError::Usage(format!(
                 "the peer tried to send {} bytes (send {s}) into a receive buffer of {cap} bytes \
                  (receive {}, buffer {i}); nothing was written",
@@ -611,6 +643,14 @@ impl RecvEngine {
         self.stats.ops += 1;
         self.stats.bytes += sizes.iter().sum::<u64>();
         Ok(Some(sizes))
+    }
+
+    /// Whether receive `id` has every buffer filled (what `test` would report done), without
+    /// consuming it: the simulated pair checks the received bytes at that moment.
+    pub(crate) fn complete(&self, id: ReqId) -> bool {
+        self.reqs
+            .get(id)
+            .is_some_and(|r| r.error.is_none() && r.arrived == r.n)
     }
 
     /// Requests idle for at least `timeout_ns`, each reported once.

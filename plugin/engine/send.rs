@@ -7,8 +7,8 @@ use super::wire::{
     REC_TOO_BIG,
 };
 use super::{
-    wc_error, wr_id, wr_parse, Action, MemRead, ReqError, ReqId, Slots, Stall, Stats, WrKind,
-    CTS_RING_ENTRIES, MAX_SEND_REQUESTS, MAX_SPECULATIVE,
+    piece_index, piece_parse, wc_error, wr_id, wr_parse, Action, MemRead, ReqError, ReqId, Slots,
+    Stall, Stats, WrKind, CTS_RING_ENTRIES, MAX_SEND_REQUESTS, MAX_SPECULATIVE, SPLIT_ALIGN,
 };
 use crate::transport::{SendOpcode, SendWr, Sge, Wc, WcStatus};
 
@@ -54,6 +54,28 @@ pub struct SendParams {
     pub first_gen: u32,
 }
 
+/// The pieces a direct send of `size` bytes with send sequence number `s` goes in over `qps`
+/// QPs, as `(QP index, offset, length)`, in QP order.
+///
+/// NCCL IB's rule (`src/transport/net_ib/p2p.cc`, `ncclIbMultiSend`; `common.h`,
+/// `ncclIbCommBaseGetQpForRequest`): without `split` the whole payload goes on QP `s % qps`
+/// (round robin by request); with `split` piece `i` (offset `i * chunk`) goes on QP `i`, where
+/// `chunk = ⌈⌈size / qps⌉ / SPLIT_ALIGN⌉ × SPLIT_ALIGN` bytes; the last piece is shorter and
+/// trailing QPs may get none. A payload of 0 bytes has no pieces.
+pub fn pieces(size: u64, s: u64, qps: u8, split: bool) -> impl Iterator<Item = (u8, u64, u64)> {
+    let qps = u64::from(qps.max(1));
+    let (n, chunk) = if split {
+        (qps, size.div_ceil(qps).div_ceil(SPLIT_ALIGN) * SPLIT_ALIGN)
+    } else {
+        (1, size)
+    };
+    (0..n).map_while(move |i| {
+        let off = i * chunk;
+        let qp = if split { i } else { s % qps };
+        (off < size).then(|| (qp as u8, off, chunk.min(size - off)))
+    })
+}
+
 #[derive(Debug)]
 struct SendReq {
     s: u64,
@@ -64,6 +86,12 @@ struct SendReq {
     error: Option<ReqError>,
     progress_ns: u64,
     stall_reported: bool,
+    /// A send over several QPs: bit `q` = its piece on QP `q` is not acknowledged yet.
+    pieces: u128,
+    /// Pieces it went in (0: one direct WRITE_WITH_IMM, or not direct).
+    npieces: u8,
+    /// The size record to post once `pieces` is empty: (receive `r`, buffer index, starved).
+    record: Option<(u64, usize, bool)>,
 }
 
 /// A receive group whose clear-to-send we have read and which is not fully matched.
@@ -95,6 +123,8 @@ enum Refusal {
     /// The front group has no unmatched buffer with this tag.
     Tag(i32),
     Slots,
+    /// An eager SEND would overtake a size record still to be posted (several QPs).
+    Record,
 }
 
 /// The send engine. See the module docs of [`crate::engine`] for the protocol.
@@ -131,6 +161,9 @@ pub struct SendEngine {
     /// Refused for want of a credit since the last credit-consuming send: the next one tells
     /// the receiver (eager header flag, record bit 62), which grows its queue.
     starved: bool,
+    /// Sends over several QPs whose size record is not posted yet: while any is, no eager SEND
+    /// goes (it would consume a receive WR out of send order, see `isend`).
+    records_unposted: u32,
 }
 
 impl SendEngine {
@@ -156,6 +189,7 @@ impl SendEngine {
             },
             refusing: None,
             starved: false,
+            records_unposted: 0,
             p,
         }
     }
@@ -232,7 +266,7 @@ impl SendEngine {
     pub fn debug_state(&self) -> String {
         format!(
             "k={} granted={} exact_below={} z_end={} zeros={:?} groups={} unassigned={} \
-             refusing={:?}",
+             refusing={:?} records_unposted={}",
             self.credits_used,
             self.credits_granted,
             self.exact_below,
@@ -240,7 +274,8 @@ impl SendEngine {
             self.zeros,
             self.groups.len(),
             self.unassigned.len(),
-            self.refusing
+            self.refusing,
+            self.records_unposted
         )
     }
 
@@ -286,6 +321,10 @@ impl SendEngine {
     ///   holding it is not at the front yet); or no receive is known and the send is too large
     ///   for a bounce buffer, too many speculative sends are unmatched, or the next receive WR
     ///   is a zero-length one (a receive is posted whose clear-to-send is on its way).
+    /// - With several QPs (`qps` > 1) a direct send whose pieces ([`pieces`]) are not one
+    ///   piece on QP 0 goes as plain RDMA WRITEs on its QPs and completes with a size record
+    ///   on QP 0 posted once every piece was acknowledged (see [`SendEngine::handle_wc`]); while
+    ///   any such record is unposted, an eager send is "retry later" too (`cts_waits`).
     /// - `Err(Usage)` when the matched buffer is smaller than the send: nothing is written, the
     ///   receiver is told, and the comm is failed (every later call returns the error).
     pub fn isend(
@@ -315,6 +354,13 @@ impl SendEngine {
                 && self.unassigned.len() < MAX_SPECULATIVE
                 && self.bounce_backed(k) =>
             {
+                if self.records_unposted > 0 {
+                    // An earlier send's size record is still to come on QP 0: a SEND now
+                    // would arrive before it and consume a receive WR whose kind we checked
+                    // for another index, and the receiver could match it to the buffer that
+                    // send owns.
+                    return Ok(self.refuse(now, Refusal::Record));
+                }
                 None
             }
             None => return Ok(self.refuse(now, Refusal::Cts)),
@@ -333,6 +379,9 @@ impl SendEngine {
             error: None,
             progress_ns: now,
             stall_reported: false,
+            pieces: 0,
+            npieces: 0,
+            record: None,
         };
         let Some(id) = self.reqs.insert(req) else {
             return Ok(None);
@@ -356,13 +405,18 @@ impl SendEngine {
                     buf.cap
                 ));
                 // Tell the receiver, so its request fails too instead of waiting forever.
-                self.post_record(id, r, i, REC_TOO_BIG | size, starved);
+                self.post_record(id, r, i, REC_TOO_BIG | size, starved, WrKind::ErrNotify);
                 self.reqs.remove(id);
                 self.fail(e.clone());
                 Err(e)
             }
             Some((r, i, buf)) => {
                 self.stats.rendezvous += 1;
+                let mut plan = pieces(size, s, self.p.qps, self.p.split);
+                if !matches!((plan.next(), plan.next()), (None | Some((0, _, _)), None)) {
+                    self.post_pieces(id, s, (addr, lkey, size), (r, i, buf), starved);
+                    return Ok(Some(id));
+                }
                 self.actions.push(Action::PostSend(SendWr {
                     wr_id: wr_id(WrKind::Direct, id.gen, id.slot),
                     sgl: [
@@ -440,7 +494,7 @@ impl SendEngine {
                 self.stats.credit_stalls += 1;
                 self.starved = true;
             }
-            Refusal::Cts => self.stats.cts_waits += 1,
+            Refusal::Cts | Refusal::Record => self.stats.cts_waits += 1,
             Refusal::Tag(_) => self.stats.tag_waits += 1,
             Refusal::Slots => self.stats.slots_full += 1,
         }
@@ -451,10 +505,70 @@ impl SendEngine {
         None
     }
 
-    /// Stages the 8-byte refusal record `value` for buffer `buf_idx` of receive `r` and posts
-    /// the WRITE_WITH_IMM that delivers it into the receiver's record ring (immediate: `r`,
-    /// `buf_idx`, the record bit). Unsignaled: the comm fails with the refusal anyway.
-    fn post_record(&mut self, id: ReqId, r: u64, buf_idx: usize, value: u64, starved: bool) {
+    /// Posts the pieces of direct send `id` (sequence `s`, payload `(addr, lkey, size)`) into
+    /// buffer `i` of receive `r` over the connection's QPs ([`pieces`]): each a signaled plain
+    /// RDMA WRITE, on QP 0 as [`Action::PostSend`], on a data QP as [`Action::PostSendQp`].
+    /// Its size record follows once all are acknowledged (`handle_wc`).
+    fn post_pieces(
+        &mut self,
+        id: ReqId,
+        s: u64,
+        (addr, lkey, size): (u64, u32, u64),
+        (r, i, buf): (u64, usize, CtsBuf),
+        starved: bool,
+    ) {
+        let mut bits = 0u128;
+        let mut n = 0u8;
+        for (qp, off, len) in pieces(size, s, self.p.qps, self.p.split) {
+            bits |= 1 << qp;
+            n += 1;
+            let wr = SendWr {
+                wr_id: wr_id(WrKind::Piece, id.gen, piece_index(id.slot, qp)),
+                sgl: [
+                    Sge {
+                        addr: addr + off,
+                        length: len as u32,
+                        lkey,
+                    },
+                    Sge::default(),
+                ],
+                num_sge: 1,
+                opcode: SendOpcode::RdmaWrite {
+                    remote_addr: buf.addr + off,
+                    rkey: buf.rkey,
+                },
+                signaled: true,
+            };
+            if qp == 0 {
+                self.actions.push(Action::PostSend(wr));
+            } else {
+                self.stats.data_qp_writes += 1;
+                self.actions.push(Action::PostSendQp { qp, wr });
+            }
+        }
+        if let Some(req) = self.reqs.get_mut(id) {
+            req.pieces = bits;
+            req.npieces = n;
+            req.record = Some((r, i, starved));
+        }
+        self.records_unposted += 1;
+    }
+
+    /// Stages the 8-byte record `value` for buffer `buf_idx` of receive `r` and posts the
+    /// WRITE_WITH_IMM that delivers it into the receiver's record ring (immediate: `r`,
+    /// `buf_idx`, the record bit, `starved`): a refusal (`kind` ErrNotify, value with
+    /// [`REC_TOO_BIG`]; unsignaled: the comm fails with the refusal anyway) or the size record
+    /// of a send over several QPs (`kind` SizeRecord; signaled: its completion completes the
+    /// send).
+    fn post_record(
+        &mut self,
+        id: ReqId,
+        r: u64,
+        buf_idx: usize,
+        value: u64,
+        starved: bool,
+        kind: WrKind,
+    ) {
         let stage = self.p.rec_stage.0 + u64::from(id.slot) * 8;
         let slot = (r % REC_SLOTS as u64) as usize * MAX_RECVS + buf_idx;
         self.actions.push(Action::Stage {
@@ -462,7 +576,7 @@ impl SendEngine {
             bytes: value.to_le_bytes().to_vec(),
         });
         self.actions.push(Action::PostSend(SendWr {
-            wr_id: wr_id(WrKind::ErrNotify, id.gen, id.slot),
+            wr_id: wr_id(kind, id.gen, id.slot),
             sgl: [
                 Sge {
                     addr: stage,
@@ -477,7 +591,7 @@ impl SendEngine {
                 rkey: self.p.peer_rec_ring.1,
                 imm: wire::imm_encode(r, buf_idx, true, starved),
             },
-            signaled: false,
+            signaled: kind == WrKind::SizeRecord,
         }));
     }
 
@@ -575,33 +689,60 @@ impl SendEngine {
         self.z_end = self.z_end.max(z_end);
     }
 
-    /// Feeds one completion of our QP.
+    /// Feeds one completion of any QP of the connection (QP 0 and the data QPs alike: the
+    /// `wr_id` says which WR it was). A piece's completion may post its send's size record.
     pub fn handle_wc(&mut self, now: u64, wc: &Wc) {
-        let Some((kind, gen, slot)) = wr_parse(wc.wr_id) else {
+        let Some((kind, gen, index)) = wr_parse(wc.wr_id) else {
             self.fail(ReqError::Local(format!(
                 "completion with unknown wr_id {:#x}",
                 wc.wr_id
             )));
             return;
         };
+        let (slot, qp) = match kind {
+            WrKind::Piece => piece_parse(index),
+            _ => (index, 0),
+        };
         if wc.status != WcStatus::Success {
             self.stats.error_completions += 1;
             let what = match kind {
-                WrKind::Eager => "eager SEND",
-                WrKind::Direct => "RDMA WRITE WITH IMM of the payload",
-                WrKind::ErrNotify => "RDMA WRITE WITH IMM of a refusal record",
-                _ => "send-side WR",
+                WrKind::Eager => "eager SEND".to_string(),
+                WrKind::Direct => "RDMA WRITE WITH IMM of the payload".to_string(),
+                WrKind::ErrNotify => "RDMA WRITE WITH IMM of a refusal record".to_string(),
+                WrKind::Piece => format!("RDMA WRITE of a payload piece on QP {qp}"),
+                WrKind::SizeRecord => "RDMA WRITE WITH IMM of a size record".to_string(),
+                _ => "send-side WR".to_string(),
             };
             if wc.status != WcStatus::WrFlush || self.failed.is_none() {
-                self.fail(wc_error(wc.status, what));
+                self.fail(wc_error(wc.status, &what));
             }
             return;
         }
-        if let Some((_, req)) = self.reqs.by_wr_mut(slot, gen) {
-            if matches!(kind, WrKind::Eager | WrKind::Direct) {
+        let Some((id, req)) = self.reqs.by_wr_mut(slot, gen) else {
+            return;
+        };
+        match kind {
+            WrKind::Eager | WrKind::Direct | WrKind::SizeRecord => {
                 req.wc_done = true;
                 req.progress_ns = now;
             }
+            WrKind::Piece => {
+                req.pieces &= !(1u128 << qp);
+                req.progress_ns = now;
+                if req.pieces != 0 {
+                    return;
+                }
+                // Every piece was acknowledged (an RC completion of a WRITE means the
+                // responder acknowledged its data): the size record may go.
+                let (size, record) = (req.size, req.record.take());
+                if let Some((r, i, starved)) = record {
+                    self.records_unposted = self.records_unposted.saturating_sub(1);
+                    if self.failed.is_none() {
+                        self.post_record(id, r, i, size, starved, WrKind::SizeRecord);
+                    }
+                }
+            }
+            _ => {}
         }
     }
 
@@ -650,7 +791,20 @@ impl SendEngine {
                 continue;
             }
             r.stall_reported = true;
-            let waiting_for = if !r.wc_done {
+            let waiting_for = if r.pieces != 0 {
+                let qps: Vec<String> = (0..128u32)
+                    .filter(|&q| r.pieces & (1 << q) != 0)
+                    .map(|q| q.to_string())
+                    .collect();
+                format!(
+                    "the acknowledgement of {} of its {} data pieces, on QP {} (the size record \
+                     that completes it goes once all are acknowledged; the peer may be dead, or \
+                     those QPs' path broken)",
+                    qps.len(),
+                    r.npieces,
+                    qps.join(", ")
+                )
+            } else if !r.wc_done {
                 "the completion of a posted send: the peer has not acknowledged it (it may be \
                  dead, or not polling; with credits off it may have no receive posted: see the \
                  RNR counters)"
@@ -690,6 +844,11 @@ impl SendEngine {
                          the sends of its other tags arrive (another sender sharing this comm is \
                          behind, or the receiver has not posted the receive holding tag {tag})"
                     ),
+                    Refusal::Record => "the data QPs to acknowledge the pieces of an earlier \
+                                        send: an eager SEND may not overtake a size record that \
+                                        is still to be posted on QP 0 (several QPs per \
+                                        connection; see the stalled sends)"
+                        .to_string(),
                     Refusal::Slots => "a free request slot: all send requests are in use (the \
                                        caller is not testing them, or they are stalled \
                                        themselves)"

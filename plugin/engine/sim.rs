@@ -77,6 +77,8 @@ struct Qp {
 struct SimSink<'a> {
     mem: &'a mut Mem,
     qp: &'a mut Qp,
+    /// The sender's data QPs (QP `q` at `q - 1`); empty on the receiver.
+    data: &'a mut [Qp],
     /// The receiver's: receive posts (held back by the `withhold_recvs` knob), eager copies
     /// and the shared pool. `None` on the sender, which does none of these.
     recv: Option<RecvSink<'a>>,
@@ -107,8 +109,22 @@ impl ActionSink for SimSink<'_> {
     }
 
     fn post_send(&mut self, qp: usize, wrs: &[SendWr]) -> Result<(), Self::Error> {
-        assert_eq!(qp, 0, "the simulated pair has one QP");
-        self.qp.sq.extend(wrs.iter().copied());
+        let q = match qp {
+            0 => &mut *self.qp,
+            _ => match self.data.get_mut(qp - 1) {
+                Some(q) => q,
+                None => panic!("send WRs for QP {qp} of a {}-QP pair", self.data.len() + 1),
+            },
+        };
+        if qp > 0 {
+            for wr in wrs {
+                assert!(
+                    matches!(wr.opcode, SendOpcode::RdmaWrite { .. }),
+                    "data QP {qp} got a WR that is not a plain RDMA WRITE: {wr:?}"
+                );
+            }
+        }
+        q.sq.extend(wrs.iter().copied());
         Ok(())
     }
 
@@ -182,6 +198,13 @@ pub struct Knobs {
     /// WRs, writes its memory and queues its completions, but the receive engine is not fed
     /// and does nothing (a caller spinning on the send comm only).
     pub recv_idle: bool,
+    /// Lags the sender's data QPs behind QP 0: data QP `q` moves one WR only every
+    /// `1 + data_qp_lag * q` steps (each at its own rate), so its writes land after later
+    /// WRs of QP 0 and of lower data QPs.
+    pub data_qp_lag: u64,
+    /// The next WR of this data QP fails (`IBV_WC_RETRY_EXC_ERR`) and the QP goes to the
+    /// error state, flushing the rest.
+    pub data_qp_error: Option<u8>,
 }
 
 impl Default for Knobs {
@@ -193,6 +216,8 @@ impl Default for Knobs {
             wc_delay_ns: 0,
             wrs_per_step: 1,
             recv_idle: false,
+            data_qp_lag: 0,
+            data_qp_error: None,
         }
     }
 }
@@ -216,6 +241,11 @@ pub struct PairCfg {
     pub first_seq: u64,
     /// Generation of every send request slot's first use (tests start near the 24-bit wrap).
     pub first_gen: u32,
+    /// QPs of the connection (`VERBSNET_IB_QPS_PER_CONNECTION`): QP 0 and `qps - 1` data QPs
+    /// of the sender, whose WRs reach the receiver's memory independently of QP 0.
+    pub qps: u8,
+    /// Split direct sends over all QPs (`VERBSNET_IB_SPLIT_DATA_ON_QPS`).
+    pub split: bool,
 }
 
 impl Default for PairCfg {
@@ -233,7 +263,33 @@ impl Default for PairCfg {
             initial_credits: None,
             first_seq: 0,
             first_gen: 0,
+            qps: 1,
+            split: false,
         }
+    }
+}
+
+/// A write into the receiver's user buffers, or any WRITE_WITH_IMM (records too), as it
+/// landed (in landing order).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Landed {
+    /// The sender's QP it went on.
+    pub qp: u8,
+    /// The send slot of its `wr_id`.
+    pub slot: u32,
+    /// Receiver address.
+    pub addr: u64,
+    /// Bytes.
+    pub len: u64,
+    /// The immediate of a WRITE_WITH_IMM (a direct write or a record); `None` for a plain
+    /// WRITE (a piece).
+    pub imm: Option<u32>,
+}
+
+impl Landed {
+    /// Into the receiver's user buffers (not a record).
+    pub fn user(&self) -> bool {
+        self.addr >= R_USER && self.addr < R_USER + USER_LEN as u64
     }
 }
 
@@ -244,7 +300,18 @@ pub struct Pair {
     pub smem: Mem,
     pub rmem: Mem,
     sqp: Qp,
+    /// The sender's data QPs: QP `q` at `q - 1`.
+    sdata: Vec<Qp>,
     rqp: Qp,
+    /// Writes into the receiver's user buffers, in landing order.
+    pub writes: Vec<Landed>,
+    /// WRs each sender QP moved (index = QP).
+    pub qp_wrs: Vec<u64>,
+    /// What receives must hold when they complete (per request, per buffer), checked by
+    /// `wait_recv` at the moment `test` reports them complete.
+    expected: std::collections::HashMap<ReqId, Vec<Vec<u8>>>,
+    /// Receives whose contents were checked at completion.
+    pub checked: u64,
     withheld: Vec<RecvWr>,
     pub knobs: Knobs,
     /// Free buffers of the shared pool (addr, lkey).
@@ -283,8 +350,9 @@ impl Pair {
         rmem.add(R_REC, rec_ring, RKEY_REC);
         rmem.add(R_CTRL, ctrl, 0);
         rmem.add(R_USER, USER_LEN, RKEY_USER);
+        let qps = c.qps.max(1);
         let rcv = RecvEngine::new(RecvParams {
-            qps: 1,
+            qps,
             rq_depth: c.rq_depth,
             rq_min,
             shrink_after_ns: c.shrink_after_ns,
@@ -300,8 +368,8 @@ impl Pair {
             first_seq: c.first_seq,
         });
         let snd = SendEngine::new(SendParams {
-            qps: 1,
-            split: false,
+            qps,
+            split: c.split,
             eager_limit: c.eager_limit.min(c.eager_buf_size),
             credits: c.credits,
             initial_credits: c.initial_credits.unwrap_or(rcv.granted()),
@@ -319,7 +387,12 @@ impl Pair {
             smem,
             rmem,
             sqp: Qp::default(),
+            sdata: (1..qps).map(|_| Qp::default()).collect(),
             rqp: Qp::default(),
+            writes: Vec::new(),
+            qp_wrs: vec![0; usize::from(qps)],
+            expected: Default::default(),
+            checked: 0,
             withheld: Vec::new(),
             knobs,
             pool,
@@ -341,6 +414,7 @@ impl Pair {
             &mut SimSink {
                 mem: &mut self.smem,
                 qp: &mut self.sqp,
+                data: &mut self.sdata,
                 recv: None,
             },
         );
@@ -349,6 +423,7 @@ impl Pair {
             &mut SimSink {
                 mem: &mut self.rmem,
                 qp: &mut self.rqp,
+                data: &mut [],
                 recv: Some(RecvSink {
                     withhold: self.knobs.withhold_recvs,
                     withheld: &mut self.withheld,
@@ -366,15 +441,18 @@ impl Pair {
         self.rqp.rq.extend(w);
     }
 
-    /// Executes the head WR of `from`'s SQ against `to`. Returns true if something happened.
+    /// Executes the head WR of `from`'s SQ (QP `qp` of its side) against `to`, logging what
+    /// lands in user buffers into `log`. Returns true if something happened.
+    #[allow(clippy::too_many_arguments)]
     fn exec(
         now: u64,
         knobs: &Knobs,
-        from: &mut Qp,
+        (from, qp): (&mut Qp, u8),
         fmem: &Mem,
         to: &mut Qp,
         tmem: &mut Mem,
         rnr: &mut u64,
+        log: &mut Vec<Landed>,
     ) -> bool {
         let Some(wr) = from.sq.front().copied() else {
             return false;
@@ -428,6 +506,30 @@ impl Pair {
         }
         from.rnr_retry_at = None;
         from.rnr_tries = 0;
+        if let SendOpcode::RdmaWrite { remote_addr, rkey }
+        | SendOpcode::RdmaWriteWithImm {
+            remote_addr, rkey, ..
+        } = wr.opcode
+        {
+            let imm = match wr.opcode {
+                SendOpcode::RdmaWriteWithImm { imm, .. } => Some(imm),
+                _ => None,
+            };
+            if rkey == RKEY_USER || imm.is_some() {
+                let slot = match wr_parse(wr.wr_id) {
+                    Some((WrKind::Piece, _, i)) => piece_parse(i).0,
+                    Some((_, _, i)) => i,
+                    None => u32::MAX,
+                };
+                log.push(Landed {
+                    qp,
+                    slot,
+                    addr: remote_addr,
+                    len: data.len() as u64,
+                    imm,
+                });
+            }
+        }
         let ok = match wr.opcode {
             SendOpcode::RdmaWrite { remote_addr, rkey } => {
                 tmem.write_remote(remote_addr, rkey, &data)
@@ -513,29 +615,78 @@ impl Pair {
         self.apply_actions();
         let mut busy = false;
         for _ in 0..self.knobs.wrs_per_step.max(1) {
-            busy |= Self::exec(
+            self.check_record_follows_its_data();
+            let moved = Self::exec(
                 self.now,
                 &self.knobs,
-                &mut self.sqp,
+                (&mut self.sqp, 0),
                 &self.smem,
                 &mut self.rqp,
                 &mut self.rmem,
                 &mut self.rnr_naks,
+                &mut self.writes,
             );
+            self.qp_wrs[0] += u64::from(moved);
+            busy |= moved;
+        }
+        for q in 1..=self.sdata.len() {
+            if !self
+                .steps
+                .is_multiple_of(1 + self.knobs.data_qp_lag * q as u64)
+            {
+                continue;
+            }
+            let dq = &mut self.sdata[q - 1];
+            if self.knobs.data_qp_error == Some(q as u8) && !dq.error {
+                if let Some(wr) = dq.sq.pop_front() {
+                    dq.error = true;
+                    dq.cq.push_back((
+                        self.now,
+                        Wc {
+                            wr_id: wr.wr_id,
+                            status: WcStatus::RetryExceeded,
+                            opcode: WcOpcode::RdmaWrite,
+                            byte_len: 0,
+                            imm: None,
+                        },
+                    ));
+                    busy = true;
+                }
+                continue;
+            }
+            let moved = Self::exec(
+                self.now,
+                &self.knobs,
+                (dq, q as u8),
+                &self.smem,
+                &mut self.rqp,
+                &mut self.rmem,
+                &mut 0,
+                &mut self.writes,
+            );
+            self.qp_wrs[q] += u64::from(moved);
+            busy |= moved;
         }
         busy |= Self::exec(
             self.now,
             &self.knobs,
-            &mut self.rqp,
+            (&mut self.rqp, 0),
             &self.rmem,
             &mut self.sqp,
             &mut self.smem,
             &mut 0,
+            &mut Vec::new(),
         );
-        while self.sqp.cq.front().is_some_and(|(t, _)| *t <= self.now) {
-            let (_, wc) = self.sqp.cq.pop_front().expect("front");
-            self.snd.handle_wc(self.now, &wc);
-            busy = true;
+        for q in 0..=self.sdata.len() {
+            let cq = match q {
+                0 => &mut self.sqp.cq,
+                _ => &mut self.sdata[q - 1].cq,
+            };
+            while cq.front().is_some_and(|(t, _)| *t <= self.now) {
+                let (_, wc) = cq.pop_front().expect("front");
+                self.snd.handle_wc(self.now, &wc);
+                busy = true;
+            }
         }
         while !self.knobs.recv_idle && self.rqp.cq.front().is_some_and(|(t, _)| *t <= self.now) {
             let (_, wc) = self.rqp.cq.pop_front().expect("front");
@@ -552,6 +703,15 @@ impl Pair {
             self.rcv.after_poll(self.now, &mut PoolTake(&mut self.pool));
         }
         self.apply_actions();
+        // Receives the engine now holds complete, with this step's copies done (as the comm
+        // executes the actions of a poll before `test` can see them).
+        let done: Vec<ReqId> = (self.expected.keys())
+            .copied()
+            .filter(|&id| self.rcv.complete(id))
+            .collect();
+        for id in done {
+            self.check_expected(id, None);
+        }
         // Advance the clock: 1 us per step, or jump to the next timer when idle.
         self.now += 1_000;
         if !busy {
@@ -569,6 +729,30 @@ impl Pair {
             }
         }
         busy
+    }
+
+    /// The sim's own check that a size record never precedes its data: when the head WR of
+    /// the sender's QP 0 is a size record, no piece of the same send is still queued on a data
+    /// QP (QP 0's own pieces precede it in its queue: RC order).
+    fn check_record_follows_its_data(&self) {
+        let Some(wr) = self.sqp.sq.front() else {
+            return;
+        };
+        let Some((WrKind::SizeRecord, gen, slot)) = wr_parse(wr.wr_id) else {
+            return;
+        };
+        for (q, dq) in self.sdata.iter().enumerate() {
+            for d in &dq.sq {
+                if let Some((WrKind::Piece, g, i)) = wr_parse(d.wr_id) {
+                    assert!(
+                        !(g == gen && piece_parse(i).0 == slot),
+                        "the size record of send slot {slot} goes before its piece on data QP \
+                         {} landed",
+                        q + 1
+                    );
+                }
+            }
+        }
     }
 
     /// Steps until `done` holds, failing after `max` steps (livelock guard).
@@ -644,9 +828,42 @@ impl Pair {
         self.wait(|p| p.snd.test(id))
     }
 
-    /// Drives until receive `id` finishes.
+    /// Drives until receive `id` finishes. When its contents were given ([`Pair::expect`]),
+    /// checks them at the moment `test` reports it complete (before any further step).
     pub fn wait_recv(&mut self, id: ReqId) -> Result<Vec<u64>, ReqError> {
-        self.wait(|p| p.rcv.test(id))
+        let r = self.wait(|p| p.rcv.test(id));
+        if let Ok(sizes) = &r {
+            self.check_expected(id, Some(sizes));
+        }
+        r
+    }
+
+    /// Receive `id` must hold `data[i]` in buffer `i` (and no more) when it completes: checked
+    /// in the very step the receive engine sees its last arrival (and by `wait_recv`), so a
+    /// receive reported complete before all its data landed fails the test.
+    pub fn expect(&mut self, id: ReqId, data: Vec<Vec<u8>>) {
+        self.expected.insert(id, data);
+    }
+
+    /// Checks the expected contents of receive `id` (sizes from `test`, when known) and
+    /// forgets them.
+    fn check_expected(&mut self, id: ReqId, sizes: Option<&[u64]>) {
+        let Some(want) = self.expected.remove(&id) else {
+            return;
+        };
+        self.checked += 1;
+        for (i, w) in want.iter().enumerate() {
+            if let Some(sizes) = sizes {
+                assert_eq!(sizes[i], w.len() as u64, "receive {id:?} buffer {i}: size");
+            }
+            let at = self.recv_bufs[&(id.slot, i)];
+            assert!(
+                self.rmem.get(at, w.len()) == *w,
+                "receive {id:?} buffer {i} ({} bytes) reported complete before all its data \
+                 landed",
+                w.len()
+            );
+        }
     }
 
     /// One round of the engine benchmarks (`benches/engine.rs`, `examples/engine_rounds.rs`):

@@ -45,17 +45,22 @@
 //! (`ibv_poll_cq(3)`: "relevant for … RDMA Write with immediate") and the buffer from the
 //! immediate.
 //!
-//! **Refusal record** — 8 bytes written by the sender's RDMA_WRITE_WITH_IMM into slot
-//! `(r % REC_SLOTS) * MAX_RECVS + i` of the receiver's record ring when it refuses a send that
-//! is larger than its matching buffer: the size with bit 63 set (nothing was written).
+//! **Records** — 8 bytes written by the sender's RDMA_WRITE_WITH_IMM into slot
+//! `(r % REC_SLOTS) * MAX_RECVS + i` of the receiver's record ring. A **refusal record** when
+//! it refuses a send that is larger than its matching buffer: the size with bit 63
+//! ([`REC_TOO_BIG`]) set (nothing was written). A **size record** (connections with several
+//! QPs, wire version 5) when a direct send's data went as plain RDMA WRITEs, not all on QP 0:
+//! the size in bytes, bit 63 clear, posted on QP 0 only once every piece was acknowledged; it
+//! completes the receive's buffer.
 //!
-//! **Immediate data** of a WRITE_WITH_IMM: bit 31 = record (1: a refusal record into the record
+//! **Immediate data** of a WRITE_WITH_IMM: bit 31 = record (1: a record into the record
 //! ring; 0: a direct write of the payload), bit 30 = the sender waited for a credit since its
 //! last credit-consuming send (the receiver grows its queue), bits 29..3 = low 27 bits of the
 //! receive sequence number `r` (the group the send matched), bits 2..0 = buffer index `i`. At
 //! most `MAX_RECV_REQUESTS` (32) receives are outstanding, so 27 bits name the group
 //! unambiguously; the receiver checks that `(r, i)` is the buffer its own matching gives the
-//! send.
+//! send (with several QPs, where size records come out of send order: that it is an unmatched
+//! buffer of a posted receive).
 
 /// Most buffers in one grouped receive (reported as `maxRecvs`).
 pub const MAX_RECVS: usize = 8;
@@ -271,7 +276,7 @@ impl CtsEntry {
     }
 }
 
-/// Immediate bit 31: the WRITE_WITH_IMM carries a refusal record, not a payload.
+/// Immediate bit 31: the WRITE_WITH_IMM carries a record (refusal or size), not a payload.
 pub const IMM_RECORD: u32 = 1 << 31;
 /// Immediate bit 30: the sender waited for a credit since its last credit-consuming send.
 pub const IMM_STARVED: u32 = 1 << 30;
@@ -285,7 +290,7 @@ pub struct Imm {
     pub r_low: u32,
     /// Buffer index inside that receive.
     pub buf: usize,
-    /// A refusal record (true) or a direct write of the payload (false).
+    /// A record, refusal or size (true), or a direct write of the payload (false).
     pub record: bool,
     /// The sender waited for a credit since its last credit-consuming send.
     pub starved: bool,

@@ -131,3 +131,82 @@ fn with_every_control_slot_in_flight_irecv_waits_and_the_newest_write_is_signale
     assert_eq!(e.ctrl_outstanding(), 0);
     assert!(e.irecv(0, &[buf(1)]).unwrap().is_some());
 }
+
+/// Reads `0` everywhere but the record ring, which holds `rec` in every slot.
+struct Records(u64);
+impl MemRead for Records {
+    fn read(&self, addr: u64, out: &mut [u8]) -> bool {
+        let v = if addr >= 0x20_0000 { self.0 } else { 0 };
+        out.copy_from_slice(&v.to_le_bytes()[..out.len()]);
+        true
+    }
+}
+
+/// A WRITE_WITH_IMM arrival for buffer `i` of receive `r` on a zero-length receive WR.
+fn arrival(r: u64, i: usize, record: bool, byte_len: u32) -> Wc {
+    Wc {
+        wr_id: super::super::wr_id(WrKind::Zero, 0, 0),
+        status: WcStatus::Success,
+        opcode: WcOpcode::RecvRdmaWithImm,
+        byte_len,
+        imm: Some(wire::imm_encode(r, i, record, false)),
+    }
+}
+
+#[test]
+fn with_several_qps_records_may_come_out_of_order_but_must_name_an_unmatched_posted_buffer() {
+    let qps = |n| RecvParams { qps: n, ..params() };
+    // Out of send order: buffer 1's size record before buffer 0's direct write, then the
+    // second receive's before the first is complete.
+    let mut e = RecvEngine::new(qps(4));
+    let a = e.irecv(0, &[buf(1), buf(1)]).unwrap().unwrap();
+    let b = e.irecv(0, &[buf(2)]).unwrap().unwrap();
+    e.handle_wc(1, &arrival(0, 1, true, 8), &Records(40));
+    e.handle_wc(1, &arrival(1, 0, true, 8), &Records(64));
+    assert!(e.failure().is_none(), "{:?}", e.failure());
+    assert_eq!(e.test(b), Ok(Some(vec![64])));
+    assert_eq!(e.test(a), Ok(None), "buffer 0 has not arrived");
+    e.handle_wc(1, &arrival(0, 0, false, 3), &NoMem);
+    assert_eq!(e.test(a), Ok(Some(vec![3, 40])));
+    assert_eq!(e.stats().rendezvous, 3);
+    // The same out-of-order arrival on a one-QP connection breaks its strict check.
+    let mut e = RecvEngine::new(qps(1));
+    e.irecv(0, &[buf(1), buf(1)]).unwrap().unwrap();
+    e.handle_wc(1, &arrival(0, 1, false, 8), &NoMem);
+    let f = e.failure().expect("strict with one QP").to_string();
+    assert!(f.contains("for send 0 names no unmatched buffer"), "{f}");
+
+    // What stays a protocol error with several QPs: a buffer matched already, an index out
+    // of range, a receive not posted, a size record beyond the buffer.
+    type Case = (&'static str, Vec<(u64, usize, bool, u64)>, &'static str);
+    let cases: [Case; 4] = [
+        (
+            "matched",
+            vec![(0, 0, false, 0), (0, 0, true, 8)],
+            "a record (imm 0x80000000: receive 0 mod 2^27, buffer 0) for arrival 1 names no \
+             unmatched buffer",
+        ),
+        (
+            "range",
+            vec![(0, 2, true, 8)],
+            "buffer 2) for arrival 0 names no",
+        ),
+        ("not posted", vec![(3, 0, false, 0)], "receive 3 mod 2^27"),
+        (
+            "too big",
+            vec![(0, 0, true, 65)],
+            "a size record of 65 bytes (arrival 0) for a receive buffer of 64 bytes",
+        ),
+    ];
+    for (what, arrivals, want) in cases {
+        let mut e = RecvEngine::new(qps(2));
+        let id = e.irecv(0, &[buf(1), buf(1)]).unwrap().unwrap();
+        for (r, i, record, v) in arrivals {
+            e.handle_wc(1, &arrival(r, i, record, 8), &Records(v));
+        }
+        match e.test(id) {
+            Err(ReqError::Protocol(m)) => assert!(m.contains(want), "{what}: {m}"),
+            other => panic!("{what}: {other:?}"),
+        }
+    }
+}

@@ -364,3 +364,159 @@ fn peer_writes_are_read_in_order_and_a_torn_entry_waits() {
         e.failure()
     );
 }
+
+fn mqp_params(qps: u8, split: bool) -> SendParams {
+    SendParams {
+        qps,
+        split,
+        ..params(true, 8)
+    }
+}
+
+fn ok(wr_id: u64) -> Wc {
+    Wc {
+        wr_id,
+        status: WcStatus::Success,
+        opcode: crate::transport::WcOpcode::RdmaWrite,
+        byte_len: 0,
+        imm: None,
+    }
+}
+
+/// (QP, wr_id, opcode, local addr, length) of the WRs among `acts`.
+fn wrs(acts: &[Action]) -> Vec<(u8, u64, SendOpcode, u64, u32)> {
+    acts.iter()
+        .filter_map(|a| match a {
+            Action::PostSend(w) => Some((0, w)),
+            Action::PostSendQp { qp, wr } => Some((*qp, wr)),
+            _ => None,
+        })
+        .map(|(q, w)| (q, w.wr_id, w.opcode, w.sgl[0].addr, w.sgl[0].length))
+        .collect()
+}
+
+#[test]
+fn a_split_send_writes_its_pieces_then_its_size_record_once_all_are_acknowledged() {
+    let mut e = SendEngine::new(mqp_params(2, true));
+    e.handle_cts(1, cts(0, 0, 8, &[(4096, 9), (4096, 9), (4096, 9)]))
+        .unwrap();
+    // 300 bytes over 2 QPs: chunk 256: [0, 256) on QP 0, [256, 300) on QP 1, plain WRITEs.
+    let id = e.isend(2, 0x1000, 5, 300, 9).unwrap().unwrap();
+    let w = wrs(&e.drain_actions());
+    let at = 0x4000_0000;
+    assert_eq!(
+        w,
+        [
+            (
+                0,
+                wr_id(WrKind::Piece, 0, piece_index(id.slot, 0)),
+                SendOpcode::RdmaWrite {
+                    remote_addr: at,
+                    rkey: 77
+                },
+                0x1000,
+                256
+            ),
+            (
+                1,
+                wr_id(WrKind::Piece, 0, piece_index(id.slot, 1)),
+                SendOpcode::RdmaWrite {
+                    remote_addr: at + 256,
+                    rkey: 77
+                },
+                0x1100,
+                44
+            ),
+        ]
+    );
+    assert_eq!(e.stats().data_qp_writes, 1);
+    assert_eq!(e.stats().rendezvous, 1);
+    // QP 1 acknowledges first: nothing yet. QP 0's piece next: the record goes.
+    e.handle_wc(3, &ok(w[1].1));
+    assert!(e.drain_actions().is_empty());
+    assert_eq!(e.test(id), Ok(None));
+    e.handle_wc(4, &ok(w[0].1));
+    let acts = e.drain_actions();
+    let stage = 0x20_0000 + u64::from(id.slot) * 8;
+    assert_eq!(
+        acts[0],
+        Action::Stage {
+            addr: stage,
+            bytes: 300u64.to_le_bytes().to_vec()
+        }
+    );
+    let rec = wrs(&acts);
+    assert_eq!(rec.len(), 1);
+    assert_eq!(rec[0].0, 0, "records go on QP 0");
+    assert_eq!(
+        rec[0].2,
+        SendOpcode::RdmaWriteWithImm {
+            remote_addr: 0x30_0000,
+            rkey: 3,
+            imm: wire::imm_encode(0, 0, true, false)
+        }
+    );
+    assert!(matches!(&acts[1], Action::PostSend(w) if w.signaled));
+    assert_eq!(
+        e.test(id),
+        Ok(None),
+        "the record's completion completes the send"
+    );
+    e.handle_wc(5, &ok(rec[0].1));
+    assert_eq!(e.test(id), Ok(Some(300)));
+
+    // 128 bytes are one 128-byte piece on QP 0: today's one direct WRITE_WITH_IMM.
+    let id = e.isend(6, 0x1000, 5, 128, 9).unwrap().unwrap();
+    let w = wrs(&e.drain_actions());
+    assert_eq!(w.len(), 1);
+    assert!(
+        matches!(w[0].2, SendOpcode::RdmaWriteWithImm { imm, .. } if imm & wire::IMM_RECORD == 0)
+    );
+    e.handle_wc(7, &ok(w[0].1));
+    assert_eq!(e.test(id), Ok(Some(128)));
+}
+
+#[test]
+fn round_robin_sends_on_a_data_qp_report_it_when_they_stall_or_fail() {
+    let mut e = SendEngine::new(mqp_params(3, false));
+    e.handle_cts(1, cts(0, 0, 8, &[(4096, 9), (4096, 9), (4096, 9)]))
+        .unwrap();
+    let mut qps = Vec::new();
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(e.isend(2, 0x1000, 5, 1000, 9).unwrap().unwrap());
+        qps.extend(
+            wrs(&e.drain_actions())
+                .iter()
+                .map(|w| (w.0, matches!(w.2, SendOpcode::RdmaWrite { .. }))),
+        );
+    }
+    // Send s whole on QP s % 3: a direct WRITE_WITH_IMM on QP 0, plain WRITEs elsewhere.
+    assert_eq!(qps, [(0, false), (1, true), (2, true)]);
+    let st = e.stalls(2 + 5_000, 1_000);
+    let s2 = st.iter().find(|s| s.what.starts_with("send 2 ")).unwrap();
+    assert!(
+        s2.waiting_for
+            .starts_with("the acknowledgement of 1 of its 1 data pieces, on QP 2"),
+        "{s2:?}"
+    );
+    // An error completion of the piece on QP 2 fails the comm, naming the QP.
+    e.handle_wc(
+        9,
+        &Wc {
+            status: WcStatus::RetryExceeded,
+            ..ok(wr_id(WrKind::Piece, 0, piece_index(ids[2].slot, 2)))
+        },
+    );
+    for id in ids {
+        match e.test(id) {
+            Err(ReqError::Remote(m)) => {
+                assert!(
+                    m.starts_with("RDMA WRITE of a payload piece on QP 2 completed"),
+                    "{m}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}

@@ -1035,3 +1035,329 @@ fn fixed_depth_never_touches_the_pool() {
     assert_eq!(st.rq_depth, 16);
     assert_eq!(p.pool.len(), 256);
 }
+
+// ---- Several QPs per connection ----
+
+/// A pair with `qps` QPs whose data QPs lag (QP `q` moves one WR every `1 + lag * q` steps).
+fn mqp(qps: u8, split: bool, lag: u64) -> Pair {
+    let cfg = PairCfg {
+        qps,
+        split,
+        ..PairCfg::default()
+    };
+    Pair::new(
+        cfg,
+        Knobs {
+            data_qp_lag: lag,
+            ..Knobs::default()
+        },
+    )
+}
+
+/// Posts one receive per size (back to back in the user region, 128-byte apart), waits for
+/// their clear-to-sends, then sends them all at once, and waits for every receive and send:
+/// each receive's bytes are checked the moment it completes.
+fn mqp_batch(p: &mut Pair, sizes: &[usize], seed: u64) {
+    let mut off = 0u64;
+    let mut plan = Vec::new();
+    let cts0 = p.snd.stats().cts;
+    for &size in sizes {
+        let r = p.irecv(&[(off, size.max(1) as u64, 5)]).unwrap();
+        plan.push((r, off, size));
+        off += (size as u64).div_ceil(128) * 128 + 128;
+    }
+    let cts = cts0 + plan.len() as u64;
+    p.drive_until(10_000, |p| p.snd.stats().cts >= cts);
+    let mut sends = Vec::new();
+    for (k, &(r, off, size)) in plan.iter().enumerate() {
+        let data = pattern(seed + k as u64, size);
+        p.expect(r, vec![data.clone()]);
+        sends.push((p.isend(off, &data, 5).unwrap(), size));
+    }
+    for &(r, _, size) in &plan {
+        assert_eq!(p.wait_recv(r).unwrap(), vec![size as u64]);
+    }
+    for (s, size) in sends {
+        assert_eq!(p.wait_send(s).unwrap(), size as u64);
+    }
+}
+
+const MQP_SIZES: [usize; 9] = [0, 1, 127, 128, 129, 4096, 65537, 100_000, 500_000];
+
+#[test]
+fn several_qps_deliver_exact_bytes_for_every_size_with_and_without_split_and_lag() {
+    for qps in [1u8, 2, 4, 8] {
+        for split in [false, true] {
+            for lag in [0u64, 3] {
+                let mut p = mqp(qps, split, lag);
+                let before = p.checked;
+                mqp_batch(&mut p, &MQP_SIZES, u64::from(qps) * 10 + lag);
+                mqp_batch(&mut p, &MQP_SIZES[..5], 7);
+                let ctx = format!("qps {qps} split {split} lag {lag}");
+                assert_eq!(
+                    p.checked - before,
+                    14,
+                    "every receive checked at completion: {ctx}"
+                );
+                let st = p.snd.stats().clone();
+                assert_eq!((st.rendezvous, st.eager, st.ops), (14, 0, 14), "{ctx}");
+                assert_eq!(p.rcv.stats().rendezvous, 14, "{ctx}");
+                assert_eq!(p.rnr_naks, 0, "{ctx}");
+                // Plain WRITEs landed on exactly the data QPs' share of the pieces.
+                let data_qp_writes = p.writes.iter().filter(|w| w.user() && w.qp > 0).count();
+                assert_eq!(st.data_qp_writes, data_qp_writes as u64, "{ctx}");
+                if qps == 1 {
+                    assert_eq!(st.data_qp_writes, 0, "{ctx}");
+                    assert!(p.writes.iter().all(|w| w.imm.is_some()), "{ctx}");
+                } else {
+                    assert!(st.data_qp_writes > 0, "{ctx}");
+                }
+                // One size record per message not wholly on QP 0 (send s = its index).
+                let records = p
+                    .writes
+                    .iter()
+                    .filter(|w| w.imm.is_some_and(|i| i & wire::IMM_RECORD != 0))
+                    .count();
+                let sizes = MQP_SIZES.iter().chain(&MQP_SIZES[..5]);
+                let want = sizes
+                    .enumerate()
+                    .filter(|&(s, &size)| {
+                        let mut v = send::pieces(size as u64, s as u64, qps, split);
+                        !matches!((v.next(), v.next()), (None | Some((0, _, _)), None))
+                    })
+                    .count();
+                assert_eq!(records, want, "{ctx}");
+                assert_eq!(records == 0, qps == 1, "{ctx}");
+            }
+        }
+    }
+}
+
+#[test]
+fn without_split_send_s_goes_whole_on_qp_s_mod_qps() {
+    for first_seq in [0u64, (1u64 << 27) - 3] {
+        let cfg = PairCfg {
+            qps: 4,
+            first_seq,
+            ..PairCfg::default()
+        };
+        let mut p = Pair::new(
+            cfg,
+            Knobs {
+                data_qp_lag: 2,
+                ..Knobs::default()
+            },
+        );
+        mqp_batch(&mut p, &[4096; 8], 1);
+        // Send k (sequence first_seq + k) wrote buffer k, at offset k * (4096 + 128).
+        let mut per_qp = [0u64; 4];
+        for k in 0..8u64 {
+            let s = first_seq.wrapping_add(k);
+            let at = R_USER + k * (4096 + 128);
+            let w: Vec<&Landed> = p.writes.iter().filter(|w| w.addr == at).collect();
+            assert_eq!(w.len(), 1, "send {k}: one write: {w:?}");
+            assert_eq!(u64::from(w[0].qp), s % 4, "send {s}");
+            assert_eq!(w[0].len, 4096);
+            // On QP 0 it is today's direct WRITE_WITH_IMM; elsewhere a plain WRITE.
+            assert_eq!(w[0].imm.is_some(), s % 4 == 0, "send {s}");
+            per_qp[(s % 4) as usize] += 1;
+        }
+        assert_eq!(per_qp, [2, 2, 2, 2]);
+        assert_eq!(p.snd.stats().data_qp_writes, 6);
+        assert_eq!(&p.qp_wrs[1..], &[2, 2, 2], "data QPs moved only the pieces");
+    }
+}
+
+#[test]
+fn split_pieces_are_128_aligned_on_qp_i_and_cover_the_payload_exactly() {
+    for (qps, size, want) in [
+        // chunk = ceil(ceil(65537 / 4) / 128) * 128 = 16512
+        (
+            4u8,
+            65537u64,
+            vec![
+                (0u8, 0u64, 16512u64),
+                (1, 16512, 16512),
+                (2, 33024, 16512),
+                (3, 49536, 16001),
+            ],
+        ),
+        // Two pieces of 128 and 1 byte; QPs 2 and 3 get nothing.
+        (4, 129, vec![(0, 0, 128), (1, 128, 1)]),
+        (8, 4096, (0..8).map(|i| (i as u8, i * 512, 512)).collect()),
+        (2, 1, vec![(0, 0, 1)]),
+    ] {
+        let mut p = mqp(qps, true, 4);
+        mqp_batch(&mut p, &[size as usize], 3);
+        let mut got: Vec<(u8, u64, u64)> = p
+            .writes
+            .iter()
+            .filter(|w| w.user())
+            .map(|w| (w.qp, w.addr - R_USER, w.len))
+            .collect();
+        got.sort();
+        assert_eq!(got, want, "{qps} QPs, {size} bytes");
+        // A single piece on QP 0 is today's direct write: no size record.
+        let direct = want.len() == 1;
+        assert_eq!(
+            p.writes
+                .iter()
+                .filter(|w| w.user())
+                .all(|w| w.imm.is_some()),
+            direct
+        );
+    }
+    // The planning function alone, over many sizes: pieces are contiguous, start at 0,
+    // multiples of 128 but the last, on QP i, and sum to the size.
+    for qps in 1..=9u8 {
+        for size in (0..3000u64).chain([65537, 1 << 20, (1 << 30) - 1]) {
+            let v: Vec<_> = send::pieces(size, 99, qps, true).collect();
+            let mut at = 0;
+            for (i, &(qp, off, len)) in v.iter().enumerate() {
+                assert_eq!((usize::from(qp), off), (i, at), "{qps} QPs, {size} bytes");
+                assert!(len > 0);
+                if i + 1 < v.len() {
+                    assert_eq!(len % SPLIT_ALIGN, 0);
+                }
+                at += len;
+            }
+            assert_eq!(at, size);
+            assert!(v.len() <= usize::from(qps));
+            let whole: Vec<_> = send::pieces(size, 99, qps, false).collect();
+            let want = if size == 0 {
+                vec![]
+            } else {
+                vec![((99 % u64::from(qps)) as u8, 0, size)]
+            };
+            assert_eq!(whole, want);
+        }
+    }
+}
+
+#[test]
+fn an_eager_send_waits_while_a_size_record_is_unposted() {
+    let mut p = mqp(2, false, 200);
+    // Send 0 goes direct on QP 0; send 1 as a piece on (lagged) data QP 1.
+    let r0 = p.irecv(&[(0, 4096, 1)]).unwrap();
+    let r1 = p.irecv(&[(4096, 4096, 1)]).unwrap();
+    p.drive_until(100, |p| p.snd.stats().cts == 2);
+    let d0 = pattern(1, 4096);
+    let d1 = pattern(2, 4000);
+    p.expect(r0, vec![d0.clone()]);
+    p.expect(r1, vec![d1.clone()]);
+    let s0 = p.isend(0, &d0, 1).unwrap();
+    let s1 = p.isend(4096, &d1, 1).unwrap();
+    // No receive is known now: an eager-sized send would go at once, but send 1's record is
+    // still to come.
+    let waits = p.snd.stats().cts_waits;
+    let d2 = pattern(3, 100);
+    assert!(p.smem.write(S_USER + 65536, &d2));
+    assert_eq!(p.snd.isend(p.now, S_USER + 65536, 0, 100, 1), Ok(None));
+    assert_eq!(p.snd.stats().cts_waits, waits + 1);
+    let stalls = p.snd.stalls(p.now + 10_000_000_000, 1_000_000_000);
+    let refusal = stalls.iter().find(|s| s.req.slot == u32::MAX).unwrap();
+    assert!(
+        refusal
+            .waiting_for
+            .contains("may not overtake a size record"),
+        "{refusal:?}"
+    );
+    let waiting = stalls
+        .iter()
+        .find(|s| s.what.starts_with("send 1 "))
+        .unwrap();
+    assert!(
+        waiting
+            .waiting_for
+            .starts_with("the acknowledgement of 1 of its 1 data pieces, on QP 1"),
+        "{waiting:?}"
+    );
+    // Once the piece is acknowledged and the record posted, the eager send goes.
+    let s2 = p.isend(65536, &d2, 1).unwrap();
+    assert_eq!(p.snd.stats().eager, 1);
+    assert!(p.snd.stats().cts_waits > waits + 1, "it kept waiting");
+    let r2 = p.irecv(&[(8192, 4096, 1)]).unwrap();
+    p.expect(r2, vec![d2]);
+    for r in [r0, r1, r2] {
+        p.wait_recv(r).unwrap();
+    }
+    for s in [s0, s1, s2] {
+        p.wait_send(s).unwrap();
+    }
+    assert_eq!(p.checked, 3);
+    assert_eq!(p.rcv.stats().eager, 1);
+}
+
+#[test]
+fn grouped_receives_complete_when_size_records_arrive_out_of_send_order() {
+    let mut p = mqp(4, false, 5);
+    // Four grouped receives of tags 0..4 (several senders sharing the comm); 16 sends.
+    let mut recvs = Vec::new();
+    for g in 0..4u64 {
+        let bufs: Vec<(u64, u64, i32)> = (0..4)
+            .map(|t| ((g * 4 + t) * 8192, 8192, t as i32))
+            .collect();
+        recvs.push(p.irecv(&bufs).unwrap());
+    }
+    p.drive_until(1000, |p| p.snd.stats().cts == 4);
+    let mut want = vec![vec![Vec::new(); 4]; 4];
+    let mut sends = Vec::new();
+    for k in 0..16u64 {
+        let (g, t) = (k / 4, [3, 1, 0, 2][k as usize % 4]);
+        let data = pattern(k, 1000 + 37 * k as usize);
+        want[g as usize][t] = data.clone();
+        sends.push(p.isend((g * 4 + t as u64) * 8192, &data, t as i32).unwrap());
+    }
+    for (g, &r) in recvs.iter().enumerate() {
+        p.expect(r, want[g].clone());
+    }
+    for (g, r) in recvs.into_iter().enumerate() {
+        let sizes: Vec<u64> = want[g].iter().map(|d| d.len() as u64).collect();
+        assert_eq!(p.wait_recv(r).unwrap(), sizes);
+    }
+    for s in sends {
+        p.wait_send(s).unwrap();
+    }
+    assert_eq!(p.checked, 4);
+    // The WRITE_WITH_IMMs (direct writes and size records) reached the receiver out of send
+    // order: a later receive's arrival before an earlier one's.
+    let rs: Vec<u32> = p
+        .writes
+        .iter()
+        .filter_map(|w| w.imm.map(|i| wire::imm_decode(i).r_low))
+        .collect();
+    assert_eq!(rs.len(), 16);
+    assert!(rs.windows(2).any(|w| w[1] < w[0]), "{rs:?}");
+}
+
+#[test]
+fn an_error_completion_of_a_piece_fails_the_send_and_the_receive_never_completes() {
+    let mut p = mqp(4, true, 1);
+    p.knobs.data_qp_error = Some(2);
+    let r = p.irecv(&[(0, 65537, 0)]).unwrap();
+    p.drive_until(100, |p| p.snd.stats().cts == 1);
+    let s = p.isend(0, &pattern(1, 65537), 0).unwrap();
+    match p.wait_send(s) {
+        Err(ReqError::Remote(m)) => assert!(
+            m.contains("piece on QP 2") && m.contains("IBV_WC_RETRY_EXC_ERR"),
+            "{m}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        p.snd.isend(p.now, S_USER, 0, 1, 0),
+        Err(ReqError::Remote(_))
+    ));
+    for _ in 0..2000 {
+        p.step();
+    }
+    assert_eq!(
+        p.rcv.test(r),
+        Ok(None),
+        "no size record came: the receive waits"
+    );
+    assert!(
+        !p.writes.iter().any(|w| w.imm.is_some()),
+        "neither a direct write nor a record"
+    );
+}
