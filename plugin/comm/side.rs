@@ -356,10 +356,11 @@ impl ActionSink for CommSink<'_> {
     }
 }
 
+/// A connection's QP 0 and its data QPs.
+type QpSplit<'a> = (&'a mut dyn QueuePair, &'a mut [Box<dyn QueuePair>]);
+
 /// QP 0 and the data QPs of a comm's `qps` (never empty: a comm has its QP 0).
-fn split_qps(
-    qps: &mut [Box<dyn QueuePair>],
-) -> Result<(&mut dyn QueuePair, &mut [Box<dyn QueuePair>]), Error> {
+fn split_qps(qps: &mut [Box<dyn QueuePair>]) -> Result<QpSplit<'_>, Error> {
     match qps.split_first_mut() {
         Some((qp, data)) => Ok((&mut **qp, data)),
         None => Err(Error::new(

@@ -17,13 +17,18 @@
 //!   plugin context, freed at its `finalize` and at their deadline.
 //!
 //! ## Handshake over the out-of-band TCP stream
-//! 1. sender → receiver: `Hello` (nonce, QP info, CTS ring and credit word addresses/rkeys,
-//!    credit gating, first sequence number, the traffic class and SL the receiver adopts:
-//!    [`traffic_class_and_sl`]);
-//! 2. the receiver creates its QP with the sender's traffic class and SL, **posts its receive
-//!    queue**, moves the QP to RTR/RTS, and replies with its `Hello` (QP info, record ring,
-//!    initial credits, bounce buffer size, the traffic class and SL echoed);
-//! 3. the sender moves its QP to RTR/RTS and sends `RDY!`; it hands its comm to NCCL;
+//! 1. sender → receiver: `Hello` (nonce, the QP count and split flag
+//!    (`VERBSNET_IB_QPS_PER_CONNECTION`, `VERBSNET_IB_SPLIT_DATA_ON_QPS`) and one QP info per
+//!    QP, CTS ring and credit word addresses/rkeys, credit gating, first sequence number, the
+//!    traffic class and SL the receiver adopts: [`traffic_class_and_sl`]);
+//! 2. the receiver creates as many QPs with the sender's traffic class and SL (adopting the
+//!    sender's count and split, an INFO line when its own setting differs), **posts its receive
+//!    queue** (QP 0's; data QPs have none), moves every QP to RTR/RTS (tcp: each data QP
+//!    connects its own stream to the sender's data QP), and replies with its `Hello` (one QP
+//!    info per QP, record ring, initial credits, bounce buffer size, the traffic class, SL,
+//!    count and split echoed);
+//! 3. the sender moves its QPs to RTR/RTS (tcp: its data QPs accept the receiver's streams)
+//!    and sends `RDY!`; it hands its comm to NCCL;
 //! 4. the receiver reads `RDY!` and hands its comm to NCCL.
 //!
 //! So neither comm exists before both QPs are ready and the receive queue is posted: the
