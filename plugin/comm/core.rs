@@ -13,7 +13,7 @@ use super::watch::{self, Watch};
 use super::{Class, Error, Op};
 use crate::config::Config;
 use crate::engine::{Executor, ReqError, ReqId};
-use crate::transport::{Device, DeviceRnrCounters, QueuePair, Wc, WcStatus};
+use crate::transport::{Device, DeviceRnrCounters, QpCounters, QueuePair, Wc, WcStatus};
 
 /// The error of a comm whose peer went without closing its comm.
 const PEER_CLOSED: &str = "the peer closed the connection (its process exited or died)";
@@ -49,10 +49,13 @@ impl Drop for GiveBack {
     }
 }
 
-/// One comm's QP, its end ([`Role`]: engine and buffers), and what watches them.
+/// One comm's QPs, its end ([`Role`]: engine and buffers), and what watches them.
 pub(super) struct Core<R: Role> {
-    // Drop order: the QP goes before the buffers it may still reference.
-    qp: Box<dyn QueuePair>,
+    // Drop order: the QPs go before the buffers they may still reference.
+    /// The connection's QPs (`VERBSNET_IB_QPS_PER_CONNECTION`, the sender's): QP 0 first,
+    /// which carries the receive queue, the control traffic and the set-up stream that tells
+    /// of the peer's death; then the data QPs (plain RDMA WRITEs of payload only).
+    qps: Vec<Box<dyn QueuePair>>,
     /// The end: its engine and buffers.
     pub(super) side: R,
     /// Filled by `Drop for Core` with the pool buffers the engine held; dropped after `qp`.
@@ -84,12 +87,13 @@ impl<R: Role> Drop for Core<R> {
 impl<R: Role> Core<R> {
     pub(super) fn new(
         dev: &Arc<dyn Device>,
-        qp: Box<dyn QueuePair>,
+        qps: Vec<Box<dyn QueuePair>>,
         side: R,
         cfg: &Config,
     ) -> Core<R> {
+        debug_assert!(!qps.is_empty(), "a comm has its QP 0");
         Core {
-            qp,
+            qps,
             side,
             give_back: GiveBack(None),
             wcs: Vec::new(),
@@ -109,10 +113,18 @@ impl<R: Role> Core<R> {
     }
 
     /// Engine, QP and device counters (`dev_*`, where the device has them: device-wide, as
-    /// moved since this comm was created).
+    /// moved since this comm was created). The QP counters are summed over the connection's
+    /// QPs (`qps`: how many).
     pub(super) fn counters(&self) -> Vec<(&'static str, u64)> {
         let mut v: Vec<(&'static str, u64)> = self.side.stats().fields().to_vec();
-        let q = self.qp.counters();
+        let mut q = QpCounters::default();
+        for c in self.qps.iter().map(|qp| qp.counters()) {
+            q.rnr_naks_received += c.rnr_naks_received;
+            q.rnr_naks_sent += c.rnr_naks_sent;
+            q.post_recv_calls += c.post_recv_calls;
+            q.recv_wrs_posted += c.recv_wrs_posted;
+        }
+        v.push(("qps", self.qps.len() as u64));
         // Work per message (issue 22): send-side post calls and WRs as the executor made them,
         // completions as the polls handed them out.
         v.push(("sq_post_calls", self.exec.sq_post_calls()));
@@ -168,10 +180,14 @@ impl<R: Role> Core<R> {
         if let Some(e) = &self.sticky {
             return Err(e.clone());
         }
-        self.qp.begin_batch();
+        for qp in &mut self.qps {
+            qp.begin_batch();
+        }
         // The batch ends even if `f` panics (the shim catches it), so no ACK stays held.
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut *self)));
-        self.qp.end_batch();
+        for qp in &mut self.qps {
+            qp.end_batch();
+        }
         let r = r.unwrap_or_else(|p| std::panic::resume_unwind(p));
         if let Err(e) = &r {
             if matches!(e.class(), Class::Usage | Class::Remote) {
@@ -186,33 +202,43 @@ impl<R: Role> Core<R> {
     /// the error every request reports is "the peer closed", not the flush it caused. True
     /// when the peer closed.
     fn peer_close_first(&mut self) -> bool {
-        if !self.qp.peer_closed() {
+        if !self.qps[0].peer_closed() {
             return false;
         }
         self.report_peer_gone();
         true
     }
 
-    /// Tells the peer this is an orderly close ([`QueuePair::goodbye`]).
+    /// Tells the peer this is an orderly close ([`QueuePair::goodbye`]), on every QP (ib: QP
+    /// 0's set-up stream; tcp: each QP's own stream).
     pub(super) fn goodbye(&mut self) {
-        self.qp.goodbye();
+        for qp in &mut self.qps {
+            qp.goodbye();
+        }
     }
 
     /// Fails the comm because its peer went, with one WARN.
     fn report_peer_gone(&mut self) {
         self.watch.warned_peer = true;
-        let why = peer_gone(&*self.qp, R::NAME);
+        let why = peer_gone(&*self.qps[0], R::NAME);
         warn!("{why}; outstanding requests fail");
         self.side.fail(ReqError::Remote(why));
     }
 
-    /// Polls the CQ once and feeds the completions, the CTS ring and the credit word to the
-    /// engine; returns how many completions it polled. Makes no system call of its own (the
-    /// verbs poll is a read of mapped memory; the tcp transport reads its data stream).
+    /// Polls every QP's CQ once (QP 0 first) and feeds the completions, the CTS ring and
+    /// the credit word to the engine (the `wr_id` says what each completion is, whichever QP
+    /// it came from); returns how many completions it polled. Makes no system call of its own
+    /// (the verbs poll is a read of mapped memory; the tcp transport reads its data streams).
     fn poll_and_feed(&mut self, now: u64) -> usize {
         let mut wcs = std::mem::take(&mut self.wcs);
         wcs.clear();
-        let polled = self.qp.poll_cq(&mut wcs, 64);
+        let mut polled = Ok(0);
+        for qp in &mut self.qps {
+            let r = qp.poll_cq(&mut wcs, 64);
+            if r.is_err() && polled.is_ok() {
+                polled = r;
+            }
+        }
         let n = wcs.len();
         self.wcs_polled += n as u64;
         let mut peer_gone = self.watch.warned_peer;
@@ -236,7 +262,7 @@ impl<R: Role> Core<R> {
     /// and runs the watchdog.
     pub(super) fn progress(&mut self, now: u64) -> Result<(), Error> {
         self.poll_and_feed(now);
-        if self.watch.peer_check_due(now) && self.qp.peer_closed() {
+        if self.watch.peer_check_due(now) && self.qps[0].peer_closed() {
             // Completions the CQ holds already are delivered before the close is reported.
             for _ in 0..MAX_DRAIN_POLLS {
                 if self.poll_and_feed(now) == 0 {
@@ -253,7 +279,7 @@ impl<R: Role> Core<R> {
     /// Carries out the engine's actions in order ([`Executor`]); a failure
     /// fails the engine, so every outstanding request reports it.
     pub(super) fn execute(&mut self) -> Result<(), Error> {
-        let r = self.side.execute(&mut self.exec, &mut *self.qp);
+        let r = self.side.execute(&mut self.exec, &mut self.qps);
         if let Err(e) = &r {
             self.post_errors += 1;
             let line = e.report();

@@ -124,13 +124,13 @@ impl<R: Role> Comm<R> {
 
     fn with_side(
         dev: Arc<dyn Device>,
-        qp: Box<dyn QueuePair>,
+        qps: Vec<Box<dyn QueuePair>>,
         side: R,
         label: String,
         cfg: &Config,
     ) -> Comm<R> {
         Comm {
-            core: Mutex::new(Core::new(&dev, qp, side, cfg)),
+            core: Mutex::new(Core::new(&dev, qps, side, cfg)),
             dev,
             span: comm_span(&label),
             label,
@@ -233,18 +233,20 @@ impl<R: Role> Comm<R> {
 }
 
 impl SendComm {
-    /// A send comm over an established QP.
+    /// A send comm over the established QPs of one connection (QP 0 first, at least one, at
+    /// most `engine::MAX_QPS_PER_CONNECTION`), splitting data over them when `split`.
     pub(crate) fn new(
         dev: Arc<dyn Device>,
-        qp: Box<dyn QueuePair>,
+        qps: Vec<Box<dyn QueuePair>>,
+        split: bool,
         bufs: SendBuffers,
         peer: &PeerParams,
         cfg: &Config,
         label: String,
     ) -> SendComm {
         let engine = SendEngine::new(SendParams {
-            qps: 1,
-            split: false,
+            qps: u8::try_from(qps.len()).unwrap_or(u8::MAX),
+            split,
             eager_limit: u64::from(cfg.eager_limit).min(peer.eager_buf_size),
             credits: cfg.credits,
             initial_credits: peer.initial_credits,
@@ -256,7 +258,7 @@ impl SendComm {
             first_seq: peer.first_seq,
             first_gen: cfg.test_first_gen,
         });
-        Comm::with_side(dev, qp, SendSide::new(engine, bufs), label, cfg)
+        Comm::with_side(dev, qps, SendSide::new(engine, bufs), label, cfg)
     }
 
     /// `isend` of `size` bytes at `data` (inside `mr`) with `tag`: `Ok(None)` = retry later.
@@ -276,17 +278,19 @@ impl SendComm {
 }
 
 impl RecvComm {
-    /// Creates the receive engine and posts its initial receive WRs on `qp` (before the QP can
-    /// receive anything). Returns the engine; [`RecvComm::announce`] then says what to tell
-    /// the sender.
+    /// Creates the receive engine of a connection of `qps` QPs (the sender's count) and posts
+    /// its initial receive WRs on `qp` (QP 0, the only one with a receive queue; before the
+    /// QP can receive anything). Returns the engine; [`RecvComm::announce`] then says what to
+    /// tell the sender.
     pub(crate) fn prepare(
         qp: &mut dyn QueuePair,
+        qps: u8,
         bufs: &RecvBuffers,
         peer: &PeerParams,
         cfg: &Config,
     ) -> Result<RecvEngine, Error> {
         let mut engine = RecvEngine::new(RecvParams {
-            qps: 1,
+            qps,
             rq_depth: cfg.rq_depth,
             rq_min: buffers::rq_min(cfg),
             shrink_after_ns: cfg
@@ -317,16 +321,16 @@ impl RecvComm {
         }
     }
 
-    /// A receive comm over an established QP.
+    /// A receive comm over the established QPs of one connection (QP 0 first).
     pub(crate) fn new(
         dev: Arc<dyn Device>,
-        qp: Box<dyn QueuePair>,
+        qps: Vec<Box<dyn QueuePair>>,
         bufs: RecvBuffers,
         engine: RecvEngine,
         cfg: &Config,
         label: String,
     ) -> RecvComm {
-        Comm::with_side(dev, qp, RecvSide::new(engine, bufs), label, cfg)
+        Comm::with_side(dev, qps, RecvSide::new(engine, bufs), label, cfg)
     }
 
     /// `irecv` of `(addr, capacity, tag, registration)` buffers: `Ok(None)` = retry later.

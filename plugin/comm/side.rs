@@ -52,8 +52,13 @@ pub(super) mod sealed {
         /// After a CQ poll: the sender reads the CTS ring and credit word, the receiver
         /// re-posts, grows from the pool and returns the credits it owes.
         fn after_poll(&mut self, now: u64);
-        /// Carries out the engine's actions with `exec` on `qp` and this side's buffers.
-        fn execute(&mut self, exec: &mut Executor, qp: &mut dyn QueuePair) -> Result<(), Error>;
+        /// Carries out the engine's actions with `exec` on the connection's `qps` (QP 0
+        /// first) and this side's buffers.
+        fn execute(
+            &mut self,
+            exec: &mut Executor,
+            qps: &mut [Box<dyn QueuePair>],
+        ) -> Result<(), Error>;
         /// Extra `name=value` words for a stall report.
         fn stall_counters(&self, _out: &mut Vec<String>) {}
         /// `test`: the sizes when done.
@@ -152,9 +157,15 @@ impl sealed::Side for SendSide {
         let written = [&self.bufs.cts_ring, &self.bufs.credit_word];
         self.engine.poll_peer_writes(now, &Regions(&written));
     }
-    fn execute(&mut self, exec: &mut Executor, qp: &mut dyn QueuePair) -> Result<(), Error> {
+    fn execute(
+        &mut self,
+        exec: &mut Executor,
+        qps: &mut [Box<dyn QueuePair>],
+    ) -> Result<(), Error> {
+        let (qp, data) = split_qps(qps)?;
         let sink = &mut CommSink {
             qp,
+            data,
             staging: &[&self.bufs.hdr, &self.bufs.rec],
             recv: None,
         };
@@ -199,9 +210,15 @@ impl sealed::Side for RecvSide {
         self.engine
             .after_poll(now, &mut PoolSource(&self.bufs.pool));
     }
-    fn execute(&mut self, exec: &mut Executor, qp: &mut dyn QueuePair) -> Result<(), Error> {
+    fn execute(
+        &mut self,
+        exec: &mut Executor,
+        qps: &mut [Box<dyn QueuePair>],
+    ) -> Result<(), Error> {
+        let (qp, data) = split_qps(qps)?;
         let sink = &mut CommSink {
             qp,
+            data,
             staging: &[&self.bufs.ctrl],
             recv: Some((&self.bufs, &self.dst)),
         };
@@ -231,6 +248,7 @@ pub(super) fn post_initial(qp: &mut dyn QueuePair, engine: &mut RecvEngine) -> R
     let exec = &mut Executor::default();
     let sink = &mut CommSink {
         qp,
+        data: &mut [],
         staging: &[],
         recv: None,
     };
@@ -248,7 +266,10 @@ pub(super) fn post_initial(qp: &mut dyn QueuePair, engine: &mut RecvEngine) -> R
 /// buffers, and on the receive side its bounce buffers, the pool and the destinations of the
 /// posted receives.
 struct CommSink<'a> {
+    /// QP 0: every WR that consumes a receive WR, CTS and credit writes, the receive queue.
     qp: &'a mut dyn QueuePair,
+    /// The data QPs, QP 1 first: plain RDMA WRITEs of payload pieces only.
+    data: &'a mut [Box<dyn QueuePair>],
     /// The buffers `Stage` actions write into.
     staging: &'a [&'a Mr],
     /// The receive side's: what eager copies read and write, where bounce buffers go back.
@@ -274,17 +295,29 @@ impl ActionSink for CommSink<'_> {
         Regions(self.staging).stage(addr, bytes)
     }
 
+    /// On QP `qp` of the connection; a `qp` the connection does not have is an internal
+    /// error (the engine's bug), not a post.
     fn post_send(&mut self, qp: usize, wrs: &[SendWr]) -> Result<(), Error> {
-        if qp != 0 {
-            return Err(Error::new(
-                Op::Progress,
-                Class::Internal,
-                format!("a send WR for QP {qp} of a one-QP connection"),
-            ));
-        }
-        self.qp
-            .post_send(wrs)
-            .map_err(|e| Error::new(Op::Progress, Class::System, "post_send").because(e))
+        let n = self.data.len() + 1;
+        let target: &mut dyn QueuePair = match qp {
+            0 => &mut *self.qp,
+            i if i < n => &mut *self.data[i - 1],
+            _ => {
+                return Err(Error::new(
+                    Op::Progress,
+                    Class::Internal,
+                    format!("a send WR for QP {qp} of a connection of {n} QPs"),
+                ))
+            }
+        };
+        target.post_send(wrs).map_err(|e| {
+            let what = if qp == 0 {
+                "post_send".to_string()
+            } else {
+                format!("post_send on data QP {qp}")
+            };
+            Error::new(Op::Progress, Class::System, what).because(e)
+        })
     }
 
     fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<(), Error> {
@@ -320,6 +353,21 @@ impl ActionSink for CommSink<'_> {
     fn return_bounce(&mut self, b: &[(u64, u32)]) -> Result<(), Error> {
         self.recv("returning bounce buffers")?.0.pool.give(b);
         Ok(())
+    }
+}
+
+/// A connection's QP 0 and its data QPs.
+type QpSplit<'a> = (&'a mut dyn QueuePair, &'a mut [Box<dyn QueuePair>]);
+
+/// QP 0 and the data QPs of a comm's `qps` (never empty: a comm has its QP 0).
+fn split_qps(qps: &mut [Box<dyn QueuePair>]) -> Result<QpSplit<'_>, Error> {
+    match qps.split_first_mut() {
+        Some((qp, data)) => Ok((&mut **qp, data)),
+        None => Err(Error::new(
+            Op::Progress,
+            Class::Internal,
+            "a comm without a QP",
+        )),
     }
 }
 

@@ -13,11 +13,11 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use super::parse::{show_duration, show_opt_str};
+use super::parse::{show_duration, show_opt_str, Val};
 use super::registry::knobs;
 use super::{
     debug_default, default_rq_batch, default_rq_low_water, default_rq_min_depth, DebugLevel, Kind,
-    TransportChoice, MAX_EAGER_BUF_SIZE, MAX_RQ_DEPTH,
+    TransportChoice, MAX_EAGER_BUF_SIZE, MAX_QPS_PER_CONNECTION, MAX_RQ_DEPTH,
 };
 use crate::ifselect::IfList;
 
@@ -333,6 +333,71 @@ knobs! {
              not feed it. The accepting side adopts the connecting side's SL; each \
              connection's INFO line prints it.",
         nccl_ib: "`NCCL_IB_SL`, default -1 (the communicator's `trafficClass`, else 0)",
+    }
+
+    // Several QPs per connection (issue 23).
+    /// `VERBSNET_IB_QPS_PER_CONNECTION`: QPs of one connection (1..=128); unset: the value
+    /// of `NCCL_IB_QPS_PER_CONNECTION`, else 1. The connecting side's value decides.
+    ib_qps_per_connection: u8 {
+        var: "VERBSNET_IB_QPS_PER_CONNECTION",
+        group: FlowControl,
+        kind: Kind::Int { lo: 1, hi: MAX_QPS_PER_CONNECTION },
+        default: 1, "1",
+        parse: |v| match v.int(None)? {
+            Some(n) => Some(n),
+            None => Val::new(
+                "NCCL_IB_QPS_PER_CONNECTION",
+                Kind::Int { lo: 1, hi: MAX_QPS_PER_CONNECTION },
+                env.value("NCCL_IB_QPS_PER_CONNECTION"),
+            )
+            .int(None)?,
+        },
+        show: |n| n.to_string(),
+        doc: "QPs one connection spreads over (the tcp transport too, despite the name: each QP \
+             is its own TCP stream there). QP 0 carries everything a one-QP connection carries \
+             (eager sends, direct writes with immediate, size records, CTS and credit writes, \
+             the receive queue); QPs 1 and up carry only plain RDMA WRITEs of payload, round \
+             robin or split (`VERBSNET_IB_SPLIT_DATA_ON_QPS`). On a real fabric it buys ECMP \
+             entropy (each QP is its own flow, hashed onto its own path; RoCE v2 varies the UDP \
+             source port per QP) and gets past per-QP limits (one QP's outstanding reads, its \
+             processing unit on the NIC). On soft-RoCE (rxe) it buys nothing: rxe is CPU bound, \
+             not path bound. The cost: a message whose data is not all on QP 0 completes one \
+             acknowledgement round trip later (its record waits for the data QPs' writes to be \
+             acknowledged), and every QP costs a QP, a CQ and (tcp) a socket per connection. \
+             The connecting (sending) side's value decides for the connection: the receiver \
+             adopts it, and logs at INFO when its own setting differs (NCCL IB takes the larger \
+             of both sides' counts; verbsnet does not). Unset: `NCCL_IB_QPS_PER_CONNECTION` \
+             when set, else 1.",
+        nccl_ib: "`NCCL_IB_QPS_PER_CONNECTION`, default 1; NCCL IB uses the larger of both \
+                  sides' values (`net_ib/connect.cc`)",
+    }
+
+    /// `VERBSNET_IB_SPLIT_DATA_ON_QPS`: split each direct send evenly over all QPs of its
+    /// connection (on), or send each whole on one QP, round robin (off); unset: the value of
+    /// `NCCL_IB_SPLIT_DATA_ON_QPS`, else off.
+    ib_split_data_on_qps: bool {
+        var: "VERBSNET_IB_SPLIT_DATA_ON_QPS",
+        group: FlowControl,
+        kind: Kind::Bool,
+        default: false, "0",
+        parse: |v| match v.bool()? {
+            Some(b) => Some(b),
+            None => Val::new(
+                "NCCL_IB_SPLIT_DATA_ON_QPS",
+                Kind::Bool,
+                env.value("NCCL_IB_SPLIT_DATA_ON_QPS"),
+            )
+            .bool()?,
+        },
+        show: |b| if *b { "on".into() } else { "off".into() },
+        doc: "With several QPs per connection (`VERBSNET_IB_QPS_PER_CONNECTION`): on, each \
+             direct (rendezvous) send is cut into one piece per QP (128-byte aligned) written \
+             on all QPs at once; off, each send goes whole on one QP, the next send on the \
+             next. On suits few large messages, off many (less work per message). Applies to \
+             the tcp transport too. The connecting side's value decides for the connection, as \
+             for the QP count. Unset: `NCCL_IB_SPLIT_DATA_ON_QPS` when set, else off. Without \
+             data QPs it has no effect.",
+        nccl_ib: "`NCCL_IB_SPLIT_DATA_ON_QPS`, default 0 (`net_ib/common.cc`)",
     }
 
     /// `VERBSNET_IB_HCA`: device filter (`[^][=]name[:port],...`).

@@ -96,6 +96,11 @@ impl DebugLevel {
 
 /// Largest `VERBSNET_RQ_DEPTH`.
 pub const MAX_RQ_DEPTH: u32 = 32768;
+
+/// Largest `VERBSNET_IB_QPS_PER_CONNECTION`: NCCL IB's `NCCL_IB_MAX_QPS`
+/// (`src/transport/net_ib/common.h`); the engine's `MAX_QPS_PER_CONNECTION` (connection
+/// set-up checks at compile time that they agree).
+pub const MAX_QPS_PER_CONNECTION: u32 = 128;
 /// Largest `VERBSNET_EAGER_BUF_SIZE` (1 MiB).
 pub const MAX_EAGER_BUF_SIZE: u32 = 1 << 20;
 

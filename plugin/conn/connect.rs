@@ -13,7 +13,7 @@ use tracing::{info, warn};
 
 use super::handle::{self, Handle, HANDLE_SIZE};
 use super::hello::{Hello, HelloReader, Wire, READY};
-use super::{qp_config, traffic_class_and_sl, Error, Stage};
+use super::{create_qps, qp_config, qps_note, traffic_class_and_sl, Error, Stage};
 use crate::comm::{message, Class, PeerParams, SendBuffers, SendComm};
 use crate::config::Config;
 use crate::transport::{Device, Kind, QueuePair};
@@ -161,13 +161,14 @@ enum ConnectStage {
     Hello {
         wire: Wire,
         reader: HelloReader,
-        qp: Box<dyn QueuePair>,
+        /// The connection's QPs, QP 0 first (`VERBSNET_IB_QPS_PER_CONNECTION`).
+        qps: Vec<Box<dyn QueuePair>>,
         bufs: SendBuffers,
         first_seq: u64,
     },
     Ready {
         wire: Wire,
-        qp: Box<dyn QueuePair>,
+        qps: Vec<Box<dyn QueuePair>>,
         bufs: SendBuffers,
         peer: PeerParams,
     },
@@ -318,10 +319,19 @@ impl Connecting {
             let stream: TcpStream = sock.into();
             let _ = stream.set_nodelay(true);
             let qpc = qp_config(cfg);
-            let qp = dev.create_qp(&qpc).map_err(|e| {
-                let msg = format!("creating a QP on {dev_name}");
-                Error::new(Stage::QpSetup, Class::System, msg).because(e)
-            })?;
+            let n = usize::from(cfg.ib_qps_per_connection);
+            let mut qps = create_qps(dev, dev_name, &qpc, n, true)?;
+            // Data QPs: their peer connects to them (tcp: on the set-up stream's address).
+            let local_ip = stream
+                .local_addr()
+                .map_err(|e| Error::new(Stage::QpSetup, Class::System, "getsockname").because(e))?
+                .ip();
+            for (i, qp) in qps.iter_mut().enumerate().skip(1) {
+                qp.listen_data(local_ip).map_err(|e| {
+                    let msg = format!("preparing data QP {i} of {n} on {dev_name}");
+                    Error::new(Stage::QpSetup, Class::System, msg).because(e)
+                })?;
+            }
             let bufs = SendBuffers::alloc(&**dev).map_err(|e| e.lift(Stage::Buffers))?;
             // 0 in production; tests start near the wrap points (`Config::test_first_seq`).
             let first_seq = cfg.test_first_seq;
@@ -332,7 +342,8 @@ impl Connecting {
                 },
                 role: 1,
                 nonce: self.handle.nonce,
-                qp_info: qp.local_info(),
+                qp_info: qps.iter().map(|q| q.local_info()).collect(),
+                split: cfg.ib_split_data_on_qps,
                 p: bufs.announce(cfg, first_seq),
                 tc: qpc.traffic_class,
                 sl: qpc.service_level,
@@ -342,7 +353,7 @@ impl Connecting {
             self.stage = ConnectStage::Hello {
                 wire,
                 reader: HelloReader { len: None },
-                qp,
+                qps,
                 bufs,
                 first_seq,
             };
@@ -362,7 +373,7 @@ impl Connecting {
             }
             let ConnectStage::Hello {
                 wire,
-                mut qp,
+                mut qps,
                 bufs,
                 first_seq,
                 ..
@@ -370,20 +381,38 @@ impl Connecting {
             else {
                 unreachable!()
             };
+            if h.qps() != qps.len() || h.split != cfg.ib_split_data_on_qps {
+                return Err(remote(message(format!(
+                    "the reply carries {} QP infos (split {}) for our {} QPs (split {}): the \
+                     receiver must adopt the sender's VERBSNET_IB_QPS_PER_CONNECTION (mixed \
+                     plugin versions?)",
+                    h.qps(),
+                    h.split,
+                    qps.len(),
+                    cfg.ib_split_data_on_qps
+                ))));
+            }
             let oob = wire
                 .stream
                 .try_clone()
                 .map_err(|e| Error::new(Stage::QpSetup, Class::System, "dup socket").because(e))?;
-            qp.establish(&h.qp_info, oob).map_err(|e| {
+            qps[0].establish(&h.qp_info[0], oob).map_err(|e| {
                 let msg = format!("connecting the QP to {}", self.handle.addr);
                 Error::new(Stage::QpSetup, Class::System, msg).because(e)
             })?;
+            let n = qps.len();
+            for (i, (qp, info)) in qps.iter_mut().zip(&h.qp_info).enumerate().skip(1) {
+                qp.establish_data(info).map_err(|e| {
+                    let msg = format!("connecting data QP {i} of {n} to {}", self.handle.addr);
+                    Error::new(Stage::QpSetup, Class::System, msg).because(e)
+                })?;
+            }
             let mut wire = wire;
             wire.out.extend_from_slice(READY);
             let peer = PeerParams { first_seq, ..h.p };
             self.stage = ConnectStage::Ready {
                 wire,
-                qp,
+                qps,
                 bufs,
                 peer,
             };
@@ -393,7 +422,7 @@ impl Connecting {
                 return Ok(None);
             }
             let ConnectStage::Ready {
-                mut qp,
+                mut qps,
                 bufs,
                 peer,
                 wire,
@@ -401,8 +430,10 @@ impl Connecting {
             else {
                 unreachable!()
             };
-            // The stream is the QP's from here (tcp: its progress thread may read it).
-            qp.handshake_complete();
+            // The streams are the QPs' from here (tcp: its progress thread may read them).
+            for qp in &mut qps {
+                qp.handshake_complete();
+            }
             let local = wire
                 .stream
                 .local_addr()
@@ -414,16 +445,18 @@ impl Connecting {
             info!(
                 target: "verbsnet::init",
                 "{label}: connected; eager limit {} B, credit gating {}, {} initial credits, \
-                 traffic class {} SL {}",
+                 traffic class {} SL {}{}",
                 u64::from(cfg.eager_limit).min(peer.eager_buf_size),
                 if cfg.credits { "on" } else { "off" },
                 peer.initial_credits,
                 tc,
-                sl
+                sl,
+                qps_note(qps.len(), cfg.ib_split_data_on_qps)
             );
             return Ok(Some(SendComm::new(
                 dev.clone(),
-                qp,
+                qps,
+                cfg.ib_split_data_on_qps,
                 bufs,
                 &peer,
                 cfg,

@@ -13,11 +13,19 @@ const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"VNHE");
 /// whose clear-to-send is known is one WRITE WITH IMM of its payload (size in `byte_len`), the
 /// immediate has a record bit and a starved bit, CTS entries announce zero-length receive WRs
 /// and the credit word carries where they end. 4: the hello ends with the connection's traffic
-/// class and SL, which the receiver adopts. A peer of another version is refused at connect
-/// time instead of misplacing data.
-pub const HELLO_VERSION: u16 = 4;
+/// class and SL, which the receiver adopts. 5: several QPs per connection
+/// (`VERBSNET_IB_QPS_PER_CONNECTION`): the hello carries the QP count, the split flag
+/// (`VERBSNET_IB_SPLIT_DATA_ON_QPS`) and one QP info per QP; the receiver adopts the sender's
+/// count and split and replies with as many QP infos. A peer of another version is refused at
+/// connect time instead of misplacing data.
+pub const HELLO_VERSION: u16 = 5;
 pub(super) const READY: &[u8; 4] = b"RDY!";
-const MAX_HELLO: usize = 1024;
+/// Longest QP info of one QP (`QueuePair::local_info`: at most 256 bytes).
+const MAX_QP_INFO: usize = 256;
+/// Longest hello: the fixed fields and [`MAX_QPS`] QP infos of [`MAX_QP_INFO`] bytes each.
+const MAX_HELLO: usize = 256 + MAX_QPS * (2 + MAX_QP_INFO);
+/// Most QPs a hello may name: `engine::MAX_QPS_PER_CONNECTION`.
+const MAX_QPS: usize = crate::engine::MAX_QPS_PER_CONNECTION;
 
 /// One side's handshake message.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -25,7 +33,12 @@ pub(super) struct Hello {
     pub(super) kind: u8,
     pub(super) role: u8,
     pub(super) nonce: u64,
-    pub(super) qp_info: Vec<u8>,
+    /// One QP info per QP of the connection (QP 0 first): `1..=MAX_QPS_PER_CONNECTION` of
+    /// them (the QP count is their number).
+    pub(super) qp_info: Vec<Vec<u8>>,
+    /// Data split over the QPs (`VERBSNET_IB_SPLIT_DATA_ON_QPS`): the sender's, which the
+    /// receiver adopts and echoes.
+    pub(super) split: bool,
     pub(super) p: PeerParams,
     /// The connection's traffic class: the sender's choice (`super::traffic_class_and_sl`),
     /// which the receiver adopts and echoes.
@@ -36,15 +49,21 @@ pub(super) struct Hello {
 
 impl Hello {
     pub(super) fn encode(&self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(128 + self.qp_info.len());
+        let infos: usize = self.qp_info.iter().map(|i| 2 + i.len()).sum();
+        let mut b = Vec::with_capacity(128 + infos);
         b.extend_from_slice(&[0; 4]);
         b.extend_from_slice(&HELLO_MAGIC.to_le_bytes());
         b.extend_from_slice(&HELLO_VERSION.to_le_bytes());
         b.push(self.kind);
         b.push(self.role);
         b.extend_from_slice(&self.nonce.to_le_bytes());
+        // The count as u16 (128 does not fit a signed byte; room to grow), then the split flag.
         b.extend_from_slice(&(self.qp_info.len() as u16).to_le_bytes());
-        b.extend_from_slice(&self.qp_info);
+        b.push(u8::from(self.split));
+        for info in &self.qp_info {
+            b.extend_from_slice(&(info.len() as u16).to_le_bytes());
+            b.extend_from_slice(info);
+        }
         let p = &self.p;
         for v in [
             p.cts_ring.0,
@@ -70,27 +89,68 @@ impl Hello {
         b
     }
 
-    fn decode(b: &[u8]) -> Option<Hello> {
+    /// Parses a hello (after its length prefix). `Err`: why it is not a hello of this
+    /// version (the version, a QP count outside `1..=MAX_QPS_PER_CONNECTION`, a QP info over
+    /// 256 bytes, an SL over 15, a split flag not 0/1, truncated or trailing bytes).
+    fn decode(b: &[u8]) -> Result<Hello, String> {
+        let short = || "a truncated handshake message".to_string();
         let mut c = Cursor(b);
-        if c.u32()? != HELLO_MAGIC || c.u16()? != HELLO_VERSION {
-            return None;
+        if c.u32().ok_or_else(short)? != HELLO_MAGIC {
+            return Err("not a verbsnet hello (bad magic)".into());
         }
-        let kind = c.u8()?;
-        let role = c.u8()?;
-        let nonce = c.u64()?;
-        let n = c.u16()? as usize;
-        let qp_info = c.take(n)?.to_vec();
+        let version = c.u16().ok_or_else(short)?;
+        if version != HELLO_VERSION {
+            return Err(format!("a hello of version {version}, not {HELLO_VERSION}"));
+        }
+        let kind = c.u8().ok_or_else(short)?;
+        let role = c.u8().ok_or_else(short)?;
+        let nonce = c.u64().ok_or_else(short)?;
+        let qps = usize::from(c.u16().ok_or_else(short)?);
+        if qps == 0 || qps > MAX_QPS {
+            return Err(format!(
+                "a hello naming {qps} QPs per connection (VERBSNET_IB_QPS_PER_CONNECTION must be \
+                 in 1..={MAX_QPS})"
+            ));
+        }
+        let split = match c.u8().ok_or_else(short)? {
+            0 => false,
+            1 => true,
+            f => return Err(format!("a hello with split flag {f} (not 0 or 1)")),
+        };
+        let mut qp_info = Vec::with_capacity(qps);
+        for i in 0..qps {
+            let n = usize::from(c.u16().ok_or_else(short)?);
+            if n > MAX_QP_INFO {
+                return Err(format!(
+                    "a hello whose QP info {i} is {n} bytes (at most {MAX_QP_INFO})"
+                ));
+            }
+            let info = c.take(n).ok_or_else(|| {
+                format!("a hello naming {qps} QPs that carries only {i} QP infos")
+            })?;
+            qp_info.push(info.to_vec());
+        }
         let mut v = [0u64; 10];
         for x in v.iter_mut() {
-            *x = c.u64()?;
+            *x = c.u64().ok_or_else(short)?;
         }
-        let tc = c.u8()?;
-        let sl = c.u8().filter(|sl| *sl <= 15)?;
-        Some(Hello {
+        let tc = c.u8().ok_or_else(short)?;
+        let sl = c.u8().ok_or_else(short)?;
+        if sl > 15 {
+            return Err(format!("a hello with SL {sl} (at most 15)"));
+        }
+        if !c.0.is_empty() {
+            return Err(format!(
+                "a hello with {} bytes after its end (more QP infos than its count of {qps}?)",
+                c.0.len()
+            ));
+        }
+        Ok(Hello {
             kind,
             role,
             nonce,
             qp_info,
+            split,
             p: PeerParams {
                 cts_ring: (v[0], v[1] as u32),
                 credit_word: (v[2], v[3] as u32),
@@ -103,6 +163,11 @@ impl Hello {
             tc,
             sl,
         })
+    }
+
+    /// The QP count (at least 1 in a decoded hello).
+    pub(super) fn qps(&self) -> usize {
+        self.qp_info.len()
     }
 }
 
@@ -245,10 +310,9 @@ impl HelloReader {
         let n = self.len.expect("set");
         match w.read_exact_nb(n).map_err(HelloError::Io)? {
             None => Ok(None),
-            Some(b) => Hello::decode(&b).map(Some).ok_or_else(|| {
+            Some(b) => Hello::decode(&b).map(Some).map_err(|why| {
                 HelloError::Bad(format!(
-                    "malformed handshake message (not a verbsnet hello of version \
-                     {HELLO_VERSION}: both ranks must run the same verbsnet)"
+                    "malformed handshake message: {why} (both ranks must run the same verbsnet)"
                 ))
             }),
         }
@@ -259,13 +323,13 @@ impl HelloReader {
 mod tests {
     use super::*;
 
-    #[test]
-    fn hello_round_trips_and_rejects_truncation() {
-        let h = Hello {
+    fn hello(qps: usize) -> Hello {
+        Hello {
             kind: 2,
             role: 1,
             nonce: 77,
-            qp_info: vec![1, 2, 3],
+            qp_info: (0..qps).map(|i| vec![i as u8; 1 + i % 40]).collect(),
+            split: true,
             p: PeerParams {
                 cts_ring: (0x1000, 5),
                 credit_word: (0x2000, 6),
@@ -277,21 +341,78 @@ mod tests {
             },
             tc: 106,
             sl: 10,
-        };
+        }
+    }
+
+    #[test]
+    fn hello_round_trips_and_rejects_truncation() {
+        let h = hello(1);
         let b = h.encode();
         assert_eq!(
             u32::from_le_bytes(b[..4].try_into().unwrap()) as usize,
             b.len() - 4
         );
-        assert_eq!(Hello::decode(&b[4..]), Some(h));
-        assert_eq!(Hello::decode(&b[4..b.len() - 1]), None);
+        assert_eq!(Hello::decode(&b[4..]), Ok(h));
+        assert_eq!(
+            Hello::decode(&b[4..b.len() - 1]),
+            Err("a truncated handshake message".into())
+        );
         // the SL field is 4 bits: more is not a hello
         let mut bad = b.clone();
         *bad.last_mut().unwrap() = 16;
-        assert_eq!(Hello::decode(&bad[4..]), None);
-        // a version 3 hello (no traffic class, no SL) is refused by its version
-        let mut v3 = b[4..b.len() - 2].to_vec();
-        v3[4..6].copy_from_slice(&3u16.to_le_bytes());
-        assert_eq!(Hello::decode(&v3), None);
+        assert_eq!(
+            Hello::decode(&bad[4..]),
+            Err("a hello with SL 16 (at most 15)".into())
+        );
+        // a version 4 hello (one QP info, no count) is refused by its version
+        let mut v4 = b[4..].to_vec();
+        v4[4..6].copy_from_slice(&4u16.to_le_bytes());
+        assert_eq!(
+            Hello::decode(&v4),
+            Err("a hello of version 4, not 5".into())
+        );
+    }
+
+    /// Up to 128 QPs (NCCL IB's `NCCL_IB_MAX_QPS`) of 256-byte infos fit a hello; a count of
+    /// 0 or above 128, or a count its infos do not match, is malformed with a clear reason.
+    #[test]
+    fn hello_carries_up_to_128_qp_infos_and_refuses_bad_counts() {
+        for qps in [1, 2, 8, 128] {
+            let h = hello(qps);
+            let b = h.encode();
+            assert_eq!(Hello::decode(&b[4..]).map(|h| h.qps()), Ok(qps));
+        }
+        let mut big = hello(128);
+        big.qp_info = vec![vec![7; MAX_QP_INFO]; 128];
+        let b = big.encode();
+        assert!(b.len() - 4 <= MAX_HELLO, "{} bytes", b.len());
+        assert_eq!(Hello::decode(&b[4..]), Ok(big));
+
+        // the count sits after magic, version, kind, role and nonce
+        let count_at = 4 + 4 + 2 + 1 + 1 + 8;
+        let with_count = |h: &Hello, n: u16| {
+            let mut b = h.encode();
+            b[count_at..count_at + 2].copy_from_slice(&n.to_le_bytes());
+            b
+        };
+        let h = hello(2);
+        let refused = |b: Vec<u8>| Hello::decode(&b[4..]).unwrap_err();
+        assert_eq!(
+            refused(with_count(&h, 0)),
+            "a hello naming 0 QPs per connection (VERBSNET_IB_QPS_PER_CONNECTION must be in \
+             1..=128)"
+        );
+        assert_eq!(
+            refused(with_count(&h, 129)),
+            "a hello naming 129 QPs per connection (VERBSNET_IB_QPS_PER_CONNECTION must be in \
+             1..=128)"
+        );
+        // fewer infos than the count says: the parameters are read as infos, and it ends short
+        assert!(Hello::decode(&with_count(&h, 3)[4..]).is_err());
+        // more infos than the count says: trailing bytes
+        assert!(refused(with_count(&h, 1)).contains("after its end"));
+        let mut split = h.encode();
+        split[count_at + 2] = 2;
+        assert_eq!(refused(split), "a hello with split flag 2 (not 0 or 1)");
     }
 }

@@ -12,7 +12,7 @@ use tracing::{info, warn};
 use super::handle::{Handle, HANDLE_SIZE};
 use super::hello::{Hello, HelloError, HelloReader, Wire, READY};
 use super::refusals::{refusal_of_io, Refusal, Refusals};
-use super::{qp_config, Error, Stage};
+use super::{create_qps, qp_config, qps_note, Error, Stage};
 use crate::comm::{Class, RecvBuffers, RecvComm};
 use crate::config::Config;
 use crate::engine::RecvEngine;
@@ -85,7 +85,10 @@ impl Accepting {
 enum AcceptStage {
     Hello,
     Reply {
-        qp: Box<dyn QueuePair>,
+        /// The connection's QPs, QP 0 first: as many as the sender's hello named.
+        qps: Vec<Box<dyn QueuePair>>,
+        /// The sender's `VERBSNET_IB_SPLIT_DATA_ON_QPS`, adopted.
+        split: bool,
         bufs: RecvBuffers,
         engine: RecvEngine,
         /// The sender's traffic class and SL, which this end's QP uses.
@@ -429,13 +432,29 @@ impl Listen {
             let mut qpc = qp_config(&self.cfg);
             qpc.traffic_class = h.tc;
             qpc.service_level = h.sl;
-            let mut qp = self.dev.create_qp(&qpc).map_err(|e| {
-                let msg = format!("creating a QP on {}", self.dev_name);
-                Error::new(Stage::QpSetup, Class::System, msg).because(e)
-            })?;
+            // The sender's QP count and split too (NCCL IB takes the larger count of both
+            // sides, `ncclIbAccept`, `net_ib/connect.cc`; verbsnet lets the sender decide).
+            let n = h.qps();
+            let (own_n, own_split) = (
+                usize::from(self.cfg.ib_qps_per_connection),
+                self.cfg.ib_split_data_on_qps,
+            );
+            if (n, h.split) != (own_n, own_split) {
+                info!(
+                    target: "verbsnet::init",
+                    "accept on {}: the sender {} asks for {n} QPs per connection, split {}; this \
+                     rank's setting is {own_n}, split {}: the sender's values apply \
+                     (VERBSNET_IB_QPS_PER_CONNECTION / VERBSNET_IB_SPLIT_DATA_ON_QPS)",
+                    self.handle.addr,
+                    a.peer,
+                    if h.split { "on" } else { "off" },
+                    if own_split { "on" } else { "off" },
+                );
+            }
+            let mut qps = create_qps(&self.dev, &self.dev_name, &qpc, n, false)?;
             let bufs =
                 RecvBuffers::alloc(&self.dev, &self.cfg).map_err(|e| e.lift(Stage::Buffers))?;
-            let engine = RecvComm::prepare(&mut *qp, &bufs, &h.p, &self.cfg)
+            let engine = RecvComm::prepare(&mut *qps[0], n as u8, &bufs, &h.p, &self.cfg)
                 .map_err(|e| e.lift(Stage::Buffers))?;
             let oob =
                 a.wire.stream.try_clone().map_err(|e| {
@@ -443,24 +462,39 @@ impl Listen {
                 })?;
             // The peer's QP info is the peer's data: a version or content it cannot use refuses
             // that peer, it does not fail the listener.
-            qp.establish(&h.qp_info, oob).map_err(|e| {
+            qps[0].establish(&h.qp_info[0], oob).map_err(|e| {
                 StepError::Refuse(
                     Refusal::QpInfo,
                     format!("stage RTR/RTS: connecting our QP to its QP info failed: {e}"),
                 )
             })?;
+            // Data QPs before the reply goes out (tcp: each connects its own stream to the
+            // sender's data QP, which accepts it once it has the reply).
+            for (i, (qp, info)) in qps.iter_mut().zip(&h.qp_info).enumerate().skip(1) {
+                qp.establish_data(info).map_err(|e| {
+                    StepError::Refuse(
+                        Refusal::QpInfo,
+                        format!(
+                            "stage RTR/RTS: connecting our data QP {i} of {n} to its QP info \
+                             failed: {e}"
+                        ),
+                    )
+                })?;
+            }
             let reply = Hello {
                 kind: h.kind,
                 role: 2,
                 nonce: h.nonce,
-                qp_info: qp.local_info(),
+                qp_info: qps.iter().map(|q| q.local_info()).collect(),
+                split: h.split,
                 p: RecvComm::announce(&bufs, &engine, &self.cfg),
                 tc: h.tc,
                 sl: h.sl,
             };
             a.wire.out.extend_from_slice(&reply.encode());
             a.stage = AcceptStage::Reply {
-                qp,
+                qps,
+                split: h.split,
                 bufs,
                 engine,
                 tc: h.tc,
@@ -482,7 +516,8 @@ impl Listen {
                 ));
             }
             let AcceptStage::Reply {
-                mut qp,
+                mut qps,
+                split,
                 bufs,
                 engine,
                 tc,
@@ -491,8 +526,10 @@ impl Listen {
             else {
                 unreachable!()
             };
-            // The stream is the QP's from here (tcp: its progress thread may read it).
-            qp.handshake_complete();
+            // The streams are the QPs' from here (tcp: its progress thread may read them).
+            for qp in &mut qps {
+                qp.handshake_complete();
+            }
             let label = format!(
                 "recv comm {} <- {} ({})",
                 self.handle.addr, a.peer, self.dev_name
@@ -501,18 +538,19 @@ impl Listen {
                 target: "verbsnet::init",
                 "{label}: connected; RQ depth {} posted in batches of {}, low-water {}, credits {} granted \
                  initially, credit gating {} (the sender's VERBSNET_CREDITS), traffic class {} SL {} \
-                 (the sender's)",
+                 (the sender's){}",
                 self.cfg.rq_depth,
                 self.cfg.rq_batch,
                 self.cfg.rq_low_water,
                 engine.granted(),
                 if engine.credits() { "on" } else { "off" },
                 tc,
-                sl
+                sl,
+                qps_note(qps.len(), split)
             );
             return Ok(Some(RecvComm::new(
                 self.dev.clone(),
-                qp,
+                qps,
                 bufs,
                 engine,
                 &self.cfg,

@@ -17,13 +17,18 @@
 //!   plugin context, freed at its `finalize` and at their deadline.
 //!
 //! ## Handshake over the out-of-band TCP stream
-//! 1. sender → receiver: `Hello` (nonce, QP info, CTS ring and credit word addresses/rkeys,
-//!    credit gating, first sequence number, the traffic class and SL the receiver adopts:
-//!    [`traffic_class_and_sl`]);
-//! 2. the receiver creates its QP with the sender's traffic class and SL, **posts its receive
-//!    queue**, moves the QP to RTR/RTS, and replies with its `Hello` (QP info, record ring,
-//!    initial credits, bounce buffer size, the traffic class and SL echoed);
-//! 3. the sender moves its QP to RTR/RTS and sends `RDY!`; it hands its comm to NCCL;
+//! 1. sender → receiver: `Hello` (nonce, the QP count and split flag
+//!    (`VERBSNET_IB_QPS_PER_CONNECTION`, `VERBSNET_IB_SPLIT_DATA_ON_QPS`) and one QP info per
+//!    QP, CTS ring and credit word addresses/rkeys, credit gating, first sequence number, the
+//!    traffic class and SL the receiver adopts: [`traffic_class_and_sl`]);
+//! 2. the receiver creates as many QPs with the sender's traffic class and SL (adopting the
+//!    sender's count and split, an INFO line when its own setting differs), **posts its receive
+//!    queue** (QP 0's; data QPs have none), moves every QP to RTR/RTS (tcp: each data QP
+//!    connects its own stream to the sender's data QP), and replies with its `Hello` (one QP
+//!    info per QP, record ring, initial credits, bounce buffer size, the traffic class, SL,
+//!    count and split echoed);
+//! 3. the sender moves its QPs to RTR/RTS (tcp: its data QPs accept the receiver's streams)
+//!    and sends `RDY!`; it hands its comm to NCCL;
 //! 4. the receiver reads `RDY!` and hands its comm to NCCL.
 //!
 //! So neither comm exists before both QPs are ready and the receive queue is posted: the
@@ -35,9 +40,16 @@ mod hello;
 pub mod listen;
 mod refusals;
 
-use crate::comm::Failure;
+use std::sync::Arc;
+
+use crate::comm::{Class, Failure};
 use crate::config::Config;
-use crate::transport::QpConfig;
+use crate::transport::{Device, QpConfig, QueuePair};
+
+// The knob's range and the engine's bound are one number.
+const _: () = assert!(
+    crate::config::MAX_QPS_PER_CONNECTION as usize == crate::engine::MAX_QPS_PER_CONNECTION
+);
 
 pub use connect::Connects;
 pub use handle::{Handle, HANDLE_SIZE};
@@ -107,6 +119,77 @@ pub fn qp_config(cfg: &Config) -> QpConfig {
         traffic_class,
         service_level,
         oob_keepalive: cfg.socket_keepalive,
+    }
+}
+
+/// The settings of a connection's data QPs (QPs 1 and up, `VERBSNET_IB_QPS_PER_CONNECTION`)
+/// from its QP 0's `qp0`: they carry only plain RDMA WRITEs of payload pieces, so no receive
+/// queue (0 WRs; ib rounds up to 1), and on the sending side room for one WR per send
+/// request ([`crate::engine::MAX_SEND_REQUESTS`]: a send puts at most one piece on each QP);
+/// the receiving side never sends on them (1). Their CQs are sized from these.
+pub fn data_qp_config(qp0: &QpConfig, sender: bool) -> QpConfig {
+    QpConfig {
+        max_recv_wr: 0,
+        max_send_wr: if sender {
+            crate::engine::MAX_SEND_REQUESTS as u32
+        } else {
+            1
+        },
+        ..qp0.clone()
+    }
+}
+
+/// Creates the `n` QPs of one connection on `dev` (QP 0 with `qp0`, the others with
+/// [`data_qp_config`]), after checking `n` against the device's limit ([`Device::max_qps`]).
+///
+/// # Errors
+/// [`Stage::QpSetup`], naming `VERBSNET_IB_QPS_PER_CONNECTION` when `n` is above the device's
+/// limit or a data QP cannot be created (the device ran out of QPs or CQs).
+fn create_qps(
+    dev: &Arc<dyn Device>,
+    dev_name: &str,
+    qp0: &QpConfig,
+    n: usize,
+    sender: bool,
+) -> Result<Vec<Box<dyn QueuePair>>, Error> {
+    if let Some(max) = dev.max_qps() {
+        if n > max as usize {
+            return Err(Error::new(
+                Stage::QpSetup,
+                Class::System,
+                format!(
+                    "{n} QPs per connection (VERBSNET_IB_QPS_PER_CONNECTION, the connecting \
+                     side's) exceed what {dev_name} can hold ({max} QPs or CQs); lower it"
+                ),
+            ));
+        }
+    }
+    let data = data_qp_config(qp0, sender);
+    let mut qps = Vec::with_capacity(n);
+    for i in 0..n {
+        let cfg = if i == 0 { qp0 } else { &data };
+        let qp = dev.create_qp(cfg).map_err(|e| {
+            let msg = if n == 1 {
+                format!("creating a QP on {dev_name}")
+            } else {
+                format!(
+                    "creating QP {i} of {n} on {dev_name} (VERBSNET_IB_QPS_PER_CONNECTION={n}, \
+                     the connecting side's: lower it if the device runs out of QPs or CQs)"
+                )
+            };
+            Error::new(Stage::QpSetup, Class::System, msg).because(e)
+        })?;
+        qps.push(qp);
+    }
+    Ok(qps)
+}
+
+/// `" over N QPs (split on|off)"` for the INFO line of a connection with more than one QP.
+fn qps_note(n: usize, split: bool) -> String {
+    if n > 1 {
+        format!(", {n} QPs (split {})", if split { "on" } else { "off" })
+    } else {
+        String::new()
     }
 }
 

@@ -342,6 +342,26 @@ impl<'t> Pair<'t> {
         self
     }
 
+    /// Connects the two QPs as data QPs ([`QueuePair::listen_data`] on `a`, the side that
+    /// listens, as a connection's sender; [`QueuePair::establish_data`] on `b` first, as the
+    /// receiver does before its reply, then on `a`) and completes the handshake.
+    pub fn connect_data(mut self) -> Pair<'t> {
+        self.a
+            .listen_data(std::net::Ipv4Addr::LOCALHOST.into())
+            .expect("listen_data a");
+        let ia = self.a.local_info();
+        let ib = self.b.local_info();
+        assert!(
+            ia.len() <= 256 && ib.len() <= 256,
+            "local_info over 256 bytes"
+        );
+        self.b.establish_data(&ia).expect("establish_data b");
+        self.a.establish_data(&ib).expect("establish_data a");
+        self.a.handshake_complete();
+        self.b.handshake_complete();
+        self
+    }
+
     /// A connected pair with [`qp_cfg`] on both ends.
     pub fn new(t: &'t Transport, da: &Arc<dyn Device>, db: &Arc<dyn Device>) -> Pair<'t> {
         Pair::create(t, da, db, &qp_cfg(), &qp_cfg()).connect()
@@ -1093,6 +1113,66 @@ pub fn sixteen_mib_write_completes_with_the_right_bytes(t: &Transport) {
     assert!(dst.bytes() == src.bytes(), "16 MiB differ");
 }
 
+/// Data QPs (QPs 1 and up of a connection, `VERBSNET_IB_QPS_PER_CONNECTION`): connected with
+/// `listen_data`/`establish_data` and no set-up stream of their own, each carries plain RDMA
+/// WRITEs into the peer's registered memory with no receive WR posted or consumed at the peer
+/// (its CQ stays empty), independently of the connection's other QPs (two data QPs between
+/// the same devices, written at once, each deliver their own bytes and completions).
+pub fn data_qps_carry_plain_writes_without_receive_wrs(t: &Transport) {
+    let (da, db) = t.one_device();
+    let src = Buf::filled(&*da, 1 << 20, 23);
+    let dst = Buf::new(&*db, 2 << 20);
+    let mut cfg_b = qp_cfg();
+    cfg_b.max_recv_wr = 0;
+    let mut p1 = Pair::create(t, &da, &db, &qp_cfg(), &cfg_b).connect_data();
+    let mut p2 = Pair::create(t, &da, &db, &qp_cfg(), &cfg_b).connect_data();
+    let half = 1 << 19;
+    p1.a.post_send(&[
+        write(1, &[src.sge(0, half)], dst.addr(0), dst.rkey(), false),
+        write(
+            2,
+            &[src.sge(half as usize, half)],
+            dst.addr(half as usize),
+            dst.rkey(),
+            true,
+        ),
+    ])
+    .expect("post_send on data QP 1");
+    p2.a.post_send(&[
+        write(
+            3,
+            &[src.sge(0, 1 << 20)],
+            dst.addr(1 << 20),
+            dst.rkey(),
+            true,
+        ),
+        write(4, &[src.sge(0, 0)], dst.addr(0), dst.rkey(), true),
+    ])
+    .expect("post_send on data QP 2");
+    p1.drive_to(1, 0);
+    p2.drive_to(2, 0);
+    p1.settle();
+    p2.settle();
+    assert_eq!(p1.wa, [ok(2, WcOpcode::RdmaWrite, 0, None)]);
+    assert_eq!(
+        p2.wa,
+        [
+            ok(3, WcOpcode::RdmaWrite, 0, None),
+            ok(4, WcOpcode::RdmaWrite, 0, None)
+        ]
+    );
+    assert!(
+        p1.wb.is_empty() && p2.wb.is_empty(),
+        "no receive completion"
+    );
+    assert_eq!(p1.b.counters().recv_wrs_posted, 0);
+    assert_eq!(p2.b.counters().recv_wrs_posted, 0);
+    let got = dst.bytes();
+    let s = src.bytes();
+    assert!(got[..1 << 20] == s[..], "data QP 1's bytes");
+    assert!(got[1 << 20..] == s[..], "data QP 2's bytes");
+}
+
 /// 8 MiB each way at once (a WRITE_WITH_IMM one way, a SEND the other) both land whole.
 pub fn simultaneous_large_transfers_both_ways(t: &Transport) {
     let (da, db) = t.one_device();
@@ -1565,6 +1645,7 @@ suite!(
     sends_complete_while_the_responders_owner_never_polls,
     the_requester_learns_of_the_responders_death_while_only_it_polls,
     goodbye_makes_a_close_orderly_and_a_drop_without_it_is_a_death,
+    data_qps_carry_plain_writes_without_receive_wrs,
 );
 
 /// Instantiates the conformance suite as `#[test]` functions in the current module, one per
@@ -1605,6 +1686,7 @@ macro_rules! transport_conformance {
             sends_complete_while_the_responders_owner_never_polls,
             the_requester_learns_of_the_responders_death_while_only_it_polls,
             goodbye_makes_a_close_orderly_and_a_drop_without_it_is_a_death,
+            data_qps_carry_plain_writes_without_receive_wrs,
         );
     };
     (@tests $fixture:expr; $($name:ident),* $(,)?) => {

@@ -20,7 +20,7 @@
 //! progress thread polls a QP of the same device, so devices are `Send + Sync`.
 
 use std::fmt;
-use std::net::TcpStream;
+use std::net::{IpAddr, TcpStream};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,6 +30,11 @@ use crate::mem::Region;
 pub mod conformance;
 pub mod ib;
 pub mod tcp;
+
+/// Longest the listening side of a tcp data QP waits in [`QueuePair::establish_data`] for its
+/// peer's connection: the peer connects before it sends the reply that makes the listening
+/// side call it, so the connection normally waits in the backlog already.
+pub const DATA_ACCEPT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Most SGEs the engine puts in one send WR (header + payload for an eager SEND).
 pub const MAX_SEND_SGE: usize = 2;
@@ -367,6 +372,13 @@ pub trait Device: Send + Sync {
     /// [`QueuePair::local_info`]; it becomes usable after [`QueuePair::establish`].
     fn create_qp(&self, cfg: &QpConfig) -> Result<Box<dyn QueuePair>>;
 
+    /// Most QPs (each with its own CQ) the device can hold at all, where it says
+    /// (ib: the smaller of `ibv_device_attr::max_qp` and `max_cq`); connection set-up refuses
+    /// a `VERBSNET_IB_QPS_PER_CONNECTION` above it with an error naming the knob.
+    fn max_qps(&self) -> Option<u32> {
+        None
+    }
+
     /// Device-wide RNR counters, where the device exposes them.
     fn rnr_counters(&self) -> DeviceRnrCounters {
         DeviceRnrCounters::default()
@@ -388,6 +400,38 @@ pub trait QueuePair: Send {
     /// first: from then on the tcp transport reads the stream on its own too (its progress
     /// thread, whenever the owner is not polling).
     fn establish(&mut self, remote: &[u8], oob: TcpStream) -> Result<()>;
+
+    /// Makes this QP a *data QP* (QP 1 and up of a connection,
+    /// `VERBSNET_IB_QPS_PER_CONNECTION`) whose peer reaches it: the connecting side calls it
+    /// right after `create_qp`, before [`QueuePair::local_info`]. A data QP carries only plain
+    /// RDMA WRITEs (no receive WR is ever consumed on it) and has no set-up stream of its own.
+    ///
+    /// - tcp: the QP listens on an ephemeral port of `local` (the set-up stream's local
+    ///   address) and its `local_info` carries that address and a random token; the peer's
+    ///   [`QueuePair::establish_data`] connects there and presents the token.
+    /// - ib: nothing to do (the default).
+    ///
+    /// # Errors
+    /// tcp: the listening socket could not be opened.
+    fn listen_data(&mut self, local: IpAddr) -> Result<()> {
+        let _ = local;
+        Ok(())
+    }
+
+    /// Connects a data QP (see [`QueuePair::listen_data`]) to the peer described by `remote`
+    /// and moves it to ready-to-send; no set-up stream: the connection's QP 0 watches the peer.
+    ///
+    /// - tcp: the side whose peer listens (the accepting side: `remote` carries an address and
+    ///   a token) connects, writes the token and returns; the side that listens (it called
+    ///   `listen_data`) accepts one connection within [`DATA_ACCEPT_TIMEOUT`] and checks its
+    ///   token. The stream becomes the QP's own data stream, so each QP of a connection is an
+    ///   independent byte stream, as each verbs QP is an independent flow.
+    /// - ib: RTR/RTS as [`QueuePair::establish`], without a stream.
+    ///
+    /// # Errors
+    /// The peer's info is malformed or of another kind; tcp: the connect, the accept (its
+    /// timeout) or the token failed.
+    fn establish_data(&mut self, remote: &[u8]) -> Result<()>;
 
     /// The caller's handshake on `oob` is over (the plugin: the acceptor read the connector's
     /// ready message, the connector wrote it): the QP now progresses on its own even if its

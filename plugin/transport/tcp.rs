@@ -113,6 +113,14 @@
 //! | 5 | 3 | QP number (24 bits, big-endian, nonzero) |
 //! | 8 | 4 | PSN of the first message this QP sends (big-endian) |
 //!
+//! A data QP whose peer connects to it (`QueuePair::listen_data`: QPs 1 and up of a
+//! connection, on its connecting side) adds 27 bytes: address family (4 or 6), 16 address
+//! bytes (IPv4 in the first 4), port and a random 64-bit token (big-endian). Its peer's
+//! `establish_data` connects there and writes the token first; the listening side's accepts
+//! (within `DATA_ACCEPT_TIMEOUT`, skipping connections with another token) and checks it. So
+//! each QP of a connection has its own TCP stream (QP 0: the set-up stream), and the QPs are
+//! as independent as verbs QPs: no order holds between them.
+//!
 //! Then each direction of the stream is a sequence of frames: a 32-byte header, all fields
 //! big-endian, followed by `length` payload bytes for the data opcodes:
 //!

@@ -48,7 +48,12 @@
 #                        Each: exit 0, #wrong 0, the symbol used, and the log names rxe0, the
 #                        GID index and the MTU (when the harness exists); with --proxy lazy
 #                        (receives posted ahead, sends spun on, completions consumed late):
-#                        all_reduce --ranks 4, and alltoall --ranks 4 --shared-comms 4
+#                        all_reduce --ranks 4, and alltoall --ranks 4 --shared-comms 4; with
+#                        VERBSNET_IB_QPS_PER_CONNECTION=4: all_reduce --ranks 4 split on and
+#                        alltoall --ranks 4 --shared-comms 4 split off ("4 QPs (split on|off)"
+#                        on the connections' INFO lines)
+#      multi_qp          tests/multi_qp.rs over ib: 1, 2, 4, 8 QPs per connection, split on and
+#                        off, data checked; the receiver adopts the sender's count
 # A test binary that prints SKIP in the VM (no device found) counts as a failure. Each step
 # prints one summary line, the run ends with "vm-suite: N passed, M failed"; the exit status is
 # 0 only when every step passed (255: the VM failed, 124: timeout). Full logs of every step are
@@ -188,6 +193,10 @@ if [ "${1:-}" = --guest ]; then
     if [ -n "${BIN_liveness:-}" ]; then
         test_step liveness "$BIN_liveness" RUST_TEST_THREADS=1 VERBSNET_TEST_TRANSPORT=ib
     fi
+    # several QPs per connection (issue 23): data QPs as ordinary RC QPs on rxe0
+    if [ -n "${BIN_multi_qp:-}" ]; then
+        test_step multi_qp "$BIN_multi_qp" RUST_TEST_THREADS=1 VERBSNET_TEST_TRANSPORT=ib
+    fi
     if [ -n "${PERF_BIN:-}" ]; then
         small=(-b 8 -e 1M -f 8 -n 2 -w 1)
         # the main collectives through the newest table (v12, the default) and v8
@@ -216,6 +225,14 @@ if [ "${1:-}" = --guest ]; then
         perf_step perf_allreduce_4_lazy all_reduce --ranks 4 --proxy lazy "${small[@]}" -T 100
         perf_step perf_alltoall_4_shared4_lazy \
             alltoall --ranks 4 --shared-comms 4 --proxy lazy "${shared[@]}"
+        # several QPs per connection (issue 23): 4 QPs, data split over them / round robin
+        PERF_ENV="VERBSNET_IB_QPS_PER_CONNECTION=4 VERBSNET_IB_SPLIT_DATA_ON_QPS=1" \
+            PERF_EXPECT="4 QPs (split on)" \
+            perf_step perf_allreduce_4_qps4_split all_reduce --ranks 4 "${small[@]}" -T 100
+        PERF_ENV="VERBSNET_IB_QPS_PER_CONNECTION=4 VERBSNET_IB_SPLIT_DATA_ON_QPS=0" \
+            PERF_EXPECT="4 QPs (split off)" \
+            perf_step perf_alltoall_4_shared4_qps4 \
+            alltoall --ranks 4 --shared-comms 4 "${shared[@]}"
     else
         echo "vm-suite: ----  perf_*             verbsnet-perf not in this tree (testharness)"
     fi
@@ -270,6 +287,7 @@ tests=(transport_conformance ib_transport plugin_pair rnr)
 [ -f testharness/tests/lifecycle.rs ] && tests+=(lifecycle)
 [ -f tests/explorer.rs ] && tests+=(explorer)
 [ -f tests/liveness.rs ] && tests+=(liveness)
+[ -f tests/multi_qp.rs ] && tests+=(multi_qp)
 # The workspace-wide commands CI runs before (testharness/run-tests.sh), so that nothing is
 # rebuilt: per-package builds unify dependency features differently and rebuild the plugin.
 echo "vm-suite: building the tests (cargo test --workspace --no-run ${CARGO_PROFILE_ARGS:-})" >&2

@@ -835,3 +835,59 @@ fn lazy_proxy_runs_alltoall_with_shared_comms() {
         assert_clean("alltoall", 4, &o, &v);
     }
 }
+
+/// Several QPs per connection (`VERBSNET_IB_QPS_PER_CONNECTION=4`, issue 23), split on and
+/// off, in an all_reduce ring and a shared-comms alltoall over tcp (each QP its own TCP
+/// stream): every byte lands (#wrong 0), no error completion, and every comm of every rank
+/// has the 4 QPs the sender asked for (the receivers adopt it).
+#[test]
+fn four_qps_per_connection_split_on_and_off_carry_all_reduce_and_alltoall() {
+    for split in ["0", "1"] {
+        for (coll, extra) in [
+            ("all_reduce", &[][..]),
+            ("alltoall", &["--shared-comms", "4", "--chunk", "4K"][..]),
+        ] {
+            let _ = plugin();
+            let mut args = vec![
+                coll,
+                "--ranks",
+                "4",
+                "-b",
+                "8",
+                "-e",
+                "4M",
+                "-f",
+                "8",
+                "-n",
+                "2",
+                "-w",
+                "1",
+                "--stats",
+                "--transport",
+                "tcp",
+            ];
+            args.extend_from_slice(extra);
+            let mut c = perf(&args);
+            c.env("VERBSNET_IB_QPS_PER_CONNECTION", "4")
+                .env("VERBSNET_IB_SPLIT_DATA_ON_QPS", split);
+            let (o, v) = common::run_json(&mut c);
+            assert_clean(coll, 4, &o, &v);
+            let total = |key: &str| -> f64 {
+                v["stats"]
+                    .as_array()
+                    .expect("stats array")
+                    .iter()
+                    .map(|r| r["totals"][key].as_f64().unwrap_or(0.0))
+                    .sum()
+            };
+            assert_eq!(total("error_completions"), 0.0, "{coll} split {split}");
+            let qps = total("qps");
+            let ops = total("ops");
+            assert!(
+                qps > 0.0 && qps % 4.0 == 0.0 && ops > 0.0,
+                "{coll} split {split}: qps total {qps}, ops {ops}\n{}",
+                show(&o)
+            );
+        }
+    }
+}

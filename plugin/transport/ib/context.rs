@@ -175,6 +175,10 @@ pub(crate) struct PortInfo {
     pub(crate) max_qp_wr: u32,
     /// Device limit on SGEs per WR.
     pub(crate) max_sge: u32,
+    /// Device limit on QPs (`ibv_device_attr::max_qp`).
+    pub(crate) max_qp: u32,
+    /// Device limit on CQs.
+    pub(crate) max_cq: u32,
 }
 
 impl PortInfo {

@@ -116,6 +116,10 @@ impl Device for IbDevice {
         )?))
     }
 
+    fn max_qps(&self) -> Option<u32> {
+        Some(self.port.max_qp.min(self.port.max_cq))
+    }
+
     fn rnr_counters(&self) -> DeviceRnrCounters {
         read_rnr_counters(&self.counters_dir)
     }
@@ -343,6 +347,8 @@ fn open_ports(ctx: &Arc<Context>, filter: &HcaFilter, forced_gid: Option<u32>) -
             max_cqe: attr.max_cqe.max(1) as u32,
             max_qp_wr: attr.max_qp_wr.max(1) as u32,
             max_sge: attr.max_sge.max(0) as u32,
+            max_qp: attr.max_qp.max(1) as u32,
+            max_cq: attr.max_cq.max(1) as u32,
         };
         let code = convert::speed_code(pattr.active_speed, pa.active_speed_ex);
         let queried = query_port_speed(ctx, port);

@@ -327,12 +327,10 @@ impl IbQueuePair {
     }
 }
 
-impl QueuePair for IbQueuePair {
-    fn local_info(&self) -> Vec<u8> {
-        self.info().encode()
-    }
-
-    fn establish(&mut self, remote: &[u8], oob: TcpStream) -> Result<(), TransportError> {
+impl IbQueuePair {
+    /// Moves the QP to RTR and RTS towards the peer `remote` describes; returns the peer's
+    /// info and the path MTU (IB enum).
+    fn connect_rts(&mut self, remote: &[u8]) -> Result<(ConnInfo, u32), TransportError> {
         if self.established {
             return Err(TransportError::Protocol(format!(
                 "QP {} is already connected",
@@ -395,17 +393,11 @@ impl QueuePair for IbQueuePair {
             | ibv_qp_attr_mask::IBV_QP_RNR_RETRY
             | ibv_qp_attr_mask::IBV_QP_MAX_QP_RD_ATOMIC;
         self.modify(&mut attr, mask, "RTS")?;
+        Ok((peer, mtu))
+    }
 
-        if let Err(e) = oob.set_nonblocking(true) {
-            debug!("oob set_nonblocking: {e}");
-        }
-        if let Some(bound) = self.cfg.oob_keepalive {
-            if let Err(e) = set_keepalive(&oob, bound) {
-                warn!(qp_num = self.qpn, "TCP keepalive on the set-up socket: {e}");
-            }
-        }
-        self.oob = Some(oob);
-        self.established = true;
+    /// The INFO line of a connected QP (`data`: a data QP, QP 1 and up of its connection).
+    fn log_connected(&self, peer: &ConnInfo, mtu: u32, data: bool) {
         let (local_mtu, peer_mtu) = (
             convert::mtu_bytes(self.port.active_mtu).unwrap_or(0),
             convert::mtu_bytes(u32::from(peer.mtu)).unwrap_or(0),
@@ -423,8 +415,39 @@ impl QueuePair for IbQueuePair {
             remote_qp_num = peer.qpn,
             remote_gid = %Ipv6Addr::from(peer.gid),
             mtu = convert::mtu_bytes(mtu).unwrap_or(0),
+            data_qp = data,
             "QP connected (RTS){mtu_note}"
         );
+    }
+}
+
+impl QueuePair for IbQueuePair {
+    fn local_info(&self) -> Vec<u8> {
+        self.info().encode()
+    }
+
+    fn establish(&mut self, remote: &[u8], oob: TcpStream) -> Result<(), TransportError> {
+        let (peer, mtu) = self.connect_rts(remote)?;
+        if let Err(e) = oob.set_nonblocking(true) {
+            debug!("oob set_nonblocking: {e}");
+        }
+        if let Some(bound) = self.cfg.oob_keepalive {
+            if let Err(e) = set_keepalive(&oob, bound) {
+                warn!(qp_num = self.qpn, "TCP keepalive on the set-up socket: {e}");
+            }
+        }
+        self.oob = Some(oob);
+        self.established = true;
+        self.log_connected(&peer, mtu, false);
+        Ok(())
+    }
+
+    /// A data QP: RTR/RTS as `establish`, no set-up stream (QP 0 of the connection watches
+    /// the peer and says goodbye).
+    fn establish_data(&mut self, remote: &[u8]) -> Result<(), TransportError> {
+        let (peer, mtu) = self.connect_rts(remote)?;
+        self.established = true;
+        self.log_connected(&peer, mtu, true);
         Ok(())
     }
 

@@ -215,6 +215,16 @@ impl QueuePair for TcpQueuePair {
         Ok(())
     }
 
+    fn listen_data(&mut self, local: std::net::IpAddr) -> Result<()> {
+        self.core().listen_data(local)
+    }
+
+    fn establish_data(&mut self, remote: &[u8]) -> Result<()> {
+        self.core().establish_data(remote)?;
+        self.established = true;
+        Ok(())
+    }
+
     fn handshake_complete(&mut self) {
         self.arm();
     }

@@ -26,10 +26,11 @@ mod requester;
 mod responder;
 
 use std::collections::VecDeque;
-use std::net::{Shutdown, TcpStream};
+use std::io::{Read as _, Write as _};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
 
@@ -37,10 +38,10 @@ use self::io::{Staged, TxPayload, INLINE_MAX, RX_BUF_LEN, TX_BUF_CAP};
 use self::requester::SendEntry;
 use self::responder::{recv_wc, Done, RxState};
 use super::registry::Registry;
-use super::wire::{ConnInfo, Frame, NakCode, HEADER_LEN};
+use super::wire::{ConnInfo, DataEndpoint, Frame, NakCode, CONN_INFO_LEN, HEADER_LEN};
 use crate::transport::{
     set_keepalive, QpConfig, QpCounters, RecvWr, Result, SendWr, TransportError, Wc, WcStatus,
-    MAX_SEND_SGE, PEER_SILENT,
+    DATA_ACCEPT_TIMEOUT, MAX_SEND_SGE, PEER_SILENT,
 };
 
 #[cfg(doc)]
@@ -51,6 +52,9 @@ use crate::transport::QueuePair;
 pub(super) struct TcpQp {
     /// Our 24-bit QP number (logs, `local_info`).
     qp_num: u32,
+    /// A data QP whose peer connects to it ([`TcpQp::listen_data`]), until
+    /// [`TcpQp::establish_data`] accepted the peer's stream.
+    data_listen: Option<DataListen>,
     /// The peer's QP number, learnt in `establish`.
     remote_qp_num: u32,
     /// PSN of our first send WR (in `local_info`).
@@ -181,6 +185,7 @@ impl TcpQp {
     ) -> TcpQp {
         TcpQp {
             qp_num,
+            data_listen: None,
             remote_qp_num: 0,
             initial_psn,
             cfg,
@@ -351,11 +356,168 @@ impl TcpQp {
 /// under the state's lock) and the NIC thread's [`TcpQp::service`].
 impl TcpQp {
     pub(super) fn local_info(&self) -> Vec<u8> {
-        ConnInfo {
+        let mut v = ConnInfo {
             qp_num: self.qp_num,
             initial_psn: self.initial_psn,
         }
-        .encode()
+        .encode();
+        if let Some(l) = &self.data_listen {
+            v.extend_from_slice(&l.endpoint.encode());
+        }
+        v
+    }
+
+    /// A data QP the peer connects to: listens on an ephemeral port of `local`; `local_info`
+    /// then carries the address and a random token ([`DataEndpoint`]).
+    pub(super) fn listen_data(&mut self, local: IpAddr) -> Result<()> {
+        if self.state != QpState::Init || self.data_listen.is_some() {
+            return Err(TransportError::Unavailable(format!(
+                "tcp QP {:#08x}: listen_data on a QP already listening or connected",
+                self.qp_num
+            )));
+        }
+        let io = |op: String| move |source| TransportError::Io { op, source };
+        let listener = TcpListener::bind(SocketAddr::new(local, 0)).map_err(io(format!(
+            "listen for the data stream of tcp QP {:#08x} on {local}",
+            self.qp_num
+        )))?;
+        let addr = listener.local_addr().map_err(io("getsockname".into()))?;
+        let token = (u64::from(super::random_u32()) << 32) | u64::from(super::random_u32());
+        self.data_listen = Some(DataListen {
+            listener,
+            endpoint: DataEndpoint { addr, token },
+        });
+        Ok(())
+    }
+
+    /// Connects a data QP: the side whose peer listens connects and presents the token; the
+    /// side that listens accepts (within [`DATA_ACCEPT_TIMEOUT`]) and checks it. Then as
+    /// [`TcpQp::establish`] on that stream.
+    pub(super) fn establish_data(&mut self, remote: &[u8]) -> Result<()> {
+        if self.state != QpState::Init {
+            return Err(TransportError::Unavailable(format!(
+                "tcp QP {:#08x} is already connected",
+                self.qp_num
+            )));
+        }
+        let (base, ep) = match remote.len() {
+            CONN_INFO_LEN => (remote, None),
+            n if n == CONN_INFO_LEN + DataEndpoint::LEN => {
+                let ep = DataEndpoint::decode(&remote[CONN_INFO_LEN..])
+                    .map_err(TransportError::Protocol)?;
+                (&remote[..CONN_INFO_LEN], Some(ep))
+            }
+            n => {
+                return Err(TransportError::Protocol(format!(
+                    "tcp data QP connection info is {n} bytes, expected {CONN_INFO_LEN} or {} \
+                     (is the peer using another transport?)",
+                    CONN_INFO_LEN + DataEndpoint::LEN
+                )))
+            }
+        };
+        let info = ConnInfo::decode(base).map_err(TransportError::Protocol)?;
+        let stream = match (self.data_listen.take(), ep) {
+            (None, Some(ep)) => self.connect_data(ep)?,
+            (Some(l), None) => self.accept_data(l)?,
+            (Some(_), Some(_)) => {
+                return Err(TransportError::Protocol(format!(
+                    "tcp data QP {:#08x}: both ends listen (both called listen_data)",
+                    self.qp_num
+                )))
+            }
+            (None, None) => {
+                return Err(TransportError::Protocol(format!(
+                    "tcp data QP {:#08x}: neither end listens (the connecting side must call \
+                     listen_data before local_info)",
+                    self.qp_num
+                )))
+            }
+        };
+        self.attach(info, stream, "data")
+    }
+
+    /// Connects to the peer's data listener and presents its token.
+    fn connect_data(&self, ep: DataEndpoint) -> Result<TcpStream> {
+        let op = |what: &str| {
+            format!(
+                "{what} the data stream of tcp QP {:#08x} to {}",
+                self.qp_num, ep.addr
+            )
+        };
+        let mut s =
+            TcpStream::connect_timeout(&ep.addr, DATA_ACCEPT_TIMEOUT).map_err(|source| {
+                TransportError::Io {
+                    op: op("connect"),
+                    source,
+                }
+            })?;
+        s.write_all(&ep.token.to_be_bytes())
+            .map_err(|source| TransportError::Io {
+                op: op("present the token on"),
+                source,
+            })?;
+        Ok(s)
+    }
+
+    /// Accepts the peer's data stream on `l` within [`DATA_ACCEPT_TIMEOUT`]: the first
+    /// connection that presents the token (others, e.g. a port scanner, are closed and
+    /// skipped).
+    fn accept_data(&self, l: DataListen) -> Result<TcpStream> {
+        let deadline = Instant::now() + DATA_ACCEPT_TIMEOUT;
+        let at = l.endpoint.addr;
+        let timed_out = || TransportError::Io {
+            op: format!(
+                "accept the data stream of tcp QP {:#08x} on {at}: the peer did not connect \
+                 with its token within {} s (it died, or a firewall blocks {at})",
+                self.qp_num,
+                DATA_ACCEPT_TIMEOUT.as_secs()
+            ),
+            source: std::io::ErrorKind::TimedOut.into(),
+        };
+        l.listener
+            .set_nonblocking(true)
+            .map_err(|source| TransportError::Io {
+                op: format!("set_nonblocking on the data listener {at}"),
+                source,
+            })?;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(timed_out());
+            }
+            match l.listener.accept() {
+                Ok((mut s, peer)) => {
+                    let mut token = [0u8; 8];
+                    let got = s
+                        .set_nonblocking(false)
+                        .and_then(|()| s.set_read_timeout(Some(left)))
+                        .and_then(|()| s.read_exact(&mut token))
+                        .and_then(|()| s.set_read_timeout(None));
+                    match got {
+                        Ok(()) if u64::from_be_bytes(token) == l.endpoint.token => return Ok(s),
+                        Ok(()) => {
+                            debug!(qp_num = self.qp_num, %peer, "data stream with a wrong token: closed")
+                        }
+                        Err(e) => {
+                            debug!(qp_num = self.qp_num, %peer, "data stream without a token: {e}")
+                        }
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(1).min(left));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(source) => {
+                    return Err(TransportError::Io {
+                        op: format!(
+                            "accept the data stream of tcp QP {:#08x} on {at}",
+                            self.qp_num
+                        ),
+                        source,
+                    })
+                }
+            }
+        }
     }
 
     pub(super) fn establish(&mut self, remote: &[u8], oob: TcpStream) -> Result<()> {
@@ -366,6 +528,12 @@ impl TcpQp {
             )));
         }
         let info = ConnInfo::decode(remote).map_err(TransportError::Protocol)?;
+        self.attach(info, oob, "set-up")
+    }
+
+    /// Makes `oob` (the set-up stream, or a data QP's own stream: `what`) the QP's data
+    /// stream and moves the QP to ready.
+    fn attach(&mut self, info: ConnInfo, oob: TcpStream, what: &str) -> Result<()> {
         oob.set_nonblocking(true)
             .map_err(|source| TransportError::Io {
                 op: "set_nonblocking on the tcp data stream".into(),
@@ -387,6 +555,7 @@ impl TcpQp {
             qp_num = self.qp_num,
             remote_qp_num = info.qp_num,
             peer = ?oob.peer_addr().ok(),
+            stream = what,
             "tcp QP established"
         );
         self.remote_qp_num = info.qp_num;
@@ -616,6 +785,13 @@ impl TcpQp {
     pub(super) fn counters(&self) -> QpCounters {
         self.counters
     }
+}
+
+/// The listening end of a data QP before its peer connected ([`TcpQp::listen_data`]).
+struct DataListen {
+    listener: TcpListener,
+    /// Where it listens and the token the peer must present.
+    endpoint: DataEndpoint,
 }
 
 /// What the NIC thread waits on for an idle QP ([`TcpQp::interest`]).

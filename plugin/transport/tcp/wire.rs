@@ -320,6 +320,75 @@ impl Frame {
     }
 }
 
+/// What a data QP that listens (`listen_data`) adds to its `local_info`, after the
+/// [`ConnInfo`]: where its peer connects its own stream, and the random token it presents
+/// there first (8 bytes, big-endian), so that a stray connection is not taken for the peer.
+/// [`DataEndpoint::LEN`] bytes: family (4 or 6), 16 address bytes (IPv4: the first 4, the
+/// rest 0), port (big-endian), token (big-endian).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct DataEndpoint {
+    /// Where the data QP listens.
+    pub(super) addr: std::net::SocketAddr,
+    /// What the connecting side writes first.
+    pub(super) token: u64,
+}
+
+impl DataEndpoint {
+    /// Encoded length.
+    pub(super) const LEN: usize = 27;
+
+    /// The [`DataEndpoint::LEN`] bytes.
+    pub(super) fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(Self::LEN);
+        let mut ip = [0u8; 16];
+        match self.addr.ip() {
+            std::net::IpAddr::V4(a) => {
+                v.push(4);
+                ip[..4].copy_from_slice(&a.octets());
+            }
+            std::net::IpAddr::V6(a) => {
+                v.push(6);
+                ip = a.octets();
+            }
+        }
+        v.extend_from_slice(&ip);
+        v.extend_from_slice(&self.addr.port().to_be_bytes());
+        v.extend_from_slice(&self.token.to_be_bytes());
+        v
+    }
+
+    /// Parses the bytes after a data QP's [`ConnInfo`].
+    pub(super) fn decode(b: &[u8]) -> Result<DataEndpoint, String> {
+        if b.len() != Self::LEN {
+            return Err(format!(
+                "tcp data endpoint is {} bytes, expected {}",
+                b.len(),
+                Self::LEN
+            ));
+        }
+        let mut ip = [0u8; 16];
+        ip.copy_from_slice(&b[1..17]);
+        let ip = match b[0] {
+            4 => std::net::IpAddr::from([ip[0], ip[1], ip[2], ip[3]]),
+            6 => std::net::IpAddr::from(ip),
+            f => {
+                return Err(format!(
+                    "tcp data endpoint has address family {f}, not 4 or 6"
+                ))
+            }
+        };
+        let port = u16::from_be_bytes([b[17], b[18]]);
+        if port == 0 {
+            return Err("tcp data endpoint names port 0".into());
+        }
+        let token = u64::from_be_bytes(b[19..27].try_into().expect("8 bytes"));
+        Ok(DataEndpoint {
+            addr: std::net::SocketAddr::new(ip, port),
+            token,
+        })
+    }
+}
+
 /// What `local_info` carries: enough to check that both ends speak this protocol, plus the
 /// first message sequence number of the sender (verbs: `sq_psn`, learnt by the peer as its
 /// `rq_psn`).
