@@ -125,6 +125,14 @@ fn every_qp_count_and_split_carries_data_intact() {
                 3 * SIZES.iter().sum::<usize>() as u64,
                 "{what}"
             );
+            // The data QPs really carried pieces (none with one QP), at most one per data QP
+            // per message.
+            let pieces = counter(&l.send, "data_qp_writes");
+            let most = 3 * SIZES.len() as u64 * (u64::from(qps) - 1);
+            assert!(
+                (qps == 1 && pieces == 0) || (qps > 1 && pieces > 0 && pieces <= most),
+                "{what}: {pieces} pieces on data QPs (at most {most})"
+            );
             l.send.close();
             l.recv.close();
         }

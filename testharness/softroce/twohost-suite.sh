@@ -16,6 +16,8 @@
 #   allreduce_2x2          all_reduce, 4 ranks, two per host
 #   sendrecv_2x1           sendrecv, 2 ranks
 #   alltoall_2x2_shared4   alltoall, 4 ranks, --shared-comms 4 (skewed senders)
+#   allreduce_2x2_4qp      all_reduce, 4 ranks, VERBSNET_IB_QPS_PER_CONNECTION=4 (round robin)
+#   alltoall_2x2_4qp_split alltoall --shared-comms 4 with 4 QPs and VERBSNET_IB_SPLIT_DATA_ON_QPS=1
 #   ifname_eth0            sendrecv with NCCL_SOCKET_IFNAME=eth0
 #   ifname_exclude_exact   sendrecv with VERBSNET_SOCKET_IFNAME=^=docker0,lo and
 #                          NCCL_SOCKET_IFNAME=docker0 (VERBSNET's wins)
@@ -58,11 +60,14 @@ if [ "${1:-}" = --guest ]; then
 
     # perf_step NAME PER_HOST [VAR=VALUE...] -- VERBSNET-PERF ARGS...
     perf_step() {
-        local name=$1 per=$2 t0 envs=() pids=() r j rc=0 missing=() mtu_want=
+        local name=$1 per=$2 t0 envs=() pids=() r j rc=0 missing=() mtu_want= qps_want=
         shift 2
         while [ "$1" != -- ]; do envs+=("$1"); shift; done
         shift
-        for e in "${envs[@]}"; do [[ $e == MTU_WANT=* ]] && mtu_want=${e#MTU_WANT=}; done
+        for e in "${envs[@]}"; do
+            [[ $e == MTU_WANT=* ]] && mtu_want=${e#MTU_WANT=}
+            [[ $e == QPS_WANT=* ]] && qps_want=${e#QPS_WANT=}
+        done
         port=$((port + 1))
         barrier "$name.start" || return
         t0=$(date +%s.%N)
@@ -97,6 +102,8 @@ if [ "${1:-}" = --guest ]; then
                 || missing+=("${l##*/}: path MTU ${mtus:-none}, want $mtu_want")
             [ -z "$mtu_want" ] || grep -q 'path MTU is the smaller of' "$l" \
                 || missing+=("${l##*/}: no INFO line on the MTU mismatch")
+            [ -z "$qps_want" ] || grep -q "connected.*$qps_want QPs" "$l" \
+                || missing+=("${l##*/}: no comm connected with $qps_want QPs")
             oob=$(grep -m1 -oE 'out-of-band address [^ ;]+( \([^)]*\))?' "$l")
             [[ $oob == *"$TWOVM_SELF"* || ($name == family_inet6 && $oob == *"fd00::$((idx + 1))"*) ]] \
                 || missing+=("${l##*/}: ${oob:-no out-of-band address}")
@@ -133,6 +140,10 @@ if [ "${1:-}" = --guest ]; then
     perf_step sendrecv_2x1 1 -- sendrecv "${small[@]}"
     perf_step alltoall_2x2_shared4 2 -- alltoall --shared-comms 4 -b 16K -e 256K -f 16 --chunk 4K \
         -n 2 -w 1 --skew-us 300 -T 120
+    # several QPs per connection (issue 23): data pieces on QPs 1..3 race QP 0 across the wire
+    perf_step allreduce_2x2_4qp 2 VERBSNET_IB_QPS_PER_CONNECTION=4 QPS_WANT=4 -- all_reduce "${small[@]}"
+    perf_step alltoall_2x2_4qp_split 2 VERBSNET_IB_QPS_PER_CONNECTION=4 VERBSNET_IB_SPLIT_DATA_ON_QPS=1 \
+        QPS_WANT=4 -- alltoall --shared-comms 4 -b 16K -e 1M -f 8 --chunk 64K -n 2 -w 1 --skew-us 300 -T 120
     tiny=(-b 8 -e 64K -f 32 -n 2 -w 1 -T 120)
     perf_step ifname_eth0 1 NCCL_SOCKET_IFNAME=eth0 -- sendrecv "${tiny[@]}"
     # VERBSNET_SOCKET_IFNAME wins over NCCL_SOCKET_IFNAME (docker0 would not reach the peer)

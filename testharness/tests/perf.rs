@@ -888,6 +888,13 @@ fn four_qps_per_connection_split_on_and_off_carry_all_reduce_and_alltoall() {
                 "{coll} split {split}: qps total {qps}, ops {ops}\n{}",
                 show(&o)
             );
+            // The data QPs carried pieces of the messages that went directly.
+            let pieces = total("data_qp_writes");
+            assert!(
+                pieces > 0.0,
+                "{coll} split {split}: no RDMA WRITE on a data QP\n{}",
+                show(&o)
+            );
         }
     }
 }
