@@ -128,11 +128,21 @@ impl StateMachineTest for Explorer {
 /// (e.g. `..._DEATH`) or else `VERBSNET_EXPLORER_CASES` says otherwise) of up to 40 steps from
 /// the fixed seed; on a failure, shrinks it and fails with the minimal sequence.
 fn explore(name: &str, p: Profile, cases: u32) {
+    explore_with(name, p, cases, ("1", "0"));
+}
+
+/// [`explore`] with `(qps, split)` as `VERBSNET_IB_QPS_PER_CONNECTION` and
+/// `VERBSNET_IB_SPLIT_DATA_ON_QPS` for every connection of every sequence.
+fn explore_with(name: &str, p: Profile, cases: u32, (qps, split): (&str, &str)) {
     let _g = common::serial();
     table::set_env(&[
         ("VERBSNET_PEER_CHECK_INTERVAL", "0.05"),
         ("VERBSNET_DEBUG", "none"),
     ]);
+    // Each test its own (the tests of this binary run one at a time, under `serial`, and
+    // `init` below reads the configuration afresh).
+    std::env::set_var("VERBSNET_IB_QPS_PER_CONNECTION", qps);
+    std::env::set_var("VERBSNET_IB_SPLIT_DATA_ON_QPS", split);
     *PROFILE.lock().unwrap_or_else(|e| e.into_inner()) = p;
     // One init/finalize first, so descriptors opened once per process (a verbs device's
     // first open) are not counted against the first sequence.
@@ -181,7 +191,7 @@ fn explore(name: &str, p: Profile, cases: u32) {
     let _ = writeln!(
         std::io::stderr(),
         "explorer[{name}]: {} sequences, {} calls in {:.1?} (seed {seed:#x}, {cases} cases, \
-         transport {transport})",
+         transport {transport}, {qps} QP(s) per connection, split {split})",
         SEQUENCES.load(Ordering::Relaxed) - seq0,
         table::calls() - calls0,
         start.elapsed(),
@@ -249,5 +259,36 @@ fn explorer_peer_death() {
             death: true,
         },
         60,
+    );
+}
+
+/// The liveness sequences on connections of 3 QPs, round robin: sends of the sequence go whole
+/// on QP `s % 3`, so most direct sends take a data QP and complete with a size record, which
+/// reaches the receiver after later sends' writes (protocol.md, "Several QPs per connection").
+#[test]
+fn explorer_liveness_three_qps_round_robin() {
+    explore_with(
+        "liveness_qps3",
+        Profile {
+            liveness: true,
+            death: false,
+        },
+        300,
+        ("3", "0"),
+    );
+}
+
+/// The safety sequences on connections of 4 QPs with every direct send split over all of
+/// them in 128-byte-aligned pieces.
+#[test]
+fn explorer_data_sizes_and_results_four_qps_split() {
+    explore_with(
+        "safety_qps4_split",
+        Profile {
+            liveness: false,
+            death: false,
+        },
+        600,
+        ("4", "1"),
     );
 }
