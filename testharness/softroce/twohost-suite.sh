@@ -16,8 +16,9 @@
 #   allreduce_2x2          all_reduce, 4 ranks, two per host
 #   sendrecv_2x1           sendrecv, 2 ranks
 #   alltoall_2x2_shared4   alltoall, 4 ranks, --shared-comms 4 (skewed senders)
-#   allreduce_2x2_4qp      all_reduce, 4 ranks, VERBSNET_IB_QPS_PER_CONNECTION=4 (round robin)
-#   alltoall_2x2_4qp_split alltoall --shared-comms 4 with 4 QPs and VERBSNET_IB_SPLIT_DATA_ON_QPS=1
+#   allreduce_2x2_4qp_sS   all_reduce, 4 ranks, VERBSNET_IB_QPS_PER_CONNECTION=4, split S (0: round
+#                          robin, 1: VERBSNET_IB_SPLIT_DATA_ON_QPS=1); the logs say "4 QPs"
+#   alltoall_2x2_4qp_sS    alltoall --shared-comms 4 up to 1 MiB with 4 QPs, split S
 #   ifname_eth0            sendrecv with NCCL_SOCKET_IFNAME=eth0
 #   ifname_exclude_exact   sendrecv with VERBSNET_SOCKET_IFNAME=^=docker0,lo and
 #                          NCCL_SOCKET_IFNAME=docker0 (VERBSNET's wins)
@@ -141,9 +142,13 @@ if [ "${1:-}" = --guest ]; then
     perf_step alltoall_2x2_shared4 2 -- alltoall --shared-comms 4 -b 16K -e 256K -f 16 --chunk 4K \
         -n 2 -w 1 --skew-us 300 -T 120
     # several QPs per connection (issue 23): data pieces on QPs 1..3 race QP 0 across the wire
-    perf_step allreduce_2x2_4qp 2 VERBSNET_IB_QPS_PER_CONNECTION=4 QPS_WANT=4 -- all_reduce "${small[@]}"
-    perf_step alltoall_2x2_4qp_split 2 VERBSNET_IB_QPS_PER_CONNECTION=4 VERBSNET_IB_SPLIT_DATA_ON_QPS=1 \
-        QPS_WANT=4 -- alltoall --shared-comms 4 -b 16K -e 1M -f 8 --chunk 64K -n 2 -w 1 --skew-us 300 -T 120
+    for sp in 0 1; do
+        perf_step "allreduce_2x2_4qp_s$sp" 2 VERBSNET_IB_QPS_PER_CONNECTION=4 \
+            VERBSNET_IB_SPLIT_DATA_ON_QPS=$sp QPS_WANT=4 -- all_reduce "${small[@]}"
+        perf_step "alltoall_2x2_4qp_s$sp" 2 VERBSNET_IB_QPS_PER_CONNECTION=4 \
+            VERBSNET_IB_SPLIT_DATA_ON_QPS=$sp QPS_WANT=4 -- alltoall --shared-comms 4 -b 16K -e 1M -f 8 \
+            --chunk 64K -n 2 -w 1 --skew-us 300 -T 120
+    done
     tiny=(-b 8 -e 64K -f 32 -n 2 -w 1 -T 120)
     perf_step ifname_eth0 1 NCCL_SOCKET_IFNAME=eth0 -- sendrecv "${tiny[@]}"
     # VERBSNET_SOCKET_IFNAME wins over NCCL_SOCKET_IFNAME (docker0 would not reach the peer)

@@ -49,9 +49,9 @@
 #                        GID index and the MTU (when the harness exists); with --proxy lazy
 #                        (receives posted ahead, sends spun on, completions consumed late):
 #                        all_reduce --ranks 4, and alltoall --ranks 4 --shared-comms 4; with
-#                        VERBSNET_IB_QPS_PER_CONNECTION=4: all_reduce --ranks 4 split on and
-#                        alltoall --ranks 4 --shared-comms 4 split off ("4 QPs (split on|off)"
-#                        on the connections' INFO lines)
+#                        VERBSNET_IB_QPS_PER_CONNECTION=4: all_reduce --ranks 4 and alltoall
+#                        --ranks 4 --shared-comms 4, each split on and off (the split alltoall
+#                        with --proxy lazy; "4 QPs (split on|off)" on the connections' INFO lines)
 #      multi_qp          tests/multi_qp.rs over ib: 1, 2, 4, 8 QPs per connection, split on and
 #                        off, data checked; the receiver adopts the sender's count
 # A test binary that prints SKIP in the VM (no device found) counts as a failure. Each step
@@ -233,6 +233,13 @@ if [ "${1:-}" = --guest ]; then
             PERF_EXPECT="4 QPs (split off)" \
             perf_step perf_alltoall_4_shared4_qps4 \
             alltoall --ranks 4 --shared-comms 4 "${shared[@]}"
+        PERF_ENV="VERBSNET_IB_QPS_PER_CONNECTION=4 VERBSNET_IB_SPLIT_DATA_ON_QPS=0" \
+            PERF_EXPECT="4 QPs (split off)" \
+            perf_step perf_allreduce_4_qps4 all_reduce --ranks 4 "${small[@]}" -T 100
+        PERF_ENV="VERBSNET_IB_QPS_PER_CONNECTION=4 VERBSNET_IB_SPLIT_DATA_ON_QPS=1" \
+            PERF_EXPECT="4 QPs (split on)" \
+            perf_step perf_alltoall_4_shared4_qps4_split \
+            alltoall --ranks 4 --shared-comms 4 --proxy lazy "${shared[@]}"
     else
         echo "vm-suite: ----  perf_*             verbsnet-perf not in this tree (testharness)"
     fi
