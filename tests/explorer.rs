@@ -262,9 +262,11 @@ fn explorer_peer_death() {
     );
 }
 
-/// The liveness sequences on connections of 3 QPs, round robin: sends of the sequence go whole
-/// on QP `s % 3`, so most direct sends take a data QP and complete with a size record, which
-/// reaches the receiver after later sends' writes (protocol.md, "Several QPs per connection").
+/// The liveness sequences on connections of 3 QPs, round robin: a direct send goes whole on QP
+/// `g % 3` (`g`: its receive buffer's global index), so most take a data QP, whose write may
+/// reach the receiver after later sends' on QP 0; every WR is posted at `isend`, so a receive
+/// whose sends started completes with only the receive comm called (L3; protocol.md, "Several
+/// QPs per connection").
 #[test]
 fn explorer_liveness_three_qps_round_robin() {
     explore_with(
@@ -279,7 +281,7 @@ fn explorer_liveness_three_qps_round_robin() {
 }
 
 /// The safety sequences on connections of 4 QPs with every direct send split over all of
-/// them in 128-byte-aligned pieces.
+/// them in 128-byte-aligned pieces (a zero-length WRITE WITH IMM on the QPs past its end).
 #[test]
 fn explorer_data_sizes_and_results_four_qps_split() {
     explore_with(

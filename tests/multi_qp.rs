@@ -1,9 +1,9 @@
 //! Several QPs per connection (`VERBSNET_IB_QPS_PER_CONNECTION`, issue 23) at plugin level:
 //! real connect/accept state machines and comms over a real transport, as `scenarios.rs`.
 //!
-//! QP 0 of a connection carries what a one-QP connection carries; QPs 1 and up only plain RDMA
-//! WRITEs of payload (split over all QPs with `VERBSNET_IB_SPLIT_DATA_ON_QPS`, else round
-//! robin). On tcp each QP is its own TCP stream, so writes on different QPs really overtake
+//! QP 0 of a connection carries what a one-QP connection carries; QPs 1 and up only RDMA
+//! WRITE WITH IMMs of payload, each consuming a zero-length receive WR the receiver keeps
+//! there (split over all QPs with `VERBSNET_IB_SPLIT_DATA_ON_QPS`, else round robin). On tcp each QP is its own TCP stream, so writes on different QPs really overtake
 //! each other. The sender's count and split decide; the receiver adopts them.
 //!
 //! Transport from `VERBSNET_TEST_TRANSPORT` (`tcp`, the default; `ib` on rxe0 in the VM).

@@ -54,7 +54,8 @@ pub(super) struct Core<R: Role> {
     // Drop order: the QPs go before the buffers they may still reference.
     /// The connection's QPs (`VERBSNET_IB_QPS_PER_CONNECTION`, the sender's): QP 0 first,
     /// which carries the receive queue, the control traffic and the set-up stream that tells
-    /// of the peer's death; then the data QPs (plain RDMA WRITEs of payload only).
+    /// of the peer's death; then the data QPs (RDMA WRITE WITH IMMs of payload pieces and,
+    /// on the receiver, the zero-length receive WRs they consume).
     qps: Vec<Box<dyn QueuePair>>,
     /// The end: its engine and buffers.
     pub(super) side: R,

@@ -278,19 +278,20 @@ impl SendComm {
 }
 
 impl RecvComm {
-    /// Creates the receive engine of a connection of `qps` QPs (the sender's count) and posts
-    /// its initial receive WRs on `qp` (QP 0, the only one with a receive queue; before the
-    /// QP can receive anything). Returns the engine; [`RecvComm::announce`] then says what to
-    /// tell the sender.
+    /// Creates the receive engine of a connection of `qps` QPs (the sender's count, and its
+    /// `split`) and posts its initial receive WRs on `qp` (QP 0; before the QP can receive
+    /// anything: the data QPs get their zero-length receive WRs in `irecv`). Returns the
+    /// engine; [`RecvComm::announce`] then says what to tell the sender.
     pub(crate) fn prepare(
         qp: &mut dyn QueuePair,
-        qps: u8,
+        (qps, split): (u8, bool),
         bufs: &RecvBuffers,
         peer: &PeerParams,
         cfg: &Config,
     ) -> Result<RecvEngine, Error> {
         let mut engine = RecvEngine::new(RecvParams {
             qps,
+            split,
             rq_depth: cfg.rq_depth,
             rq_min: buffers::rq_min(cfg),
             shrink_after_ns: cfg

@@ -266,9 +266,10 @@ pub(super) fn post_initial(qp: &mut dyn QueuePair, engine: &mut RecvEngine) -> R
 /// buffers, and on the receive side its bounce buffers, the pool and the destinations of the
 /// posted receives.
 struct CommSink<'a> {
-    /// QP 0: every WR that consumes a receive WR, CTS and credit writes, the receive queue.
+    /// QP 0: eager SENDs, direct writes, CTS and credit writes, the receive queue.
     qp: &'a mut dyn QueuePair,
-    /// The data QPs, QP 1 first: plain RDMA WRITEs of payload pieces only.
+    /// The data QPs, QP 1 first: WRITE WITH IMMs of payload pieces (sender), their
+    /// zero-length receive WRs (receiver).
     data: &'a mut [Box<dyn QueuePair>],
     /// The buffers `Stage` actions write into.
     staging: &'a [&'a Mr],
@@ -320,10 +321,29 @@ impl ActionSink for CommSink<'_> {
         })
     }
 
-    fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<(), Error> {
-        self.qp
-            .post_recv(wrs)
-            .map_err(|e| Error::new(Op::Progress, Class::System, "post_recv").because(e))
+    /// On QP `qp` of the connection (data QPs: their zero-length receive WRs); a `qp` the
+    /// connection does not have is an internal error (the engine's bug), not a post.
+    fn post_recv(&mut self, qp: usize, wrs: &[RecvWr]) -> Result<(), Error> {
+        let n = self.data.len() + 1;
+        let target: &mut dyn QueuePair = match qp {
+            0 => &mut *self.qp,
+            i if i < n => &mut *self.data[i - 1],
+            _ => {
+                return Err(Error::new(
+                    Op::Progress,
+                    Class::Internal,
+                    format!("receive WRs for QP {qp} of a connection of {n} QPs"),
+                ))
+            }
+        };
+        target.post_recv(wrs).map_err(|e| {
+            let what = if qp == 0 {
+                "post_recv".to_string()
+            } else {
+                format!("post_recv on data QP {qp}")
+            };
+            Error::new(Op::Progress, Class::System, what).because(e)
+        })
     }
 
     fn copy(&mut self, src: u64, req: ReqId, buf: usize, len: u64) -> Result<(), Error> {

@@ -355,19 +355,20 @@ knobs! {
         show: |n| n.to_string(),
         doc: "QPs one connection spreads over (the tcp transport too, despite the name: each QP \
              is its own TCP stream there). QP 0 carries everything a one-QP connection carries \
-             (eager sends, direct writes with immediate, size records, CTS and credit writes, \
-             the receive queue); QPs 1 and up carry only plain RDMA WRITEs of payload, round \
-             robin or split (`VERBSNET_IB_SPLIT_DATA_ON_QPS`). On a real fabric it buys ECMP \
-             entropy (each QP is its own flow, hashed onto its own path; RoCE v2 varies the UDP \
-             source port per QP) and gets past per-QP limits (one QP's outstanding reads, its \
-             processing unit on the NIC). On soft-RoCE (rxe) it buys nothing: rxe is CPU bound, \
-             not path bound. The cost: a message whose data is not all on QP 0 completes one \
-             acknowledgement round trip later (its record waits for the data QPs' writes to be \
-             acknowledged), and every QP costs a QP, a CQ and (tcp) a socket per connection. \
-             The connecting (sending) side's value decides for the connection: the receiver \
-             adopts it, and logs at INFO when its own setting differs (NCCL IB takes the larger \
-             of both sides' counts; verbsnet does not). Unset: `NCCL_IB_QPS_PER_CONNECTION` \
-             when set, else 1.",
+             (eager sends, direct writes with immediate, CTS and credit writes, the receive \
+             queue); a direct send also writes its payload on QPs 1 and up, round robin or \
+             split (`VERBSNET_IB_SPLIT_DATA_ON_QPS`), as RDMA WRITE WITH IMMs posted at once \
+             with the one on QP 0, each consuming a zero-length receive WR the receiver keeps \
+             on that QP. On a real fabric it buys ECMP entropy (each QP is its own flow, hashed \
+             onto its own path; RoCE v2 varies the UDP source port per QP) and gets past per-QP \
+             limits (one QP's outstanding reads, its processing unit on the NIC). On soft-RoCE \
+             (rxe) it buys nothing: rxe is CPU bound, not path bound. The cost: a message on a \
+             data QP is 2 WRs (its payload there, a zero-length one on QP 0), a split one a WR \
+             and a receive completion per QP, and every QP costs a QP, a CQ and (tcp) a socket \
+             per connection. The connecting (sending) side's value decides for the connection: \
+             the receiver adopts it, and logs at INFO when its own setting differs (NCCL IB \
+             takes the larger of both sides' counts; verbsnet does not). Unset: \
+             `NCCL_IB_QPS_PER_CONNECTION` when set, else 1.",
         nccl_ib: "`NCCL_IB_QPS_PER_CONNECTION`, default 1; NCCL IB uses the larger of both \
                   sides' values (`net_ib/connect.cc`)",
     }
@@ -391,9 +392,11 @@ knobs! {
         },
         show: |b| if *b { "on".into() } else { "off".into() },
         doc: "With several QPs per connection (`VERBSNET_IB_QPS_PER_CONNECTION`): on, each \
-             direct (rendezvous) send is cut into one piece per QP (128-byte aligned) written \
-             on all QPs at once; off, each send goes whole on one QP, the next send on the \
-             next. On suits few large messages, off many (less work per message). Applies to \
+             direct (rendezvous) send is cut into one piece per QP (128-byte aligned; QPs past \
+             the end of a small message get a zero-length write) written on all QPs at once; \
+             off, each send goes whole on one QP, the QP of its receive buffer's index modulo \
+             the QP count (round robin). On suits few large messages, off many (less work per \
+             message). Applies to \
              the tcp transport too. The connecting side's value decides for the connection, as \
              for the QP count. Unset: `NCCL_IB_SPLIT_DATA_ON_QPS` when set, else off. Without \
              data QPs it has no effect.",

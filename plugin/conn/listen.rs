@@ -454,8 +454,9 @@ impl Listen {
             let mut qps = create_qps(&self.dev, &self.dev_name, &qpc, n, false)?;
             let bufs =
                 RecvBuffers::alloc(&self.dev, &self.cfg).map_err(|e| e.lift(Stage::Buffers))?;
-            let engine = RecvComm::prepare(&mut *qps[0], n as u8, &bufs, &h.p, &self.cfg)
-                .map_err(|e| e.lift(Stage::Buffers))?;
+            let engine =
+                RecvComm::prepare(&mut *qps[0], (n as u8, h.split), &bufs, &h.p, &self.cfg)
+                    .map_err(|e| e.lift(Stage::Buffers))?;
             let oob =
                 a.wire.stream.try_clone().map_err(|e| {
                     Error::new(Stage::QpSetup, Class::System, "dup socket").because(e)

@@ -23,7 +23,7 @@
 //!    traffic class and SL the receiver adopts: [`traffic_class_and_sl`]);
 //! 2. the receiver creates as many QPs with the sender's traffic class and SL (adopting the
 //!    sender's count and split, an INFO line when its own setting differs), **posts its receive
-//!    queue** (QP 0's; data QPs have none), moves every QP to RTR/RTS (tcp: each data QP
+//!    queue** (QP 0's; data QPs get theirs in `irecv`), moves every QP to RTR/RTS (tcp: each data QP
 //!    connects its own stream to the sender's data QP), and replies with its `Hello` (one QP
 //!    info per QP, record ring, initial credits, bounce buffer size, the traffic class, SL,
 //!    count and split echoed);
@@ -123,13 +123,19 @@ pub fn qp_config(cfg: &Config) -> QpConfig {
 }
 
 /// The settings of a connection's data QPs (QPs 1 and up, `VERBSNET_IB_QPS_PER_CONNECTION`)
-/// from its QP 0's `qp0`: they carry only plain RDMA WRITEs of payload pieces, so no receive
-/// queue (0 WRs; ib rounds up to 1), and on the sending side room for one WR per send
-/// request ([`crate::engine::MAX_SEND_REQUESTS`]: a send puts at most one piece on each QP);
-/// the receiving side never sends on them (1). Their CQs are sized from these.
+/// from its QP 0's `qp0`: they carry only RDMA WRITE WITH IMMs of payload pieces. The sending
+/// side needs no receive queue (0 WRs; ib rounds up to 1) and room for one WR per send request
+/// ([`crate::engine::MAX_SEND_REQUESTS`]: a send puts at most one WR on each data QP); the
+/// receiving side never sends on them (1) and keeps the zero-length receive WRs those writes
+/// consume ([`crate::engine::DATA_QP_RECV_WRS`]). Their CQs are sized from these (ib: send +
+/// receive WRs), so every completion fits.
 pub fn data_qp_config(qp0: &QpConfig, sender: bool) -> QpConfig {
     QpConfig {
-        max_recv_wr: 0,
+        max_recv_wr: if sender {
+            0
+        } else {
+            crate::engine::DATA_QP_RECV_WRS
+        },
         max_send_wr: if sender {
             crate::engine::MAX_SEND_REQUESTS as u32
         } else {

@@ -20,8 +20,9 @@ pub trait ActionSink {
     /// QP, which every engine uses; above: data QPs, see [`Action::PostSendQp`]).
     fn post_send(&mut self, qp: usize, wrs: &[SendWr]) -> Result<(), Self::Error>;
 
-    /// Posts receive WRs, in order, in one post call.
-    fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<(), Self::Error>;
+    /// Posts receive WRs, in order, in one post call, on QP `qp` of the connection (0: QP 0's
+    /// receive queue; above: a data QP's, see [`Action::PostRecvQp`]).
+    fn post_recv(&mut self, qp: usize, wrs: &[RecvWr]) -> Result<(), Self::Error>;
 
     /// Copies `len` bytes from the bounce buffer at `src` into buffer `buf` of receive request
     /// `req`, at offset 0 (an eager message delivered).
@@ -70,7 +71,8 @@ impl Executor {
     /// Consecutive [`Action::PostSend`]s (or [`Action::PostSendQp`]s to one QP) go out in one
     /// [`ActionSink::post_send`] (one doorbell, or one socket write, for a CTS and its credit
     /// write), flushed before the next [`Action::PostRecv`], before a send to another QP and
-    /// at the end. Stages and copies do not flush: the engine stages
+    /// at the end (a receive post on a data QP, [`Action::PostRecvQp`], flushes likewise).
+    /// Stages and copies do not flush: the engine stages
     /// into a slot no WR queued before it reads, so writing it early is the same as writing it
     /// in place.
     ///
@@ -106,7 +108,11 @@ impl Executor {
                 Action::PostSendQp { qp, wr } => self.queue_send(usize::from(qp), wr, sink)?,
                 Action::PostRecv(wrs) => {
                     self.flush(sink)?;
-                    sink.post_recv(&wrs)?;
+                    sink.post_recv(0, &wrs)?;
+                }
+                Action::PostRecvQp { qp, wrs } => {
+                    self.flush(sink)?;
+                    sink.post_recv(usize::from(qp), &wrs)?;
                 }
                 Action::Copy { src, req, buf, len } => sink.copy(src, req, buf, len)?,
                 Action::ReturnBounce(bufs) => sink.return_bounce(&bufs)?,
@@ -176,9 +182,13 @@ mod tests {
                 self.call(format!("send qp{qp} {ids:?}"))
             }
         }
-        fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<(), String> {
+        fn post_recv(&mut self, qp: usize, wrs: &[RecvWr]) -> Result<(), String> {
             let ids: Vec<u64> = wrs.iter().map(|w| w.wr_id).collect();
-            self.call(format!("recv {ids:?}"))
+            if qp == 0 {
+                self.call(format!("recv {ids:?}"))
+            } else {
+                self.call(format!("recv qp{qp} {ids:?}"))
+            }
         }
         fn copy(&mut self, src: u64, req: ReqId, buf: usize, len: u64) -> Result<(), String> {
             self.call(format!("copy {src:#x} {} {buf} {len}", req.slot))
@@ -257,17 +267,40 @@ mod tests {
     }
 
     #[test]
-    fn sends_to_another_qp_flush_the_batch_and_batch_among_themselves() {
+    fn sends_to_another_qp_and_data_qp_receive_posts_flush_the_batch() {
         let on = |qp: u8, id: u64| match send(id) {
             Action::PostSend(wr) => Action::PostSendQp { qp, wr },
             _ => unreachable!(),
         };
-        let mut q = vec![send(1), on(2, 2), on(2, 3), on(1, 4), send(5), send(6)];
+        let recv_on = |qp: u8, id: u64| Action::PostRecvQp {
+            qp,
+            wrs: vec![RecvWr {
+                wr_id: id,
+                sge: Sge::default(),
+            }],
+        };
+        let mut q = vec![
+            send(1),
+            on(2, 2),
+            on(2, 3),
+            on(1, 4),
+            send(5),
+            recv_on(3, 7),
+            send(6),
+            send(8),
+        ];
         let mut log = Log::default();
         assert_eq!(Executor::default().execute(&mut q, &mut log), Ok(()));
         assert_eq!(
             log.calls,
-            ["send [1]", "send qp2 [2, 3]", "send qp1 [4]", "send [5, 6]"]
+            [
+                "send [1]",
+                "send qp2 [2, 3]",
+                "send qp1 [4]",
+                "send [5]",
+                "recv qp3 [7]",
+                "send [6, 8]"
+            ]
         );
     }
 

@@ -41,13 +41,13 @@
 //!   SEND never consumes one. The receiver returns credits as it posts, piggybacked on CTS
 //!   entries or in an explicit credit write ([`wire::credit_word`]). With gating off the sender
 //!   relies on the QP's RNR retry, as NCCL does.
-//! - **Several QPs per connection** (`qps` > 1): QP 0 carries everything above; the data QPs
-//!   only plain RDMA WRITEs of payload pieces, spread as NCCL IB spreads a request
-//!   ([`send::pieces`]). A direct send whose data is not all on QP 0 completes with an 8-byte
-//!   size record, WRITE_WITH_IMM on QP 0, posted once every piece was acknowledged; the
-//!   receiver then accepts arrivals naming any unmatched buffer of a posted receive (they no
-//!   longer come in send order), and no eager SEND goes while a size record is unposted.
-//!   See `docs/protocol.md`, "Several QPs per connection".
+//! - **Several QPs per connection** (`qps` > 1): QP 0 carries everything above; a direct
+//!   send posts all its WRs at `isend`, each an RDMA_WRITE_WITH_IMM on its own QP, as NCCL IB
+//!   does (split: piece `i` on QP `i`, empty pieces zero-length; round robin: the buffer's QP
+//!   `(base + i) % qps` plus a zero-length one on QP 0), so every direct send still consumes
+//!   exactly one receive WR of QP 0, in send order. The receiver keeps zero-length receive WRs
+//!   on each data QP that cover the posted buffers, and counts a buffer's arrivals until all
+//!   its QPs reported. See `docs/protocol.md`, "Several QPs per connection".
 
 #![forbid(unsafe_code)]
 
@@ -93,6 +93,12 @@ pub const MAX_SPECULATIVE: usize = 16;
 /// posted receives, plus what speculative eager sends in flight may take (see
 /// `RecvEngine::irecv`). The QP's receive queue holds them beside the full depth.
 pub const MAX_ZERO_WRS: u32 = (MAX_RECV_REQUESTS * wire::MAX_RECVS + MAX_SPECULATIVE) as u32;
+/// Fewest zero-length receive WRs posted in one call when some are needed, on QP 0 and on each
+/// data QP (`RecvEngine::irecv`).
+pub const ZERO_BATCH: u32 = 8;
+/// Receive WRs a receiver's data QP must hold: at most [`MAX_ZERO_WRS`] zero-length WRs are
+/// posted and not seen consumed on it, plus a batch of room (`conn::data_qp_config`).
+pub const DATA_QP_RECV_WRS: u32 = MAX_ZERO_WRS + ZERO_BATCH;
 /// Staging slots for CTS and credit writes on the receive side.
 pub const CTRL_STAGE_SLOTS: usize = 64;
 /// One control WRITE (CTS or credit) in this many is signaled (see the receive engine's
@@ -134,16 +140,24 @@ pub enum Action {
     /// Post one send WR on the connection's first QP (QP 0), which carries every WR that
     /// consumes a receive WR, the CTS and credit writes.
     PostSend(SendWr),
-    /// Post one send WR on data QP `qp` (`1..qps`, `VERBSNET_IB_QPS_PER_CONNECTION`): a plain
-    /// RDMA WRITE of a piece of a payload, which consumes no receive WR.
+    /// Post one send WR on data QP `qp` (`1..qps`, `VERBSNET_IB_QPS_PER_CONNECTION`): an
+    /// RDMA_WRITE_WITH_IMM of a piece of a payload (maybe empty), which consumes one of the
+    /// zero-length receive WRs the receiver keeps on that QP.
     PostSendQp {
         /// The QP's index in the connection, 1 or above.
         qp: u8,
         /// The WR.
         wr: SendWr,
     },
-    /// Post these receive WRs in one call.
+    /// Post these receive WRs in one call on QP 0.
     PostRecv(Vec<RecvWr>),
+    /// Post these receive WRs (zero-length ones) in one call on data QP `qp` (`1..qps`).
+    PostRecvQp {
+        /// The QP's index in the connection, 1 or above.
+        qp: u8,
+        /// The WRs.
+        wrs: Vec<RecvWr>,
+    },
     /// These bounce buffers (addr, lkey) are no longer used: back to the pool.
     ReturnBounce(Vec<(u64, u32)>),
     /// Copy `len` bytes from the bounce buffer at `src` into buffer `buf` of receive request
@@ -224,12 +238,13 @@ pub(crate) enum WrKind {
     Credit = 7,
     /// A zero-length receive WR, consumed only by a WRITE_WITH_IMM.
     Zero = 8,
-    /// A plain RDMA WRITE of one piece of a payload sent over several QPs; the `wr_id`'s index
-    /// holds the send slot in its low 16 bits and the QP index above ([`piece_index`]).
+    /// One of the WRITE_WITH_IMMs of a direct send that uses several QPs (a piece of the
+    /// payload, maybe empty, or the zero-length one on QP 0); the `wr_id`'s index holds the
+    /// send slot in its low 16 bits and the QP index above ([`piece_index`]).
     Piece = 9,
-    /// The WRITE_WITH_IMM of a size record, posted on QP 0 once every piece of its send was
-    /// acknowledged; its completion completes the send.
-    SizeRecord = 10,
+    /// A zero-length receive WR on a data QP; the `wr_id`'s index is the QP index (1 and up),
+    /// so that its completion says which QP it arrived on.
+    DataZero = 10,
 }
 
 /// The `wr_id` index of a piece of send slot `slot` on QP `qp` (slots are below 2^16).
@@ -256,7 +271,7 @@ pub(crate) fn wr_parse(id: u64) -> Option<(WrKind, u32, u32)> {
         7 => WrKind::Credit,
         8 => WrKind::Zero,
         9 => WrKind::Piece,
-        10 => WrKind::SizeRecord,
+        10 => WrKind::DataZero,
         _ => return None,
     };
     Some((kind, ((id >> 32) & 0x00ff_ffff) as u32, id as u32))
@@ -278,8 +293,7 @@ pub struct Stats {
     pub rendezvous: u64,
     /// `isend` answered "retry later" for want of a credit.
     pub credit_stalls: u64,
-    /// `isend` answered "retry later" because the clear-to-send had not arrived (or, with
-    /// several QPs, because an eager SEND would overtake a size record not posted yet).
+    /// `isend` answered "retry later" because the clear-to-send had not arrived.
     pub cts_waits: u64,
     /// `isend` answered "retry later" because the front receive group had no unmatched buffer
     /// with the send's tag (several senders sharing one comm, one of them ahead).
@@ -316,14 +330,17 @@ pub struct Stats {
     /// Zero-length receive WRs posted so that the posted WRs cover every posted receive buffer
     /// (receiver, credit gating on; they cost no memory).
     pub zero_wrs: u64,
-    /// Plain RDMA WRITEs of payload pieces posted on the data QPs (QPs 1 and above of a
-    /// connection with `VERBSNET_IB_QPS_PER_CONNECTION` > 1; sender).
+    /// RDMA WRITE WITH IMMs (payload pieces, maybe empty) posted on the data QPs (QPs 1 and
+    /// above of a connection with `VERBSNET_IB_QPS_PER_CONNECTION` > 1; sender).
     pub data_qp_writes: u64,
+    /// Zero-length receive WRs posted on the data QPs, which their WRITE WITH IMMs consume
+    /// (receiver; several QPs per connection).
+    pub data_qp_zero_wrs: u64,
 }
 
 impl Stats {
     /// `(name, value)` pairs in a fixed order.
-    pub fn fields(&self) -> [(&'static str, u64); 22] {
+    pub fn fields(&self) -> [(&'static str, u64); 23] {
         [
             ("ops", self.ops),
             ("bytes", self.bytes),
@@ -347,6 +364,7 @@ impl Stats {
             ("pinned_bytes", self.pinned_bytes),
             ("zero_wrs", self.zero_wrs),
             ("data_qp_writes", self.data_qp_writes),
+            ("data_qp_zero_wrs", self.data_qp_zero_wrs),
         ]
     }
 }
@@ -472,8 +490,8 @@ mod tests {
             (WrKind::Piece, 7, (255, 127))
         );
         assert_eq!(
-            wr_parse(wr_id(WrKind::SizeRecord, 1, 2)),
-            Some((WrKind::SizeRecord, 1, 2))
+            wr_parse(wr_id(WrKind::DataZero, 1, 2)),
+            Some((WrKind::DataZero, 1, 2))
         );
     }
 

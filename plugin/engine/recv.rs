@@ -53,9 +53,12 @@ pub struct RecvParams {
     pub peer_credit_word: (u64, u32),
     /// The sender gates on credits: send credit updates.
     pub credits: bool,
-    /// QPs of the connection (the sender's `qps`): with more than one, direct writes and
-    /// size records may arrive out of send order.
+    /// QPs of the connection (the sender's `qps`): with more than one, direct sends also
+    /// arrive on the data QPs, which get zero-length receive WRs ([`super::Action::PostRecvQp`]).
     pub qps: u8,
+    /// The sender splits each direct send over all QPs (`VERBSNET_IB_SPLIT_DATA_ON_QPS`);
+    /// otherwise buffer `g` (global index) arrives on QP `g % qps` (and QP 0).
+    pub split: bool,
     /// First send/receive sequence number (as the sender's).
     pub first_seq: u64,
 }
@@ -76,10 +79,21 @@ pub struct RecvBuf {
 #[derive(Debug)]
 struct RecvReq {
     r: u64,
+    /// The global index of buffer 0 (the CTS entry's `base`).
+    base: u64,
     n: u32,
     bufs: [RecvBuf; MAX_RECVS],
+    /// Bit `i`: buffer `i` is matched (its eager SEND or its QP 0 arrival came).
     used: u8,
+    /// Bit `i`: buffer `i` is complete (every arrival it expects came).
+    done: u8,
+    /// Bytes arrived into each buffer so far (its size once complete).
     sizes: [u64; MAX_RECVS],
+    /// Arrivals counted per buffer (several QPs: one per QP it uses).
+    got: [u8; MAX_RECVS],
+    /// Per buffer, bit `q`: an arrival on data QP `q` came.
+    seen: [u128; MAX_RECVS],
+    /// Complete buffers.
     arrived: u32,
     error: Option<ReqError>,
     progress_ns: u64,
@@ -109,6 +123,9 @@ pub struct RecvEngine {
     posted_b: u32,
     /// Zero-length receive WRs posted and not yet seen consumed.
     posted_z: u32,
+    /// Per data QP (QP `q` at `q - 1`): zero-length receive WRs posted and not yet seen
+    /// consumed.
+    data_posted: Vec<u32>,
     /// `granted` right after the last zero-length WR was posted (0: none yet): every WR from
     /// here on is bounce-backed, so the sender may SEND into it.
     z_end: u64,
@@ -151,6 +168,7 @@ impl RecvEngine {
             unexpected: VecDeque::new(),
             posted_b: 0,
             posted_z: 0,
+            data_posted: vec![0; usize::from(p.qps.max(1)) - 1],
             z_end: 0,
             free_bufs: (0..p.rq_min).rev().collect(),
             extra: Vec::new(),
@@ -218,8 +236,9 @@ impl RecvEngine {
     /// Posts a (grouped) receive of `bufs` (1..=8 buffers). `Ok(None)` = "retry later" (request
     /// slots or control staging full). Matches the eager messages held for want of a buffer,
     /// makes the posted receive WRs cover the posted buffers (credit gating on: zero-length WRs
-    /// for what the bounce-backed ones do not cover), then sends the clear-to-send, so that
-    /// the sends matching this receive need nothing more from this comm.
+    /// for what the bounce-backed ones do not cover; several QPs: zero-length WRs on each data
+    /// QP, `cover_data_qps` in `rq.rs`), then sends the clear-to-send, so that the sends
+    /// matching this receive need nothing more from this comm.
     pub fn irecv(&mut self, now: u64, bufs: &[RecvBuf]) -> Result<Option<ReqId>, ReqError> {
         if let Some(e) = &self.failed {
             return Err(e.clone());
@@ -243,10 +262,14 @@ impl RecvEngine {
         let base = self.next_base;
         let req = RecvReq {
             r,
+            base,
             n,
             bufs: b,
             used: 0,
+            done: 0,
             sizes: [0; MAX_RECVS],
+            got: [0; MAX_RECVS],
+            seen: [0; MAX_RECVS],
             arrived: 0,
             error: None,
             progress_ns: now,
@@ -277,6 +300,7 @@ impl RecvEngine {
             self.refill(Some(now));
         }
         let zeros = self.cover_posted_receives();
+        self.cover_data_qps();
 
         let mut cb = [CtsBuf::default(); MAX_RECVS];
         for (c, u) in cb.iter_mut().zip(bufs) {
@@ -352,7 +376,18 @@ impl RecvEngine {
         };
         req.progress_ns = now;
         req.used |= 1 << i;
+        req.done |= 1 << i;
         req.arrived += 1;
+        if req.seen[i] != 0 {
+            let e = ReqError::Protocol(format!(
+                "eager send {} (tag {}) matched receive {} buffer {i}, which a data QP's WRITE \
+                 WITH IMM named already",
+                u.s, u.tag, req.r
+            ));
+            req.error = Some(e.clone());
+            self.fail(e);
+            return;
+        }
         if u.size > req.bufs[i].cap {
             let e = ReqError::Usage(format!(
                 "the peer sent {} bytes (send {}, tag {}) into a receive buffer of {} bytes \
@@ -375,8 +410,9 @@ impl RecvEngine {
         }
     }
 
-    /// Feeds one completion of our QP. `mem` reads bounce headers and records. Re-posting
-    /// what it frees waits for [`RecvEngine::after_poll`].
+    /// Feeds one completion of any QP of the connection (the `wr_id` says which WR it was, and
+    /// for a data QP's receive WR which QP). `mem` reads bounce headers and records.
+    /// Re-posting what it frees waits for [`RecvEngine::after_poll`].
     pub fn handle_wc(&mut self, now: u64, wc: &Wc, mem: &dyn MemRead) {
         let Some((kind, _, index)) = wr_parse(wc.wr_id) else {
             self.fail(ReqError::Local(format!(
@@ -385,6 +421,10 @@ impl RecvEngine {
             )));
             return;
         };
+        if kind == WrKind::DataZero {
+            self.data_arrival(now, index, wc);
+            return;
+        }
         match kind {
             WrKind::Cts | WrKind::Credit => self.ctrl_completed(index),
             WrKind::Bounce => self.posted_b = self.posted_b.saturating_sub(1),
@@ -495,16 +535,14 @@ impl RecvEngine {
         }
     }
 
-    /// A WRITE_WITH_IMM landed: a direct write of a send's payload into the buffer its
-    /// immediate names (size: `byte_len`), a refusal record, or (several QPs) a size record
-    /// whose send's data landed already. `s` counts arrivals: with one QP it is the send's
-    /// sequence number.
+    /// A WRITE_WITH_IMM landed on QP 0: a direct write of a send's payload into the buffer its
+    /// immediate names (size: `byte_len`; several QPs: that of the piece on QP 0, maybe a
+    /// zero-length WRITE whose payload went on a data QP) or a refusal record. `s` counts
+    /// arrivals on QP 0: it is the send's sequence number (every send consumes exactly one
+    /// receive WR of QP 0, in send order, with any number of QPs).
     ///
-    /// With one QP arrivals come in send order, and the buffer named must be the one our own
-    /// matching gives the next send with its tag. With several QPs a size record comes after
-    /// later sends' direct writes, so the buffer named must only be an unmatched buffer of a
-    /// posted receive (the sender matched it; eager SENDs, which we match ourselves, never
-    /// overtake a size record). Anything else is a protocol error that fails the comm.
+    /// The buffer named must be the one our own matching gives the next send with its tag;
+    /// anything else is a protocol error that fails the comm.
     fn write_arrival(&mut self, now: u64, s: u64, wc: &Wc, mem: &dyn MemRead) {
         let Some(imm) = wc.imm.map(wire::imm_decode) else {
             self.fail(ReqError::Protocol(format!(
@@ -515,39 +553,23 @@ impl RecvEngine {
         let i = imm.buf;
         // The immediate names the receive and buffer the sender matched; it must be the buffer
         // our own matching gives the next send with that buffer's tag.
-        let named = self.order.iter().copied().find(|&id| {
-            self.reqs
-                .get(id)
-                .is_some_and(|r| wire::imm_matches(imm.r_low, r.r))
-        });
+        let named = self.named(imm.r_low);
         let tag = named
             .and_then(|id| self.reqs.get(id))
             .filter(|r| i < r.n as usize)
             .map(|r| r.bufs[i].tag);
-        let ok = if self.p.qps > 1 {
-            named
-                .and_then(|id| self.reqs.get(id))
-                .is_some_and(|r| i < r.n as usize && r.used & (1 << i) == 0)
-        } else {
-            named.is_some() && tag.and_then(|t| self.find_buf(t)) == named.map(|id| (id, i))
-        };
+        let ok = named.is_some() && tag.and_then(|t| self.find_buf(t)) == named.map(|id| (id, i));
         let Some(id) = named.filter(|_| ok) else {
             self.fail(ReqError::Protocol(format!(
-                "{} (imm {:#x}: receive {} mod 2^27, buffer {i}) for {} {s} names no \
-                 unmatched buffer this receiver would give it{}",
-                match (imm.record, self.p.qps > 1) {
-                    (true, true) => "a record",
-                    (true, false) => "a refusal record",
-                    (false, _) => "a direct write",
+                "{} (imm {:#x}: receive {} mod 2^27, buffer {i}) for send {s} names no \
+                 unmatched buffer this receiver would give it",
+                if imm.record {
+                    "a refusal record"
+                } else {
+                    "a direct write"
                 },
                 wc.imm.unwrap_or(0),
                 imm.r_low,
-                if self.p.qps > 1 { "arrival" } else { "send" },
-                if self.p.qps > 1 {
-                    " (several QPs: it must name an unmatched buffer of a posted receive)"
-                } else {
-                    ""
-                }
             )));
             return;
         };
@@ -559,41 +581,20 @@ impl RecvEngine {
         let req = self.reqs.get_mut(id).expect("found above");
         req.progress_ns = now;
         req.used |= 1 << i;
-        req.arrived += 1;
-        let cap = req.bufs[i].cap;
         if !imm.record {
-            if u64::from(wc.byte_len) > cap {
-                let e = ReqError::Protocol(format!(
-                    "send {s} wrote {} bytes into a receive buffer of {cap} bytes (receive {}, \
-                     buffer {i})",
-                    wc.byte_len, req.r
-                ));
-                req.error = Some(e.clone());
-                self.fail(e);
-                return;
-            }
-            req.sizes[i] = u64::from(wc.byte_len);
             self.stats.rendezvous += 1;
+            self.add_arrival(id, i, 0, wc.byte_len);
             return;
         }
+        req.done |= 1 << i;
+        req.arrived += 1;
+        let cap = req.bufs[i].cap;
         let slot = (req.r % REC_SLOTS as u64) as usize * MAX_RECVS + i;
         let mut rb = [0u8; 8];
         let rec = mem
             .read(rec_ring + slot as u64 * 8, &mut rb)
             .then(|| u64::from_le_bytes(rb));
         let e = match rec {
-            Some(v) if v & REC_TOO_BIG == 0 && self.p.qps > 1 && v <= cap => {
-                // A size record: every piece of the send's data was acknowledged before it
-                // was posted.
-                req.sizes[i] = v;
-                self.stats.rendezvous += 1;
-                return;
-            }
-            Some(v) if v & REC_TOO_BIG == 0 && self.p.qps > 1 => ReqError::Protocol(format!(
-                "a size record of {v} bytes (arrival {s}) for a receive buffer of {cap} bytes \
-                 (receive {}, buffer {i})",
-                req.r
-            )),
             Some(v) if v & REC_TOO_BIG != 0 => ReqError::Usage(format!(
                 "the peer tried to send {} bytes (send {s}) into a receive buffer of {cap} bytes \
                  (receive {}, buffer {i}); nothing was written",
@@ -604,6 +605,135 @@ impl RecvEngine {
         };
         req.error = Some(e.clone());
         self.fail(e);
+    }
+
+    /// The posted receive whose sequence number is `r_low` mod 2^27 (an immediate's).
+    fn named(&self, r_low: u32) -> Option<ReqId> {
+        self.order.iter().copied().find(|&id| {
+            self.reqs
+                .get(id)
+                .is_some_and(|r| wire::imm_matches(r_low, r.r))
+        })
+    }
+
+    /// Arrivals buffer `g` (global index) expects: one per QP its send uses ([`super::send::wr_plan`]):
+    /// split, every QP; round robin, QP 0 alone when `g % qps` is 0, else that QP and QP 0.
+    pub(super) fn expected_arrivals(&self, g: u64) -> u8 {
+        let qps = self.p.qps.max(1);
+        if qps == 1 || (!self.p.split && g.is_multiple_of(u64::from(qps))) {
+            1
+        } else if self.p.split {
+            qps
+        } else {
+            2
+        }
+    }
+
+    /// Whether buffer `g` (global index) gets an arrival on data QP `q` (`q` ≥ 1).
+    pub(super) fn uses_qp(&self, g: u64, q: u8) -> bool {
+        q < self.p.qps && (self.p.split || g % u64::from(self.p.qps) == u64::from(q))
+    }
+
+    /// Counts an arrival of `bytes` on QP `qp` into buffer `i` of receive `id` (its QP 0
+    /// arrival was checked, or a data QP's, [`RecvEngine::data_arrival`]); the buffer is
+    /// complete once every arrival it expects came, its size the sum. A sum above its
+    /// capacity fails the comm.
+    fn add_arrival(&mut self, id: ReqId, i: usize, qp: u8, bytes: u32) {
+        let Some(req) = self.reqs.get(id) else {
+            return;
+        };
+        let want = self.expected_arrivals(req.base.wrapping_add(i as u64));
+        let req = self.reqs.get_mut(id).expect("found above");
+        req.sizes[i] += u64::from(bytes);
+        req.got[i] += 1;
+        if qp > 0 {
+            req.seen[i] |= 1u128 << qp;
+        }
+        let cap = req.bufs[i].cap;
+        if req.sizes[i] > cap {
+            let e = ReqError::Protocol(format!(
+                "the peer wrote {} bytes into a receive buffer of {cap} bytes (receive {}, \
+                 buffer {i}; the last write on QP {qp})",
+                req.sizes[i], req.r
+            ));
+            req.error = Some(e.clone());
+            self.fail(e);
+            return;
+        }
+        if req.got[i] == want {
+            req.done |= 1 << i;
+            req.arrived += 1;
+        }
+    }
+
+    /// A WRITE_WITH_IMM consumed a zero-length receive WR of data QP `qp`: a piece (maybe empty)
+    /// of the send into the buffer its immediate names. It may come before the QP 0 arrival of
+    /// the same buffer (QPs are not ordered with each other); the buffer holds its count and
+    /// bytes until then. It must name a posted receive, a buffer in range that is not
+    /// complete, that expects an arrival on this QP and had none there yet; anything else
+    /// is a protocol error that fails the comm.
+    fn data_arrival(&mut self, now: u64, qp: u32, wc: &Wc) {
+        let q = match u8::try_from(qp) {
+            Ok(q) if q >= 1 && usize::from(q) <= self.data_posted.len() => q,
+            _ => {
+                self.fail(ReqError::Local(format!(
+                    "a receive completion for data QP {qp} of a connection of {} QPs",
+                    self.p.qps
+                )));
+                return;
+            }
+        };
+        let posted = &mut self.data_posted[usize::from(q) - 1];
+        *posted = posted.saturating_sub(1);
+        if wc.status != WcStatus::Success {
+            self.stats.error_completions += 1;
+            if wc.status != WcStatus::WrFlush || self.failed.is_none() {
+                self.fail(wc_error(
+                    wc.status,
+                    &format!("zero-length receive WR on data QP {q}"),
+                ));
+            }
+            return;
+        }
+        let imm = match (wc.opcode, wc.imm) {
+            (WcOpcode::RecvRdmaWithImm, Some(imm)) => wire::imm_decode(imm),
+            (op, _) => {
+                self.fail(ReqError::Protocol(format!(
+                    "a {op:?} completion without an immediate consumed a receive WR of data \
+                     QP {q} (only RDMA WRITE WITH IMMs of payload pieces may)"
+                )));
+                return;
+            }
+        };
+        let i = imm.buf;
+        let named = self.named(imm.r_low);
+        let why = match named.and_then(|id| self.reqs.get(id).map(|r| (id, r))) {
+            _ if imm.record => Some("a record (records go on QP 0 only)"),
+            None => Some("no posted receive"),
+            Some((_, r)) if i >= r.n as usize => Some("a buffer beyond the receive's"),
+            Some((_, r)) if r.done & (1 << i) != 0 => Some("a buffer already complete"),
+            Some((_, r)) if !self.uses_qp(r.base.wrapping_add(i as u64), q) => {
+                Some("a buffer whose send does not use this QP")
+            }
+            Some((_, r)) if r.seen[i] & (1u128 << q) != 0 => {
+                Some("a buffer that had its arrival on this QP already")
+            }
+            Some(_) => None,
+        };
+        let (Some(id), None) = (named, why) else {
+            self.fail(ReqError::Protocol(format!(
+                "a WRITE WITH IMM on data QP {q} (imm {:#x}: receive {} mod 2^27, buffer {i}) \
+                 names {}",
+                wc.imm.unwrap_or(0),
+                imm.r_low,
+                why.unwrap_or("no posted receive")
+            )));
+            return;
+        };
+        if let Some(req) = self.reqs.get_mut(id) {
+            req.progress_ns = now;
+        }
+        self.add_arrival(id, i, q, wc.byte_len);
     }
 
     /// Marks the comm failed; every outstanding request reports `e`.

@@ -28,11 +28,12 @@ pub struct SendParams {
     /// Credit gating on.
     pub credits: bool,
     /// QPs of the connection (`1..=MAX_QPS_PER_CONNECTION`, `VERBSNET_IB_QPS_PER_CONNECTION`,
-    /// the sender's, which the receiver adopts). QP 0 carries every WR that consumes a receive
-    /// WR; the others only plain RDMA WRITEs of payload pieces ([`super::Action::PostSendQp`]).
+    /// the sender's, which the receiver adopts). QP 0 carries everything of one QP; the others
+    /// only the RDMA WRITE WITH IMMs of direct sends' pieces ([`super::Action::PostSendQp`]).
     pub qps: u8,
     /// Split each direct send evenly over all QPs in [`super::SPLIT_ALIGN`]-byte pieces
-    /// (`VERBSNET_IB_SPLIT_DATA_ON_QPS`); otherwise each send goes whole on one QP, round robin.
+    /// (`VERBSNET_IB_SPLIT_DATA_ON_QPS`); otherwise each send goes whole on one QP, round robin
+    /// by the receive buffer's index ([`wr_plan`]).
     pub split: bool,
     /// Receive WRs the receiver posted before the handshake finished (initial credits).
     pub initial_credits: u64,
@@ -54,26 +55,35 @@ pub struct SendParams {
     pub first_gen: u32,
 }
 
-/// The pieces a direct send of `size` bytes with send sequence number `s` goes in over `qps`
-/// QPs, as `(QP index, offset, length)`, in QP order.
+/// The WRs a direct send of `size` bytes into the receive buffer with global index `g` (its
+/// receive's CTS `base` + the buffer's index) posts over `qps` QPs, as `(QP index, offset,
+/// length)`, in QP order; each is an RDMA WRITE WITH IMM (length 0: a zero-length one).
 ///
-/// NCCL IB's rule (`src/transport/net_ib/p2p.cc`, `ncclIbMultiSend`; `common.h`,
-/// `ncclIbCommBaseGetQpForRequest`): without `split` the whole payload goes on QP `s % qps`
-/// (round robin by request); with `split` piece `i` (offset `i * chunk`) goes on QP `i`, where
-/// `chunk = ⌈⌈size / qps⌉ / SPLIT_ALIGN⌉ × SPLIT_ALIGN` bytes; the last piece is shorter and
-/// trailing QPs may get none. A payload of 0 bytes has no pieces.
-pub fn pieces(size: u64, s: u64, qps: u8, split: bool) -> impl Iterator<Item = (u8, u64, u64)> {
-    let qps = u64::from(qps.max(1));
-    let (n, chunk) = if split {
-        (qps, size.div_ceil(qps).div_ceil(SPLIT_ALIGN) * SPLIT_ALIGN)
+/// NCCL IB's shape (`src/transport/net_ib/p2p.cc`, `ncclIbMultiSend`; `common.h`,
+/// `ncclIbCommBaseGetQpForRequest`): with `split` every QP gets one WR, piece `i` (offset
+/// `i * chunk`, `chunk = ⌈⌈size / qps⌉ / SPLIT_ALIGN⌉ × SPLIT_ALIGN` bytes, the last shorter)
+/// on QP `i`, and QPs past the end of the payload a zero-length one. Without `split` the whole
+/// payload goes on QP `g % qps` (NCCL takes its request id; the buffer's index tells the
+/// receiver the QP without a message), plus, when that is not QP 0, a zero-length WR on QP 0,
+/// so that every direct send consumes one receive WR of QP 0 in send order. One QP: one WR.
+pub fn wr_plan(size: u64, g: u64, qps: u8, split: bool) -> impl Iterator<Item = (u8, u64, u64)> {
+    let n = u64::from(qps.max(1));
+    let chunk = size.div_ceil(n).div_ceil(SPLIT_ALIGN) * SPLIT_ALIGN;
+    let q = g % n;
+    let (qs, zero_on_qp0) = if split {
+        (0..n, false)
     } else {
-        (1, size)
+        (q..q + 1, q != 0)
     };
-    (0..n).map_while(move |i| {
-        let off = i * chunk;
-        let qp = if split { i } else { s % qps };
-        (off < size).then(|| (qp as u8, off, chunk.min(size - off)))
+    qs.map(move |i| {
+        if split {
+            let off = (i * chunk).min(size);
+            (i as u8, off, chunk.min(size - off))
+        } else {
+            (i as u8, 0, size)
+        }
     })
+    .chain(zero_on_qp0.then_some((0, 0, 0)))
 }
 
 #[derive(Debug)]
@@ -86,18 +96,18 @@ struct SendReq {
     error: Option<ReqError>,
     progress_ns: u64,
     stall_reported: bool,
-    /// A send over several QPs: bit `q` = its piece on QP `q` is not acknowledged yet.
+    /// A direct send over several QPs: bit `q` = its WR on QP `q` has not completed yet.
     pieces: u128,
-    /// Pieces it went in (0: one direct WRITE_WITH_IMM, or not direct).
+    /// WRs it went in (0: one direct WRITE_WITH_IMM, or not direct).
     npieces: u8,
-    /// The size record to post once `pieces` is empty: (receive `r`, buffer index, starved).
-    record: Option<(u64, usize, bool)>,
 }
 
 /// A receive group whose clear-to-send we have read and which is not fully matched.
 #[derive(Debug)]
 struct Group {
     r: u64,
+    /// The CTS entry's `base`: buffer `i`'s global index is `base + i` (round robin QP).
+    base: u64,
     n: u32,
     bufs: [CtsBuf; MAX_RECVS],
     /// Bit `i`: buffer `i` is matched to a send.
@@ -123,8 +133,6 @@ enum Refusal {
     /// The front group has no unmatched buffer with this tag.
     Tag(i32),
     Slots,
-    /// An eager SEND would overtake a size record still to be posted (several QPs).
-    Record,
 }
 
 /// The send engine. See the module docs of [`crate::engine`] for the protocol.
@@ -161,9 +169,6 @@ pub struct SendEngine {
     /// Refused for want of a credit since the last credit-consuming send: the next one tells
     /// the receiver (eager header flag, record bit 62), which grows its queue.
     starved: bool,
-    /// Sends over several QPs whose size record is not posted yet: while any is, no eager SEND
-    /// goes (it would consume a receive WR out of send order, see `isend`).
-    records_unposted: u32,
 }
 
 impl SendEngine {
@@ -189,7 +194,6 @@ impl SendEngine {
             },
             refusing: None,
             starved: false,
-            records_unposted: 0,
             p,
         }
     }
@@ -266,7 +270,7 @@ impl SendEngine {
     pub fn debug_state(&self) -> String {
         format!(
             "k={} granted={} exact_below={} z_end={} zeros={:?} groups={} unassigned={} \
-             refusing={:?} records_unposted={}",
+             refusing={:?}",
             self.credits_used,
             self.credits_granted,
             self.exact_below,
@@ -274,8 +278,7 @@ impl SendEngine {
             self.zeros,
             self.groups.len(),
             self.unassigned.len(),
-            self.refusing,
-            self.records_unposted
+            self.refusing
         )
     }
 
@@ -321,10 +324,12 @@ impl SendEngine {
     ///   holding it is not at the front yet); or no receive is known and the send is too large
     ///   for a bounce buffer, too many speculative sends are unmatched, or the next receive WR
     ///   is a zero-length one (a receive is posted whose clear-to-send is on its way).
-    /// - With several QPs (`qps` > 1) a direct send whose pieces ([`pieces`]) are not one
-    ///   piece on QP 0 goes as plain RDMA WRITEs on its QPs and completes with a size record
-    ///   on QP 0 posted once every piece was acknowledged (see [`SendEngine::handle_wc`]); while
-    ///   any such record is unposted, an eager send is "retry later" too (`cts_waits`).
+    /// - With several QPs (`qps` > 1) a direct send posts all its WRs here ([`wr_plan`]), each
+    ///   a signaled RDMA WRITE WITH IMM on its own QP, and completes when all completed: a
+    ///   receive whose sends started needs no later call on this comm (the liveness rule of
+    ///   `docs/protocol.md`, "No send waits for the receiver's next call"). Exactly one of them
+    ///   is on QP 0, so it consumes one receive WR there as with one QP; the ones on data QPs
+    ///   need no credit: the receiver posted their receive WRs before writing the CTS.
     /// - `Err(Usage)` when the matched buffer is smaller than the send: nothing is written, the
     ///   receiver is told, and the comm is failed (every later call returns the error).
     pub fn isend(
@@ -354,13 +359,6 @@ impl SendEngine {
                 && self.unassigned.len() < MAX_SPECULATIVE
                 && self.bounce_backed(k) =>
             {
-                if self.records_unposted > 0 {
-                    // An earlier send's size record is still to come on QP 0: a SEND now
-                    // would arrive before it and consume a receive WR whose kind we checked
-                    // for another index, and the receiver could match it to the buffer that
-                    // send owns.
-                    return Ok(self.refuse(now, Refusal::Record));
-                }
                 None
             }
             None => return Ok(self.refuse(now, Refusal::Cts)),
@@ -381,7 +379,6 @@ impl SendEngine {
             stall_reported: false,
             pieces: 0,
             npieces: 0,
-            record: None,
         };
         let Some(id) = self.reqs.insert(req) else {
             return Ok(None);
@@ -398,23 +395,22 @@ impl SendEngine {
         let starved = std::mem::take(&mut self.starved);
         let target = dest.map(|i| self.take(0, i));
         match target {
-            Some((r, i, buf)) if size > buf.cap => {
+            Some((r, i, _, buf)) if size > buf.cap => {
                 let e = ReqError::Usage(format!(
                     "send of {size} bytes (tag {tag}) is larger than the matching receive buffer \
                      of {} bytes (receive {r}, buffer {i}); nothing was written",
                     buf.cap
                 ));
                 // Tell the receiver, so its request fails too instead of waiting forever.
-                self.post_record(id, r, i, REC_TOO_BIG | size, starved, WrKind::ErrNotify);
+                self.post_record(id, r, i, REC_TOO_BIG | size, starved);
                 self.reqs.remove(id);
                 self.fail(e.clone());
                 Err(e)
             }
-            Some((r, i, buf)) => {
+            Some((r, i, g, buf)) => {
                 self.stats.rendezvous += 1;
-                let mut plan = pieces(size, s, self.p.qps, self.p.split);
-                if !matches!((plan.next(), plan.next()), (None | Some((0, _, _)), None)) {
-                    self.post_pieces(id, s, (addr, lkey, size), (r, i, buf), starved);
+                if self.p.qps > 1 && (self.p.split || g % u64::from(self.p.qps) != 0) {
+                    self.post_pieces(id, g, (addr, lkey, size), (r, i, buf), starved);
                     return Ok(Some(id));
                 }
                 self.actions.push(Action::PostSend(SendWr {
@@ -494,7 +490,7 @@ impl SendEngine {
                 self.stats.credit_stalls += 1;
                 self.starved = true;
             }
-            Refusal::Cts | Refusal::Record => self.stats.cts_waits += 1,
+            Refusal::Cts => self.stats.cts_waits += 1,
             Refusal::Tag(_) => self.stats.tag_waits += 1,
             Refusal::Slots => self.stats.slots_full += 1,
         }
@@ -505,21 +501,22 @@ impl SendEngine {
         None
     }
 
-    /// Posts the pieces of direct send `id` (sequence `s`, payload `(addr, lkey, size)`) into
-    /// buffer `i` of receive `r` over the connection's QPs ([`pieces`]): each a signaled plain
-    /// RDMA WRITE, on QP 0 as [`Action::PostSend`], on a data QP as [`Action::PostSendQp`].
-    /// Its size record follows once all are acknowledged (`handle_wc`).
+    /// Posts every WR of direct send `id` (payload `(addr, lkey, size)`) into buffer `i` (global
+    /// index `g`) of receive `r` over the connection's QPs ([`wr_plan`]): each a signaled RDMA
+    /// WRITE WITH IMM naming `r` and `i` (the starved bit on QP 0's only), on QP 0 as
+    /// [`Action::PostSend`], on a data QP as [`Action::PostSendQp`]. The send completes when
+    /// all of them completed (`handle_wc`).
     fn post_pieces(
         &mut self,
         id: ReqId,
-        s: u64,
+        g: u64,
         (addr, lkey, size): (u64, u32, u64),
         (r, i, buf): (u64, usize, CtsBuf),
         starved: bool,
     ) {
         let mut bits = 0u128;
         let mut n = 0u8;
-        for (qp, off, len) in pieces(size, s, self.p.qps, self.p.split) {
+        for (qp, off, len) in wr_plan(size, g, self.p.qps, self.p.split) {
             bits |= 1 << qp;
             n += 1;
             let wr = SendWr {
@@ -532,10 +529,11 @@ impl SendEngine {
                     },
                     Sge::default(),
                 ],
-                num_sge: 1,
-                opcode: SendOpcode::RdmaWrite {
+                num_sge: u8::from(len > 0),
+                opcode: SendOpcode::RdmaWriteWithImm {
                     remote_addr: buf.addr + off,
                     rkey: buf.rkey,
+                    imm: wire::imm_encode(r, i, false, starved && qp == 0),
                 },
                 signaled: true,
             };
@@ -549,26 +547,14 @@ impl SendEngine {
         if let Some(req) = self.reqs.get_mut(id) {
             req.pieces = bits;
             req.npieces = n;
-            req.record = Some((r, i, starved));
         }
-        self.records_unposted += 1;
     }
 
-    /// Stages the 8-byte record `value` for buffer `buf_idx` of receive `r` and posts the
-    /// WRITE_WITH_IMM that delivers it into the receiver's record ring (immediate: `r`,
-    /// `buf_idx`, the record bit, `starved`): a refusal (`kind` ErrNotify, value with
-    /// [`REC_TOO_BIG`]; unsignaled: the comm fails with the refusal anyway) or the size record
-    /// of a send over several QPs (`kind` SizeRecord; signaled: its completion completes the
-    /// send).
-    fn post_record(
-        &mut self,
-        id: ReqId,
-        r: u64,
-        buf_idx: usize,
-        value: u64,
-        starved: bool,
-        kind: WrKind,
-    ) {
+    /// Stages the 8-byte refusal record `value` (with [`REC_TOO_BIG`]) for buffer `buf_idx` of
+    /// receive `r` and posts, unsignaled (the comm fails with the refusal anyway), the
+    /// WRITE_WITH_IMM on QP 0 that delivers it into the receiver's record ring (immediate:
+    /// `r`, `buf_idx`, the record bit, `starved`).
+    fn post_record(&mut self, id: ReqId, r: u64, buf_idx: usize, value: u64, starved: bool) {
         let stage = self.p.rec_stage.0 + u64::from(id.slot) * 8;
         let slot = (r % REC_SLOTS as u64) as usize * MAX_RECVS + buf_idx;
         self.actions.push(Action::Stage {
@@ -576,7 +562,7 @@ impl SendEngine {
             bytes: value.to_le_bytes().to_vec(),
         });
         self.actions.push(Action::PostSend(SendWr {
-            wr_id: wr_id(kind, id.gen, id.slot),
+            wr_id: wr_id(WrKind::ErrNotify, id.gen, id.slot),
             sgl: [
                 Sge {
                     addr: stage,
@@ -591,17 +577,18 @@ impl SendEngine {
                 rkey: self.p.peer_rec_ring.1,
                 imm: wire::imm_encode(r, buf_idx, true, starved),
             },
-            signaled: kind == WrKind::SizeRecord,
+            signaled: false,
         }));
     }
 
     /// Marks buffer `i` of known group `g` (0 = the front) matched, drops fully matched groups
-    /// from the front, and returns (receive `r`, buffer index, buffer).
-    fn take(&mut self, g: usize, i: usize) -> (u64, usize, CtsBuf) {
+    /// from the front, and returns (receive `r`, buffer index, the buffer's global index, the
+    /// buffer).
+    fn take(&mut self, g: usize, i: usize) -> (u64, usize, u64, CtsBuf) {
         let grp = &mut self.groups[g];
         debug_assert!(grp.used & (1 << i) == 0);
         grp.used |= 1 << i;
-        let out = (grp.r, i, grp.bufs[i]);
+        let out = (grp.r, i, grp.base.wrapping_add(i as u64), grp.bufs[i]);
         while self.groups.front().is_some_and(Group::full) {
             self.groups.pop_front();
         }
@@ -633,6 +620,7 @@ impl SendEngine {
         self.exact_below = self.exact_below.max(e.credits);
         self.groups.push_back(Group {
             r: e.r,
+            base: e.base,
             n: e.n,
             bufs: e.bufs,
             used: 0,
@@ -650,7 +638,7 @@ impl SendEngine {
                 continue;
             };
             self.unassigned.remove(k);
-            let (r, i, buf) = self.take(g, i);
+            let (r, i, _, buf) = self.take(g, i);
             if size > buf.cap {
                 // The receiver sees the same mismatch when it matches the arrival, and fails
                 // its comm itself: no notification needed.
@@ -690,7 +678,8 @@ impl SendEngine {
     }
 
     /// Feeds one completion of any QP of the connection (QP 0 and the data QPs alike: the
-    /// `wr_id` says which WR it was). A piece's completion may post its send's size record.
+    /// `wr_id` says which WR it was). A send over several QPs completes with the last of its
+    /// WRs.
     pub fn handle_wc(&mut self, now: u64, wc: &Wc) {
         let Some((kind, gen, index)) = wr_parse(wc.wr_id) else {
             self.fail(ReqError::Local(format!(
@@ -709,8 +698,7 @@ impl SendEngine {
                 WrKind::Eager => "eager SEND".to_string(),
                 WrKind::Direct => "RDMA WRITE WITH IMM of the payload".to_string(),
                 WrKind::ErrNotify => "RDMA WRITE WITH IMM of a refusal record".to_string(),
-                WrKind::Piece => format!("RDMA WRITE of a payload piece on QP {qp}"),
-                WrKind::SizeRecord => "RDMA WRITE WITH IMM of a size record".to_string(),
+                WrKind::Piece => format!("RDMA WRITE WITH IMM of a payload piece on QP {qp}"),
                 _ => "send-side WR".to_string(),
             };
             if wc.status != WcStatus::WrFlush || self.failed.is_none() {
@@ -718,29 +706,18 @@ impl SendEngine {
             }
             return;
         }
-        let Some((id, req)) = self.reqs.by_wr_mut(slot, gen) else {
+        let Some((_, req)) = self.reqs.by_wr_mut(slot, gen) else {
             return;
         };
         match kind {
-            WrKind::Eager | WrKind::Direct | WrKind::SizeRecord => {
+            WrKind::Eager | WrKind::Direct => {
                 req.wc_done = true;
                 req.progress_ns = now;
             }
             WrKind::Piece => {
                 req.pieces &= !(1u128 << qp);
                 req.progress_ns = now;
-                if req.pieces != 0 {
-                    return;
-                }
-                // Every piece was acknowledged (an RC completion of a WRITE means the
-                // responder acknowledged its data): the size record may go.
-                let (size, record) = (req.size, req.record.take());
-                if let Some((r, i, starved)) = record {
-                    self.records_unposted = self.records_unposted.saturating_sub(1);
-                    if self.failed.is_none() {
-                        self.post_record(id, r, i, size, starved, WrKind::SizeRecord);
-                    }
-                }
+                req.wc_done = req.pieces == 0;
             }
             _ => {}
         }
@@ -797,9 +774,8 @@ impl SendEngine {
                     .map(|q| q.to_string())
                     .collect();
                 format!(
-                    "the acknowledgement of {} of its {} data pieces, on QP {} (the size record \
-                     that completes it goes once all are acknowledged; the peer may be dead, or \
-                     those QPs' path broken)",
+                    "the completion of {} of its {} RDMA WRITE WITH IMMs, on QP {} (the peer \
+                     has not acknowledged them: it may be dead, or those QPs' path broken)",
                     qps.len(),
                     r.npieces,
                     qps.join(", ")
@@ -844,11 +820,6 @@ impl SendEngine {
                          the sends of its other tags arrive (another sender sharing this comm is \
                          behind, or the receiver has not posted the receive holding tag {tag})"
                     ),
-                    Refusal::Record => "the data QPs to acknowledge the pieces of an earlier \
-                                        send: an eager SEND may not overtake a size record that \
-                                        is still to be posted on QP 0 (several QPs per \
-                                        connection; see the stalled sends)"
-                        .to_string(),
                     Refusal::Slots => "a free request slot: all send requests are in use (the \
                                        caller is not testing them, or they are stalled \
                                        themselves)"

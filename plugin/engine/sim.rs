@@ -77,7 +77,8 @@ struct Qp {
 struct SimSink<'a> {
     mem: &'a mut Mem,
     qp: &'a mut Qp,
-    /// The sender's data QPs (QP `q` at `q - 1`); empty on the receiver.
+    /// The side's data QPs (QP `q` at `q - 1`): the sender's carry WRITE WITH IMMs, the
+    /// receiver's hold zero-length receive WRs.
     data: &'a mut [Qp],
     /// The receiver's: receive posts (held back by the `withhold_recvs` knob), eager copies
     /// and the shared pool. `None` on the sender, which does none of these.
@@ -119,8 +120,8 @@ impl ActionSink for SimSink<'_> {
         if qp > 0 {
             for wr in wrs {
                 assert!(
-                    matches!(wr.opcode, SendOpcode::RdmaWrite { .. }),
-                    "data QP {qp} got a WR that is not a plain RDMA WRITE: {wr:?}"
+                    matches!(wr.opcode, SendOpcode::RdmaWriteWithImm { .. }),
+                    "data QP {qp} got a WR that is not an RDMA WRITE WITH IMM: {wr:?}"
                 );
             }
         }
@@ -128,9 +129,24 @@ impl ActionSink for SimSink<'_> {
         Ok(())
     }
 
-    fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<(), Self::Error> {
+    /// QP 0's posts are held back by `withhold_recvs`; a data QP's go straight to its RQ.
+    fn post_recv(&mut self, qp: usize, wrs: &[RecvWr]) -> Result<(), Self::Error> {
         let r = self.recv("post_recv");
-        if r.withhold {
+        if qp > 0 {
+            for wr in wrs {
+                assert_eq!(
+                    wr.sge.length, 0,
+                    "data QP {qp} got a receive WR with a buffer"
+                );
+            }
+            match self.data.get_mut(qp - 1) {
+                Some(q) => q.rq.extend(wrs.iter().cloned()),
+                None => panic!(
+                    "receive WRs for QP {qp} of a {}-QP pair",
+                    self.data.len() + 1
+                ),
+            }
+        } else if r.withhold {
             r.withheld.extend_from_slice(wrs);
         } else {
             self.qp.rq.extend(wrs.iter().cloned());
@@ -198,6 +214,10 @@ pub struct Knobs {
     /// WRs, writes its memory and queues its completions, but the receive engine is not fed
     /// and does nothing (a caller spinning on the send comm only).
     pub recv_idle: bool,
+    /// The sending process makes no call (after the `isend`s it made): the link still moves
+    /// the WRs posted and queues their completions, but the send engine is not fed and does
+    /// not read its CTS ring (a caller testing only the receive comm).
+    pub send_idle: bool,
     /// Lags the sender's data QPs behind QP 0: data QP `q` moves one WR only every
     /// `1 + data_qp_lag * q` steps (each at its own rate), so its writes land after later
     /// WRs of QP 0 and of lower data QPs.
@@ -216,6 +236,7 @@ impl Default for Knobs {
             wc_delay_ns: 0,
             wrs_per_step: 1,
             recv_idle: false,
+            send_idle: false,
             data_qp_lag: 0,
             data_qp_error: None,
         }
@@ -242,7 +263,8 @@ pub struct PairCfg {
     /// Generation of every send request slot's first use (tests start near the 24-bit wrap).
     pub first_gen: u32,
     /// QPs of the connection (`VERBSNET_IB_QPS_PER_CONNECTION`): QP 0 and `qps - 1` data QPs
-    /// of the sender, whose WRs reach the receiver's memory independently of QP 0.
+    /// on each side; the sender's WRITE WITH IMMs on data QP `q` reach the receiver's memory
+    /// independently of QP 0 and consume receive WRs of the receiver's data QP `q`.
     pub qps: u8,
     /// Split direct sends over all QPs (`VERBSNET_IB_SPLIT_DATA_ON_QPS`).
     pub split: bool,
@@ -281,8 +303,8 @@ pub struct Landed {
     pub addr: u64,
     /// Bytes.
     pub len: u64,
-    /// The immediate of a WRITE_WITH_IMM (a direct write or a record); `None` for a plain
-    /// WRITE (a piece).
+    /// The immediate of a WRITE_WITH_IMM (a direct write, a piece or a record); `None` for a
+    /// plain WRITE (a CTS or credit write).
     pub imm: Option<u32>,
 }
 
@@ -303,6 +325,8 @@ pub struct Pair {
     /// The sender's data QPs: QP `q` at `q - 1`.
     sdata: Vec<Qp>,
     rqp: Qp,
+    /// The receiver's data QPs (their RQs of zero-length WRs): QP `q` at `q - 1`.
+    rdata: Vec<Qp>,
     /// Writes into the receiver's user buffers, in landing order.
     pub writes: Vec<Landed>,
     /// WRs each sender QP moved (index = QP).
@@ -353,6 +377,7 @@ impl Pair {
         let qps = c.qps.max(1);
         let rcv = RecvEngine::new(RecvParams {
             qps,
+            split: c.split,
             rq_depth: c.rq_depth,
             rq_min,
             shrink_after_ns: c.shrink_after_ns,
@@ -389,6 +414,7 @@ impl Pair {
             sqp: Qp::default(),
             sdata: (1..qps).map(|_| Qp::default()).collect(),
             rqp: Qp::default(),
+            rdata: (1..qps).map(|_| Qp::default()).collect(),
             writes: Vec::new(),
             qp_wrs: vec![0; usize::from(qps)],
             expected: Default::default(),
@@ -423,7 +449,7 @@ impl Pair {
             &mut SimSink {
                 mem: &mut self.rmem,
                 qp: &mut self.rqp,
-                data: &mut [],
+                data: &mut self.rdata,
                 recv: Some(RecvSink {
                     withhold: self.knobs.withhold_recvs,
                     withheld: &mut self.withheld,
@@ -482,6 +508,11 @@ impl Pair {
             data.extend(fmem.get(s.addr, s.length as usize));
         }
         let consumes = !matches!(wr.opcode, SendOpcode::RdmaWrite { .. });
+        assert!(
+            !(consumes && qp > 0 && to.rq.is_empty()),
+            "a data QP ran out of receive WRs: QP {qp}'s WRITE WITH IMM {wr:?} found none (the \
+             receiver's coverage of its data QPs is short)"
+        );
         if consumes && to.rq.is_empty() {
             *rnr += 1;
             from.rnr_tries += 1;
@@ -615,7 +646,6 @@ impl Pair {
         self.apply_actions();
         let mut busy = false;
         for _ in 0..self.knobs.wrs_per_step.max(1) {
-            self.check_record_follows_its_data();
             let moved = Self::exec(
                 self.now,
                 &self.knobs,
@@ -659,7 +689,7 @@ impl Pair {
                 &self.knobs,
                 (dq, q as u8),
                 &self.smem,
-                &mut self.rqp,
+                &mut self.rdata[q - 1],
                 &mut self.rmem,
                 &mut 0,
                 &mut self.writes,
@@ -682,18 +712,26 @@ impl Pair {
                 0 => &mut self.sqp.cq,
                 _ => &mut self.sdata[q - 1].cq,
             };
-            while cq.front().is_some_and(|(t, _)| *t <= self.now) {
+            while !self.knobs.send_idle && cq.front().is_some_and(|(t, _)| *t <= self.now) {
                 let (_, wc) = cq.pop_front().expect("front");
                 self.snd.handle_wc(self.now, &wc);
                 busy = true;
             }
         }
-        while !self.knobs.recv_idle && self.rqp.cq.front().is_some_and(|(t, _)| *t <= self.now) {
-            let (_, wc) = self.rqp.cq.pop_front().expect("front");
-            self.rcv.handle_wc(self.now, &wc, &self.rmem);
-            busy = true;
+        for q in 0..=self.rdata.len() {
+            let cq = match q {
+                0 => &mut self.rqp.cq,
+                _ => &mut self.rdata[q - 1].cq,
+            };
+            while !self.knobs.recv_idle && cq.front().is_some_and(|(t, _)| *t <= self.now) {
+                let (_, wc) = cq.pop_front().expect("front");
+                self.rcv.handle_wc(self.now, &wc, &self.rmem);
+                busy = true;
+            }
         }
-        busy |= self.snd.poll_peer_writes(self.now, &self.smem);
+        if !self.knobs.send_idle {
+            busy |= self.snd.poll_peer_writes(self.now, &self.smem);
+        }
         assert!(
             !matches!(self.snd.failure(), Some(ReqError::Protocol(_))),
             "CTS ring: {:?}",
@@ -729,30 +767,6 @@ impl Pair {
             }
         }
         busy
-    }
-
-    /// The sim's own check that a size record never precedes its data: when the head WR of
-    /// the sender's QP 0 is a size record, no piece of the same send is still queued on a data
-    /// QP (QP 0's own pieces precede it in its queue: RC order).
-    fn check_record_follows_its_data(&self) {
-        let Some(wr) = self.sqp.sq.front() else {
-            return;
-        };
-        let Some((WrKind::SizeRecord, gen, slot)) = wr_parse(wr.wr_id) else {
-            return;
-        };
-        for (q, dq) in self.sdata.iter().enumerate() {
-            for d in &dq.sq {
-                if let Some((WrKind::Piece, g, i)) = wr_parse(d.wr_id) {
-                    assert!(
-                        !(g == gen && piece_parse(i).0 == slot),
-                        "the size record of send slot {slot} goes before its piece on data QP \
-                         {} landed",
-                        q + 1
-                    );
-                }
-            }
-        }
     }
 
     /// Steps until `done` holds, failing after `max` steps (livelock guard).

@@ -48,10 +48,7 @@
 //! **Records** — 8 bytes written by the sender's RDMA_WRITE_WITH_IMM into slot
 //! `(r % REC_SLOTS) * MAX_RECVS + i` of the receiver's record ring. A **refusal record** when
 //! it refuses a send that is larger than its matching buffer: the size with bit 63
-//! ([`REC_TOO_BIG`]) set (nothing was written). A **size record** (connections with several
-//! QPs, wire version 5) when a direct send's data went as plain RDMA WRITEs, not all on QP 0:
-//! the size in bytes, bit 63 clear, posted on QP 0 only once every piece was acknowledged; it
-//! completes the receive's buffer.
+//! ([`REC_TOO_BIG`]) set (nothing was written). Records go on QP 0 only.
 //!
 //! **Immediate data** of a WRITE_WITH_IMM: bit 31 = record (1: a record into the record
 //! ring; 0: a direct write of the payload), bit 30 = the sender waited for a credit since its
@@ -59,8 +56,8 @@
 //! receive sequence number `r` (the group the send matched), bits 2..0 = buffer index `i`. At
 //! most `MAX_RECV_REQUESTS` (32) receives are outstanding, so 27 bits name the group
 //! unambiguously; the receiver checks that `(r, i)` is the buffer its own matching gives the
-//! send (with several QPs, where size records come out of send order: that it is an unmatched
-//! buffer of a posted receive).
+//! send (for an arrival on a data QP, several QPs per connection: that it is a buffer of a
+//! posted receive that expects one there and is not complete).
 
 /// Most buffers in one grouped receive (reported as `maxRecvs`).
 pub const MAX_RECVS: usize = 8;

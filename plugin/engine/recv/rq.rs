@@ -7,13 +7,9 @@ use super::{RecvEngine, RECV_FIXED_BYTES};
 use crate::engine::wire::{self, CTS_ENTRY_LEN};
 use crate::engine::{
     wr_id, Action, BounceSource, WrKind, CTRL_SIGNAL_EVERY, CTRL_STAGE_SLOTS, MAX_SPECULATIVE,
-    MAX_ZERO_WRS,
+    MAX_ZERO_WRS, ZERO_BATCH,
 };
 use crate::transport::{RecvWr, SendOpcode, SendWr, Sge};
-
-/// Fewest zero-length receive WRs posted in one call when some are needed
-/// ([`RecvEngine::cover_posted_receives`]).
-pub const ZERO_BATCH: u32 = 8;
 
 impl RecvEngine {
     /// Receive WRs per post call at the current depth: `rq_batch` at full depth, at most half
@@ -245,6 +241,60 @@ impl RecvEngine {
         let k = k.max(ZERO_BATCH.min(room));
         self.post_zeros(k);
         k
+    }
+
+    /// Several QPs per connection: makes the zero-length receive WRs of every data QP `q`
+    /// cover the arrivals the posted receives may still get on `q`, so that every RDMA WRITE
+    /// WITH IMM a send puts on `q` finds a receive WR without any further call on this comm
+    /// (the sender posts them all at `isend` and checks no credit for them).
+    ///
+    /// The buffers that may still consume a WR of `q` are those of the posted receives that
+    /// are not complete, use `q` (split: every buffer; round robin: those whose global index
+    /// is `q` mod `qps`) and had no arrival on `q` yet. Each consumes at most one (the sender
+    /// puts at most one WR per buffer on each QP), and a buffer filled eagerly none, so
+    /// counting it is harmless. Posted WRs not seen consumed are at least that many after
+    /// this call; a WR consumed but not yet polled is counted on both sides (its buffer has
+    /// not been seen arriving on `q`), so the WRs really in the queue cover every arrival
+    /// still to come. A send writes only into buffers whose CTS it read, and this runs before
+    /// the CTS of the receive it adds. Posted in batches of at least [`ZERO_BATCH`], never
+    /// more than [`MAX_ZERO_WRS`] posted per QP (the need is at most 32 × 8 = 256, below
+    /// it); the QP holds [`crate::engine::DATA_QP_RECV_WRS`].
+    pub(super) fn cover_data_qps(&mut self) {
+        for q in 1..self.p.qps.max(1) {
+            let need: u32 = self
+                .order
+                .iter()
+                .filter_map(|&id| self.reqs.get(id))
+                .map(|r| {
+                    (0..r.n as usize)
+                        .filter(|&i| {
+                            r.done & (1 << i) == 0
+                                && r.seen[i] & (1u128 << q) == 0
+                                && self.uses_qp(r.base.wrapping_add(i as u64), q)
+                        })
+                        .count() as u32
+                })
+                .sum();
+            let posted = self.data_posted[usize::from(q) - 1];
+            let k = need.saturating_sub(posted);
+            if k == 0 {
+                continue;
+            }
+            let room = MAX_ZERO_WRS.saturating_sub(posted);
+            let k = k.max(ZERO_BATCH.min(room));
+            self.data_posted[usize::from(q) - 1] += k;
+            self.stats.data_qp_zero_wrs += u64::from(k);
+            self.actions.push(Action::PostRecvQp {
+                qp: q,
+                wrs: vec![
+                    RecvWr {
+                        wr_id: wr_id(WrKind::DataZero, 0, u32::from(q)),
+                        sge: Sge::default(),
+                    };
+                    k as usize
+                ],
+            });
+        }
     }
 
     /// Adapts the depth (with `now`: shrinks after idle), then, below the low-water mark,

@@ -5,6 +5,7 @@ use super::*;
 fn params() -> RecvParams {
     RecvParams {
         qps: 1,
+        split: false,
         rq_depth: 4,
         rq_min: 4,
         shrink_after_ns: u64::MAX,
@@ -132,16 +133,6 @@ fn with_every_control_slot_in_flight_irecv_waits_and_the_newest_write_is_signale
     assert!(e.irecv(0, &[buf(1)]).unwrap().is_some());
 }
 
-/// Reads `0` everywhere but the record ring, which holds `rec` in every slot.
-struct Records(u64);
-impl MemRead for Records {
-    fn read(&self, addr: u64, out: &mut [u8]) -> bool {
-        let v = if addr >= 0x20_0000 { self.0 } else { 0 };
-        out.copy_from_slice(&v.to_le_bytes()[..out.len()]);
-        true
-    }
-}
-
 /// A WRITE_WITH_IMM arrival for buffer `i` of receive `r` on a zero-length receive WR.
 fn arrival(r: u64, i: usize, record: bool, byte_len: u32) -> Wc {
     Wc {
@@ -153,60 +144,166 @@ fn arrival(r: u64, i: usize, record: bool, byte_len: u32) -> Wc {
     }
 }
 
+/// A WRITE_WITH_IMM arrival on data QP `qp` for buffer `i` of receive `r`.
+fn on_qp(qp: u32, r: u64, i: usize, byte_len: u32) -> Wc {
+    Wc {
+        wr_id: super::super::wr_id(WrKind::DataZero, 0, qp),
+        ..arrival(r, i, false, byte_len)
+    }
+}
+
+fn mqp(qps: u8, split: bool) -> RecvEngine {
+    RecvEngine::new(RecvParams {
+        qps,
+        split,
+        ..params()
+    })
+}
+
 #[test]
-fn with_several_qps_records_may_come_out_of_order_but_must_name_an_unmatched_posted_buffer() {
-    let qps = |n| RecvParams { qps: n, ..params() };
-    // Out of send order: buffer 1's size record before buffer 0's direct write, then the
-    // second receive's before the first is complete.
-    let mut e = RecvEngine::new(qps(4));
+fn with_several_qps_a_buffer_completes_once_every_qp_it_uses_reported() {
+    // Split over 4 QPs: every buffer expects one arrival per QP, data QPs' maybe first.
+    let mut e = mqp(4, true);
     let a = e.irecv(0, &[buf(1), buf(1)]).unwrap().unwrap();
-    let b = e.irecv(0, &[buf(2)]).unwrap().unwrap();
-    e.handle_wc(1, &arrival(0, 1, true, 8), &Records(40));
-    e.handle_wc(1, &arrival(1, 0, true, 8), &Records(64));
+    // Two buffers need 2 WRs on each data QP: a batch of 8 on each, before the CTS.
+    let acts = e.drain_actions();
+    let posts: Vec<(u8, usize)> = acts
+        .iter()
+        .filter_map(|a| match a {
+            Action::PostRecvQp { qp, wrs } => Some((*qp, wrs.len())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(posts, [(1, 8), (2, 8), (3, 8)]);
+    assert!(
+        matches!(acts.last(), Some(Action::PostSend(_))),
+        "the CTS goes last"
+    );
+    assert_eq!(e.stats().data_qp_zero_wrs, 24);
+    // Buffer 1's piece on QP 3 comes first; then buffer 0 on QP 0 (send order there).
+    e.handle_wc(1, &on_qp(3, 0, 1, 0), &NoMem);
+    e.handle_wc(1, &arrival(0, 0, false, 40), &NoMem);
+    for q in 1..4 {
+        e.handle_wc(1, &on_qp(q, 0, 0, if q == 1 { 24 } else { 0 }), &NoMem);
+    }
     assert!(e.failure().is_none(), "{:?}", e.failure());
-    assert_eq!(e.test(b), Ok(Some(vec![64])));
-    assert_eq!(e.test(a), Ok(None), "buffer 0 has not arrived");
+    assert_eq!(e.test(a), Ok(None), "buffer 1 has 1 of its 4 arrivals");
+    e.handle_wc(1, &arrival(0, 1, false, 7), &NoMem);
+    e.handle_wc(1, &on_qp(1, 0, 1, 0), &NoMem);
+    assert_eq!(e.test(a), Ok(None), "QP 2 has not reported buffer 1");
+    e.handle_wc(1, &on_qp(2, 0, 1, 0), &NoMem);
+    assert_eq!(e.test(a), Ok(Some(vec![64, 7])));
+    assert_eq!(e.stats().rendezvous, 2);
+
+    // Round robin over 3 QPs: buffer g on QP g % 3 (and QP 0); buffer 0 needs QP 0 alone.
+    let mut e = mqp(3, false);
+    let a = e.irecv(0, &[buf(1), buf(1), buf(1)]).unwrap().unwrap();
+    assert_eq!(e.stats().data_qp_zero_wrs, 16, "a batch on QPs 1 and 2");
+    e.handle_wc(1, &on_qp(2, 0, 2, 50), &NoMem);
     e.handle_wc(1, &arrival(0, 0, false, 3), &NoMem);
-    assert_eq!(e.test(a), Ok(Some(vec![3, 40])));
-    assert_eq!(e.stats().rendezvous, 3);
-    // The same out-of-order arrival on a one-QP connection breaks its strict check.
-    let mut e = RecvEngine::new(qps(1));
+    e.handle_wc(1, &arrival(0, 1, false, 0), &NoMem);
+    e.handle_wc(1, &arrival(0, 2, false, 0), &NoMem);
+    assert_eq!(e.test(a), Ok(None), "buffer 1's payload is still on QP 1");
+    e.handle_wc(1, &on_qp(1, 0, 1, 9), &NoMem);
+    assert_eq!(e.test(a), Ok(Some(vec![3, 9, 50])));
+}
+
+#[test]
+fn with_several_qps_qp_0_stays_strict_and_a_hostile_data_qp_arrival_fails_the_comm() {
+    // QP 0 arrivals come in send order with any number of QPs: the strict check stays.
+    let mut e = mqp(4, false);
     e.irecv(0, &[buf(1), buf(1)]).unwrap().unwrap();
     e.handle_wc(1, &arrival(0, 1, false, 8), &NoMem);
-    let f = e.failure().expect("strict with one QP").to_string();
+    let f = e.failure().expect("strict on QP 0").to_string();
     assert!(f.contains("for send 0 names no unmatched buffer"), "{f}");
 
-    // What stays a protocol error with several QPs: a buffer matched already, an index out
-    // of range, a receive not posted, a size record beyond the buffer.
-    type Case = (&'static str, Vec<(u64, usize, bool, u64)>, &'static str);
-    let cases: [Case; 4] = [
+    // (what, split, data-QP and QP 0 arrivals before, the hostile one, the message)
+    type Case = (&'static str, bool, Vec<Wc>, Wc, &'static str);
+    let cases: [Case; 8] = [
         (
-            "matched",
-            vec![(0, 0, false, 0), (0, 0, true, 8)],
-            "a record (imm 0x80000000: receive 0 mod 2^27, buffer 0) for arrival 1 names no \
-             unmatched buffer",
+            "complete",
+            true,
+            vec![
+                arrival(0, 0, false, 1),
+                on_qp(1, 0, 0, 0),
+                on_qp(2, 0, 0, 0),
+                on_qp(3, 0, 0, 0),
+            ],
+            on_qp(2, 0, 0, 0),
+            "a WRITE WITH IMM on data QP 2 (imm 0x0: receive 0 mod 2^27, buffer 0) names a \
+             buffer already complete",
+        ),
+        (
+            "twice",
+            true,
+            vec![on_qp(3, 0, 1, 0)],
+            on_qp(3, 0, 1, 0),
+            "on data QP 3 (imm 0x1: receive 0 mod 2^27, buffer 1) names a buffer that had its \
+             arrival on this QP already",
         ),
         (
             "range",
-            vec![(0, 2, true, 8)],
-            "buffer 2) for arrival 0 names no",
+            true,
+            vec![],
+            on_qp(1, 0, 2, 0),
+            "buffer 2) names a buffer beyond the receive's",
         ),
-        ("not posted", vec![(3, 0, false, 0)], "receive 3 mod 2^27"),
+        (
+            "not posted",
+            true,
+            vec![],
+            on_qp(1, 5, 0, 0),
+            "receive 5 mod 2^27, buffer 0) names no posted receive",
+        ),
+        (
+            "wrong QP",
+            false,
+            vec![],
+            on_qp(2, 0, 1, 0),
+            "names a buffer whose send does not use this QP",
+        ),
+        (
+            "record",
+            true,
+            vec![],
+            Wc {
+                wr_id: super::super::wr_id(WrKind::DataZero, 0, 1),
+                ..arrival(0, 0, true, 8)
+            },
+            "names a record (records go on QP 0 only)",
+        ),
+        (
+            "SEND",
+            true,
+            vec![],
+            Wc {
+                opcode: WcOpcode::Recv,
+                imm: None,
+                ..on_qp(1, 0, 0, 0)
+            },
+            "a Recv completion without an immediate consumed a receive WR of data QP 1",
+        ),
         (
             "too big",
-            vec![(0, 0, true, 65)],
-            "a size record of 65 bytes (arrival 0) for a receive buffer of 64 bytes",
+            true,
+            vec![arrival(0, 0, false, 60)],
+            on_qp(1, 0, 0, 5),
+            "the peer wrote 65 bytes into a receive buffer of 64 bytes (receive 0, buffer 0; \
+             the last write on QP 1)",
         ),
     ];
-    for (what, arrivals, want) in cases {
-        let mut e = RecvEngine::new(qps(2));
+    for (what, split, before, hostile, want) in cases {
+        let mut e = mqp(4, split);
         let id = e.irecv(0, &[buf(1), buf(1)]).unwrap().unwrap();
-        for (r, i, record, v) in arrivals {
-            e.handle_wc(1, &arrival(r, i, record, 8), &Records(v));
+        for wc in &before {
+            e.handle_wc(1, wc, &NoMem);
         }
-        match e.test(id) {
-            Err(ReqError::Protocol(m)) => assert!(m.contains(want), "{what}: {m}"),
+        assert!(e.failure().is_none(), "{what}: {:?}", e.failure());
+        e.handle_wc(1, &hostile, &NoMem);
+        match e.failure() {
+            Some(ReqError::Protocol(m)) => assert!(m.contains(want), "{what}: {m}"),
             other => panic!("{what}: {other:?}"),
         }
+        assert!(e.test(id).is_err(), "{what}");
     }
 }

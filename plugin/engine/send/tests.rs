@@ -395,24 +395,35 @@ fn wrs(acts: &[Action]) -> Vec<(u8, u64, SendOpcode, u64, u32)> {
         .collect()
 }
 
+/// The immediate of a WR among `wrs`' output (panics on another opcode).
+fn imm_of(op: SendOpcode) -> u32 {
+    match op {
+        SendOpcode::RdmaWriteWithImm { imm, .. } => imm,
+        other => panic!("not a WRITE WITH IMM: {other:?}"),
+    }
+}
+
 #[test]
-fn a_split_send_writes_its_pieces_then_its_size_record_once_all_are_acknowledged() {
+fn a_split_send_posts_a_write_with_imm_on_every_qp_at_isend_and_completes_with_the_last() {
     let mut e = SendEngine::new(mqp_params(2, true));
     e.handle_cts(1, cts(0, 0, 8, &[(4096, 9), (4096, 9), (4096, 9)]))
         .unwrap();
-    // 300 bytes over 2 QPs: chunk 256: [0, 256) on QP 0, [256, 300) on QP 1, plain WRITEs.
+    // 300 bytes over 2 QPs: chunk 256: [0, 256) on QP 0, [256, 300) on QP 1, both WRITE WITH
+    // IMMs naming receive 0, buffer 0, posted at once.
     let id = e.isend(2, 0x1000, 5, 300, 9).unwrap().unwrap();
     let w = wrs(&e.drain_actions());
     let at = 0x4000_0000;
+    let imm = wire::imm_encode(0, 0, false, false);
     assert_eq!(
         w,
         [
             (
                 0,
                 wr_id(WrKind::Piece, 0, piece_index(id.slot, 0)),
-                SendOpcode::RdmaWrite {
+                SendOpcode::RdmaWriteWithImm {
                     remote_addr: at,
-                    rkey: 77
+                    rkey: 77,
+                    imm
                 },
                 0x1000,
                 256
@@ -420,9 +431,10 @@ fn a_split_send_writes_its_pieces_then_its_size_record_once_all_are_acknowledged
             (
                 1,
                 wr_id(WrKind::Piece, 0, piece_index(id.slot, 1)),
-                SendOpcode::RdmaWrite {
+                SendOpcode::RdmaWriteWithImm {
                     remote_addr: at + 256,
-                    rkey: 77
+                    rkey: 77,
+                    imm
                 },
                 0x1100,
                 44
@@ -431,73 +443,79 @@ fn a_split_send_writes_its_pieces_then_its_size_record_once_all_are_acknowledged
     );
     assert_eq!(e.stats().data_qp_writes, 1);
     assert_eq!(e.stats().rendezvous, 1);
-    // QP 1 acknowledges first: nothing yet. QP 0's piece next: the record goes.
+    // QP 1 completes first: not done yet; QP 0's next: done, and nothing more is posted.
     e.handle_wc(3, &ok(w[1].1));
-    assert!(e.drain_actions().is_empty());
     assert_eq!(e.test(id), Ok(None));
     e.handle_wc(4, &ok(w[0].1));
-    let acts = e.drain_actions();
-    let stage = 0x20_0000 + u64::from(id.slot) * 8;
-    assert_eq!(
-        acts[0],
-        Action::Stage {
-            addr: stage,
-            bytes: 300u64.to_le_bytes().to_vec()
-        }
+    assert!(
+        e.drain_actions().is_empty(),
+        "no record, nothing after isend"
     );
-    let rec = wrs(&acts);
-    assert_eq!(rec.len(), 1);
-    assert_eq!(rec[0].0, 0, "records go on QP 0");
-    assert_eq!(
-        rec[0].2,
-        SendOpcode::RdmaWriteWithImm {
-            remote_addr: 0x30_0000,
-            rkey: 3,
-            imm: wire::imm_encode(0, 0, true, false)
-        }
-    );
-    assert!(matches!(&acts[1], Action::PostSend(w) if w.signaled));
-    assert_eq!(
-        e.test(id),
-        Ok(None),
-        "the record's completion completes the send"
-    );
-    e.handle_wc(5, &ok(rec[0].1));
     assert_eq!(e.test(id), Ok(Some(300)));
 
-    // 128 bytes are one 128-byte piece on QP 0: today's one direct WRITE_WITH_IMM.
+    // 128 bytes: one 128-byte piece on QP 0 and a zero-length WRITE WITH IMM on QP 1 (every
+    // split send consumes one receive WR on every QP), into buffer 1.
     let id = e.isend(6, 0x1000, 5, 128, 9).unwrap().unwrap();
-    let w = wrs(&e.drain_actions());
-    assert_eq!(w.len(), 1);
-    assert!(
-        matches!(w[0].2, SendOpcode::RdmaWriteWithImm { imm, .. } if imm & wire::IMM_RECORD == 0)
+    let acts = e.drain_actions();
+    let w = wrs(&acts);
+    assert_eq!(
+        w.iter().map(|w| (w.0, w.4)).collect::<Vec<_>>(),
+        [(0, 128), (1, 0)]
     );
+    assert!(w
+        .iter()
+        .all(|w| imm_of(w.2) == wire::imm_encode(0, 1, false, false)));
+    let empty = acts.iter().find_map(|a| match a {
+        Action::PostSendQp { wr, .. } => Some(wr.num_sge),
+        _ => None,
+    });
+    assert_eq!(empty, Some(0), "the empty piece has no SGE");
+    assert_eq!(e.stats().data_qp_writes, 2);
     e.handle_wc(7, &ok(w[0].1));
+    assert_eq!(e.test(id), Ok(None));
+    e.handle_wc(7, &ok(w[1].1));
     assert_eq!(e.test(id), Ok(Some(128)));
+    // A credit-gated split send needs one credit (QP 0's WR), as with one QP.
+    assert_eq!(e.credits_available(), 8 - 2);
 }
 
 #[test]
-fn round_robin_sends_on_a_data_qp_report_it_when_they_stall_or_fail() {
+fn round_robin_sends_go_on_the_buffers_qp_with_a_zero_length_write_on_qp_0() {
     let mut e = SendEngine::new(mqp_params(3, false));
     e.handle_cts(1, cts(0, 0, 8, &[(4096, 9), (4096, 9), (4096, 9)]))
         .unwrap();
-    let mut qps = Vec::new();
+    // Buffers 3 and 4 (global indices: CTS base 3): QPs 0 and 1.
+    e.handle_cts(1, cts(1, 3, 8, &[(4096, 9), (4096, 9)]))
+        .unwrap();
+    let mut plans = Vec::new();
     let mut ids = Vec::new();
-    for _ in 0..3 {
+    for _ in 0..5 {
         ids.push(e.isend(2, 0x1000, 5, 1000, 9).unwrap().unwrap());
-        qps.extend(
+        plans.push(
             wrs(&e.drain_actions())
                 .iter()
-                .map(|w| (w.0, matches!(w.2, SendOpcode::RdmaWrite { .. }))),
+                .map(|w| (w.0, w.4, wire::imm_decode(imm_of(w.2)).buf))
+                .collect::<Vec<_>>(),
         );
     }
-    // Send s whole on QP s % 3: a direct WRITE_WITH_IMM on QP 0, plain WRITEs elsewhere.
-    assert_eq!(qps, [(0, false), (1, true), (2, true)]);
+    // Buffer g whole on QP g % 3: a direct WRITE_WITH_IMM on QP 0; elsewhere the payload on
+    // its QP and a zero-length WRITE WITH IMM on QP 0.
+    assert_eq!(
+        plans,
+        [
+            vec![(0, 1000, 0)],
+            vec![(1, 1000, 1), (0, 0, 1)],
+            vec![(2, 1000, 2), (0, 0, 2)],
+            vec![(0, 1000, 0)],
+            vec![(1, 1000, 1), (0, 0, 1)],
+        ]
+    );
+    assert_eq!(e.stats().data_qp_writes, 3);
     let st = e.stalls(2 + 5_000, 1_000);
     let s2 = st.iter().find(|s| s.what.starts_with("send 2 ")).unwrap();
     assert!(
         s2.waiting_for
-            .starts_with("the acknowledgement of 1 of its 1 data pieces, on QP 2"),
+            .starts_with("the completion of 2 of its 2 RDMA WRITE WITH IMMs, on QP 0, 2"),
         "{s2:?}"
     );
     // An error completion of the piece on QP 2 fails the comm, naming the QP.
@@ -512,7 +530,7 @@ fn round_robin_sends_on_a_data_qp_report_it_when_they_stall_or_fail() {
         match e.test(id) {
             Err(ReqError::Remote(m)) => {
                 assert!(
-                    m.starts_with("RDMA WRITE of a payload piece on QP 2 completed"),
+                    m.starts_with("RDMA WRITE WITH IMM of a payload piece on QP 2 completed"),
                     "{m}"
                 )
             }

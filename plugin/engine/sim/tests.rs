@@ -1103,38 +1103,48 @@ fn several_qps_deliver_exact_bytes_for_every_size_with_and_without_split_and_lag
                 assert_eq!((st.rendezvous, st.eager, st.ops), (14, 0, 14), "{ctx}");
                 assert_eq!(p.rcv.stats().rendezvous, 14, "{ctx}");
                 assert_eq!(p.rnr_naks, 0, "{ctx}");
-                // Plain WRITEs landed on exactly the data QPs' share of the pieces.
-                let data_qp_writes = p.writes.iter().filter(|w| w.user() && w.qp > 0).count();
-                assert_eq!(st.data_qp_writes, data_qp_writes as u64, "{ctx}");
-                if qps == 1 {
-                    assert_eq!(st.data_qp_writes, 0, "{ctx}");
-                    assert!(p.writes.iter().all(|w| w.imm.is_some()), "{ctx}");
-                } else {
-                    assert!(st.data_qp_writes > 0, "{ctx}");
+                // Every WR is a WRITE WITH IMM into the user buffers, as `wr_plan` says for
+                // buffer g (one-buffer receives: g = the send's index).
+                let sizes = MQP_SIZES.iter().chain(&MQP_SIZES[..5]);
+                let mut want = Vec::new();
+                for (g, &size) in sizes.enumerate() {
+                    want.extend(
+                        send::wr_plan(size as u64, g as u64, qps, split)
+                            .map(|(q, _, len)| (q, len)),
+                    );
                 }
-                // One size record per message not wholly on QP 0 (send s = its index).
-                let records = p
+                let mut got: Vec<(u8, u64)> = p
                     .writes
                     .iter()
-                    .filter(|w| w.imm.is_some_and(|i| i & wire::IMM_RECORD != 0))
-                    .count();
-                let sizes = MQP_SIZES.iter().chain(&MQP_SIZES[..5]);
-                let want = sizes
-                    .enumerate()
-                    .filter(|&(s, &size)| {
-                        let mut v = send::pieces(size as u64, s as u64, qps, split);
-                        !matches!((v.next(), v.next()), (None | Some((0, _, _)), None))
-                    })
-                    .count();
-                assert_eq!(records, want, "{ctx}");
-                assert_eq!(records == 0, qps == 1, "{ctx}");
+                    .filter(|w| w.user())
+                    .map(|w| (w.qp, w.len))
+                    .collect();
+                assert!(p
+                    .writes
+                    .iter()
+                    .filter(|w| w.user())
+                    .all(|w| w.imm.is_some()));
+                got.sort();
+                want.sort();
+                assert_eq!(got, want, "{ctx}");
+                let data_qp_writes = p.writes.iter().filter(|w| w.user() && w.qp > 0).count();
+                assert_eq!(st.data_qp_writes, data_qp_writes as u64, "{ctx}");
+                assert_eq!(st.data_qp_writes > 0, qps > 1, "{ctx}");
+                // The receiver posted zero-length WRs on the data QPs, and no more than the
+                // cap per QP.
+                let zeros = p.rcv.stats().data_qp_zero_wrs;
+                assert_eq!(zeros > 0, qps > 1, "{ctx}");
+                assert!(zeros >= data_qp_writes as u64, "{ctx}");
+                for (q, dq) in p.rdata.iter().enumerate() {
+                    assert!(dq.rq.len() as u32 <= MAX_ZERO_WRS, "{ctx} QP {}", q + 1);
+                }
             }
         }
     }
 }
 
 #[test]
-fn without_split_send_s_goes_whole_on_qp_s_mod_qps() {
+fn without_split_buffer_g_goes_whole_on_qp_g_mod_qps_with_a_zero_length_write_on_qp_0() {
     for first_seq in [0u64, (1u64 << 27) - 3] {
         let cfg = PairCfg {
             qps: 4,
@@ -1149,18 +1159,23 @@ fn without_split_send_s_goes_whole_on_qp_s_mod_qps() {
             },
         );
         mqp_batch(&mut p, &[4096; 8], 1);
-        // Send k (sequence first_seq + k) wrote buffer k, at offset k * (4096 + 128).
+        // Send k wrote buffer k (global index first_seq + k), at offset k * (4096 + 128).
         let mut per_qp = [0u64; 4];
         for k in 0..8u64 {
-            let s = first_seq.wrapping_add(k);
+            let g = first_seq.wrapping_add(k);
             let at = R_USER + k * (4096 + 128);
             let w: Vec<&Landed> = p.writes.iter().filter(|w| w.addr == at).collect();
-            assert_eq!(w.len(), 1, "send {k}: one write: {w:?}");
-            assert_eq!(u64::from(w[0].qp), s % 4, "send {s}");
-            assert_eq!(w[0].len, 4096);
-            // On QP 0 it is today's direct WRITE_WITH_IMM; elsewhere a plain WRITE.
-            assert_eq!(w[0].imm.is_some(), s % 4 == 0, "send {s}");
-            per_qp[(s % 4) as usize] += 1;
+            let q = (g % 4) as u8;
+            let mut shape: Vec<(u8, u64)> = w.iter().map(|w| (w.qp, w.len)).collect();
+            shape.sort();
+            let want = if q == 0 {
+                vec![(0, 4096)]
+            } else {
+                vec![(0, 0), (q, 4096)]
+            };
+            assert_eq!(shape, want, "buffer {g}: {w:?}");
+            assert!(w.iter().all(|w| w.imm.is_some()));
+            per_qp[usize::from(q)] += 1;
         }
         assert_eq!(per_qp, [2, 2, 2, 2]);
         assert_eq!(p.snd.stats().data_qp_writes, 6);
@@ -1169,7 +1184,7 @@ fn without_split_send_s_goes_whole_on_qp_s_mod_qps() {
 }
 
 #[test]
-fn split_pieces_are_128_aligned_on_qp_i_and_cover_the_payload_exactly() {
+fn split_pieces_are_128_aligned_on_qp_i_with_zero_length_writes_on_empty_qps() {
     for (qps, size, want) in [
         // chunk = ceil(ceil(65537 / 4) / 128) * 128 = 16512
         (
@@ -1182,10 +1197,15 @@ fn split_pieces_are_128_aligned_on_qp_i_and_cover_the_payload_exactly() {
                 (3, 49536, 16001),
             ],
         ),
-        // Two pieces of 128 and 1 byte; QPs 2 and 3 get nothing.
-        (4, 129, vec![(0, 0, 128), (1, 128, 1)]),
+        // Two pieces of 128 and 1 byte; QPs 2 and 3 get zero-length WRITE WITH IMMs.
+        (
+            4,
+            129,
+            vec![(0, 0, 128), (1, 128, 1), (2, 129, 0), (3, 129, 0)],
+        ),
         (8, 4096, (0..8).map(|i| (i as u8, i * 512, 512)).collect()),
-        (2, 1, vec![(0, 0, 1)]),
+        (2, 1, vec![(0, 0, 1), (1, 1, 0)]),
+        (3, 0, vec![(0, 0, 0), (1, 0, 0), (2, 0, 0)]),
     ] {
         let mut p = mqp(qps, true, 4);
         mqp_batch(&mut p, &[size as usize], 3);
@@ -1197,99 +1217,45 @@ fn split_pieces_are_128_aligned_on_qp_i_and_cover_the_payload_exactly() {
             .collect();
         got.sort();
         assert_eq!(got, want, "{qps} QPs, {size} bytes");
-        // A single piece on QP 0 is today's direct write: no size record.
-        let direct = want.len() == 1;
+        assert!(p.writes.iter().all(|w| w.imm.is_some()));
         assert_eq!(
-            p.writes
-                .iter()
-                .filter(|w| w.user())
-                .all(|w| w.imm.is_some()),
-            direct
+            p.rcv.stats().rendezvous,
+            1,
+            "one receive WR of QP 0, one arrival"
         );
     }
-    // The planning function alone, over many sizes: pieces are contiguous, start at 0,
-    // multiples of 128 but the last, on QP i, and sum to the size.
+    // The planning function alone, over many sizes: split, one WR per QP, QP i, contiguous
+    // from 0, multiples of 128 but the last non-empty one, summing to the size; without
+    // split, the buffer's QP and a zero-length WR on QP 0 unless that is QP 0.
     for qps in 1..=9u8 {
         for size in (0..3000u64).chain([65537, 1 << 20, (1 << 30) - 1]) {
-            let v: Vec<_> = send::pieces(size, 99, qps, true).collect();
+            let v: Vec<_> = send::wr_plan(size, 99, qps, true).collect();
+            assert_eq!(v.len(), usize::from(qps));
             let mut at = 0;
             for (i, &(qp, off, len)) in v.iter().enumerate() {
                 assert_eq!((usize::from(qp), off), (i, at), "{qps} QPs, {size} bytes");
-                assert!(len > 0);
-                if i + 1 < v.len() {
+                if at + len < size {
                     assert_eq!(len % SPLIT_ALIGN, 0);
                 }
                 at += len;
             }
             assert_eq!(at, size);
-            assert!(v.len() <= usize::from(qps));
-            let whole: Vec<_> = send::pieces(size, 99, qps, false).collect();
-            let want = if size == 0 {
-                vec![]
-            } else {
-                vec![((99 % u64::from(qps)) as u8, 0, size)]
-            };
-            assert_eq!(whole, want);
+            for g in [0u64, 1, 99, 1 << 40] {
+                let whole: Vec<_> = send::wr_plan(size, g, qps, false).collect();
+                let q = (g % u64::from(qps)) as u8;
+                let want = if q == 0 {
+                    vec![(0, 0, size)]
+                } else {
+                    vec![(q, 0, size), (0, 0, 0)]
+                };
+                assert_eq!(whole, want);
+            }
         }
     }
 }
 
 #[test]
-fn an_eager_send_waits_while_a_size_record_is_unposted() {
-    let mut p = mqp(2, false, 200);
-    // Send 0 goes direct on QP 0; send 1 as a piece on (lagged) data QP 1.
-    let r0 = p.irecv(&[(0, 4096, 1)]).unwrap();
-    let r1 = p.irecv(&[(4096, 4096, 1)]).unwrap();
-    p.drive_until(100, |p| p.snd.stats().cts == 2);
-    let d0 = pattern(1, 4096);
-    let d1 = pattern(2, 4000);
-    p.expect(r0, vec![d0.clone()]);
-    p.expect(r1, vec![d1.clone()]);
-    let s0 = p.isend(0, &d0, 1).unwrap();
-    let s1 = p.isend(4096, &d1, 1).unwrap();
-    // No receive is known now: an eager-sized send would go at once, but send 1's record is
-    // still to come.
-    let waits = p.snd.stats().cts_waits;
-    let d2 = pattern(3, 100);
-    assert!(p.smem.write(S_USER + 65536, &d2));
-    assert_eq!(p.snd.isend(p.now, S_USER + 65536, 0, 100, 1), Ok(None));
-    assert_eq!(p.snd.stats().cts_waits, waits + 1);
-    let stalls = p.snd.stalls(p.now + 10_000_000_000, 1_000_000_000);
-    let refusal = stalls.iter().find(|s| s.req.slot == u32::MAX).unwrap();
-    assert!(
-        refusal
-            .waiting_for
-            .contains("may not overtake a size record"),
-        "{refusal:?}"
-    );
-    let waiting = stalls
-        .iter()
-        .find(|s| s.what.starts_with("send 1 "))
-        .unwrap();
-    assert!(
-        waiting
-            .waiting_for
-            .starts_with("the acknowledgement of 1 of its 1 data pieces, on QP 1"),
-        "{waiting:?}"
-    );
-    // Once the piece is acknowledged and the record posted, the eager send goes.
-    let s2 = p.isend(65536, &d2, 1).unwrap();
-    assert_eq!(p.snd.stats().eager, 1);
-    assert!(p.snd.stats().cts_waits > waits + 1, "it kept waiting");
-    let r2 = p.irecv(&[(8192, 4096, 1)]).unwrap();
-    p.expect(r2, vec![d2]);
-    for r in [r0, r1, r2] {
-        p.wait_recv(r).unwrap();
-    }
-    for s in [s0, s1, s2] {
-        p.wait_send(s).unwrap();
-    }
-    assert_eq!(p.checked, 3);
-    assert_eq!(p.rcv.stats().eager, 1);
-}
-
-#[test]
-fn grouped_receives_complete_when_size_records_arrive_out_of_send_order() {
+fn grouped_receives_complete_when_data_qp_arrivals_come_out_of_send_order() {
     let mut p = mqp(4, false, 5);
     // Four grouped receives of tags 0..4 (several senders sharing the comm); 16 sends.
     let mut recvs = Vec::new();
@@ -1319,15 +1285,24 @@ fn grouped_receives_complete_when_size_records_arrive_out_of_send_order() {
         p.wait_send(s).unwrap();
     }
     assert_eq!(p.checked, 4);
-    // The WRITE_WITH_IMMs (direct writes and size records) reached the receiver out of send
-    // order: a later receive's arrival before an earlier one's.
-    let rs: Vec<u32> = p
+    // The payloads reached the receiver out of send order (the lagging data QPs' after later
+    // receives' on QP 0), while QP 0's arrivals kept send order.
+    let payload_rs: Vec<u32> = p
         .writes
         .iter()
+        .filter(|w| w.len > 0)
         .filter_map(|w| w.imm.map(|i| wire::imm_decode(i).r_low))
         .collect();
-    assert_eq!(rs.len(), 16);
-    assert!(rs.windows(2).any(|w| w[1] < w[0]), "{rs:?}");
+    assert_eq!(payload_rs.len(), 16);
+    assert!(payload_rs.windows(2).any(|w| w[1] < w[0]), "{payload_rs:?}");
+    let qp0_rs: Vec<u32> = p
+        .writes
+        .iter()
+        .filter(|w| w.qp == 0)
+        .filter_map(|w| w.imm.map(|i| wire::imm_decode(i).r_low))
+        .collect();
+    assert_eq!(qp0_rs.len(), 16);
+    assert!(qp0_rs.windows(2).all(|w| w[0] <= w[1]), "{qp0_rs:?}");
 }
 
 #[test]
@@ -1354,10 +1329,117 @@ fn an_error_completion_of_a_piece_fails_the_send_and_the_receive_never_completes
     assert_eq!(
         p.rcv.test(r),
         Ok(None),
-        "no size record came: the receive waits"
+        "QP 2's piece never came: the receive waits"
     );
     assert!(
-        !p.writes.iter().any(|w| w.imm.is_some()),
-        "neither a direct write nor a record"
+        !p.writes.iter().any(|w| w.qp == 2),
+        "nothing landed from QP 2"
     );
+    assert_eq!(p.writes.iter().filter(|w| w.user()).count(), 3);
+}
+
+/// The explorer's `liveness_three` sequence: a grouped receive of (tag 2, 64 KiB) and (tag 0,
+/// 8 KiB), both sends started, then only the receive comm is called.
+#[test]
+fn a_receive_whose_sends_started_completes_with_only_the_receiver_called() {
+    for (qps, split, lag) in [
+        (3u8, false, 0u64),
+        (3, false, 4),
+        (4, true, 3),
+        (2, true, 0),
+    ] {
+        let ctx = format!("qps {qps} split {split} lag {lag}");
+        let mut p = mqp(qps, split, lag);
+        let r = p.irecv(&[(0, 65536, 2), (65536, 8192, 0)]).unwrap();
+        p.drive_until(100, |p| p.snd.stats().cts == 1);
+        let (a, b) = (pattern(1, 65536), pattern(2, 8191));
+        p.expect(r, vec![a.clone(), b.clone()]);
+        let sa = p.isend(0, &a, 2).unwrap();
+        let sb = p.isend(65536, &b, 0).unwrap();
+        // From here on the send engine is neither called nor fed.
+        p.knobs.send_idle = true;
+        assert_eq!(p.wait_recv(r).unwrap(), vec![65536, 8191], "{ctx}");
+        assert_eq!(p.checked, 1, "{ctx}");
+        p.knobs.send_idle = false;
+        assert_eq!(p.wait_send(sa), Ok(65536), "{ctx}");
+        assert_eq!(p.wait_send(sb), Ok(8191), "{ctx}");
+    }
+}
+
+/// A least-polite caller: 32 grouped receives of 8 buffers, then 256 sends, and no call on the
+/// receiver at all: every WRITE WITH IMM on a data QP finds a receive WR there (the sim panics
+/// otherwise), and every send completes.
+#[test]
+fn data_qp_coverage_holds_for_256_sends_with_no_receiver_call() {
+    for (qps, split, lag) in [
+        (2u8, true, 0u64),
+        (4, true, 2),
+        (4, false, 0),
+        (3, false, 3),
+    ] {
+        let ctx = format!("qps {qps} split {split} lag {lag}");
+        let mut p = mqp(qps, split, lag);
+        let mut recvs = Vec::new();
+        for g in 0..32u64 {
+            let bufs: Vec<(u64, u64, i32)> =
+                (0..8).map(|i| ((g * 8 + i) * 1024, 1024, 0)).collect();
+            recvs.push(p.irecv(&bufs).unwrap());
+        }
+        p.knobs.recv_idle = true;
+        let mut sends = Vec::new();
+        let mut want = vec![Vec::new(); 32];
+        for k in 0..256u64 {
+            let data = pattern(k, 300 + (k as usize * 7) % 700);
+            want[(k / 8) as usize].push(data.clone());
+            sends.push((p.isend(k * 1024, &data, 0).unwrap(), data.len() as u64));
+        }
+        for (s, len) in sends {
+            assert_eq!(p.wait_send(s), Ok(len), "{ctx}");
+        }
+        let st = p.snd.stats();
+        assert_eq!((st.rendezvous, st.eager), (256, 0), "{ctx}");
+        // Each data QP needed exactly what its buffers take; coverage posted at least that.
+        let per_qp = if split { 256 } else { 256 / u64::from(qps) };
+        for (q, dq) in p.rdata.iter().enumerate() {
+            assert!(dq.cq.len() as u64 == per_qp, "{ctx} QP {}", q + 1);
+        }
+        p.knobs.recv_idle = false;
+        for (g, r) in recvs.into_iter().enumerate() {
+            p.expect(r, want[g].clone());
+            p.wait_recv(r).unwrap();
+        }
+        assert_eq!(p.checked, 32, "{ctx}");
+    }
+}
+
+#[test]
+fn a_hostile_data_qp_arrival_naming_a_complete_buffer_fails_the_receive_comm() {
+    let mut p = mqp(2, true, 0);
+    let r = p.irecv(&[(0, 4096, 0), (4096, 4096, 0)]).unwrap();
+    p.drive_until(100, |p| p.snd.stats().cts == 1);
+    let d = pattern(1, 1000);
+    let s = p.isend(0, &d, 0).unwrap();
+    p.wait_send(s).unwrap();
+    for _ in 0..10 {
+        p.step();
+    }
+    // A forged zero-length WRITE WITH IMM on data QP 1 naming buffer 0 again.
+    p.sdata[0].sq.push_back(SendWr {
+        wr_id: 0,
+        sgl: Default::default(),
+        num_sge: 0,
+        opcode: SendOpcode::RdmaWriteWithImm {
+            remote_addr: R_USER,
+            rkey: RKEY_USER,
+            imm: wire::imm_encode(0, 0, false, false),
+        },
+        signaled: false,
+    });
+    match p.wait_recv(r) {
+        Err(ReqError::Protocol(m)) => assert!(
+            m.contains("on data QP 1") && m.contains("names a buffer already complete"),
+            "{m}"
+        ),
+        other => panic!("{other:?}"),
+    }
 }
