@@ -1173,6 +1173,54 @@ pub fn data_qps_carry_plain_writes_without_receive_wrs(t: &Transport) {
     assert!(got[1 << 20..] == s[..], "data QP 2's bytes");
 }
 
+/// Data QPs (connected with `listen_data`/`establish_data`, no set-up stream) carry WRITE WITH
+/// IMMs into zero-length receive WRs, as several QPs per connection use them: the payload lands
+/// in place, each consumes one receive WR in order, and the receiver's completions give the
+/// immediate and `byte_len` (0 for a zero-length one, as the engine sends on a QP past the end
+/// of a split payload).
+pub fn data_qps_carry_write_with_imm_into_zero_length_wrs(t: &Transport) {
+    let (da, db) = t.one_device();
+    let src = Buf::filled(&*da, 64 << 10, 29);
+    let dst = Buf::new(&*db, 64 << 10);
+    let mut p = Pair::create(t, &da, &db, &qp_cfg(), &qp_cfg()).connect_data();
+    p.b.post_recv(&[recv(0x21, src.sge(0, 0)), recv(0x22, src.sge(0, 0))])
+        .expect("post_recv on the data QP");
+    let imm_write = |wr_id: u64, len: usize, imm: u32| {
+        send_wr(
+            wr_id,
+            &[src.sge(0, len as u32)][..usize::from(len > 0)],
+            SendOpcode::RdmaWriteWithImm {
+                remote_addr: dst.addr(0),
+                rkey: dst.rkey(),
+                imm,
+            },
+            true,
+        )
+    };
+    p.a.post_send(&[
+        imm_write(1, 64 << 10, 0x0abc_0001),
+        imm_write(2, 0, 0x0abc_0002),
+    ])
+    .expect("post_send on the data QP");
+    p.drive_to(2, 2);
+    p.settle();
+    assert_eq!(
+        p.wa,
+        [
+            ok(1, WcOpcode::RdmaWrite, 0, None),
+            ok(2, WcOpcode::RdmaWrite, 0, None)
+        ]
+    );
+    assert_eq!(
+        p.wb,
+        [
+            ok(0x21, WcOpcode::RecvRdmaWithImm, 64 << 10, Some(0x0abc_0001)),
+            ok(0x22, WcOpcode::RecvRdmaWithImm, 0, Some(0x0abc_0002))
+        ]
+    );
+    assert!(dst.bytes() == src.bytes(), "the data QP's bytes");
+}
+
 /// 8 MiB each way at once (a WRITE_WITH_IMM one way, a SEND the other) both land whole.
 pub fn simultaneous_large_transfers_both_ways(t: &Transport) {
     let (da, db) = t.one_device();
@@ -1646,6 +1694,7 @@ suite!(
     the_requester_learns_of_the_responders_death_while_only_it_polls,
     goodbye_makes_a_close_orderly_and_a_drop_without_it_is_a_death,
     data_qps_carry_plain_writes_without_receive_wrs,
+    data_qps_carry_write_with_imm_into_zero_length_wrs,
 );
 
 /// Instantiates the conformance suite as `#[test]` functions in the current module, one per
@@ -1687,6 +1736,7 @@ macro_rules! transport_conformance {
             the_requester_learns_of_the_responders_death_while_only_it_polls,
             goodbye_makes_a_close_orderly_and_a_drop_without_it_is_a_death,
             data_qps_carry_plain_writes_without_receive_wrs,
+            data_qps_carry_write_with_imm_into_zero_length_wrs,
         );
     };
     (@tests $fixture:expr; $($name:ident),* $(,)?) => {
