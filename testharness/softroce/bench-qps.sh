@@ -1,7 +1,8 @@
 #!/bin/bash
 # bench-qps.sh: one-way stream bandwidth through the plugin with 1 and several QPs per
 # connection (VERBSNET_IB_QPS_PER_CONNECTION, split on and off), and optionally an older build,
-# rounds interleaved, in ONE VM boot on soft-RoCE (or on the host over tcp with --tcp).
+# rounds interleaved (the order of the configs rotates each round), in ONE VM boot on
+# soft-RoCE (or on the host over tcp with --tcp).
 # Numbers only: nothing here asserts a speed (docs/performance.md, "Several QPs per connection").
 #
 # usage: testharness/softroce/bench-qps.sh [--tcp]
@@ -38,7 +39,11 @@ measure() {
             n=$((BYTES / s))
             [ $n -lt 200 ] && n=200
             [ $n -gt 3000 ] && n=3000
-            for cfg in $configs; do
+            # the order rotates by one each round, so no config always follows the same one
+            local -a cl=($configs)
+            local k rot=()
+            for k in "${!cl[@]}"; do rot+=("${cl[$(((k + round - 1) % ${#cl[@]}))]}"); done
+            for cfg in "${rot[@]}"; do
                 so=$PLUGIN_SO bin=$PERF_BIN q=1 split=0
                 case $cfg in
                     before) so=$BEFORE/libnccl-net-verbsnet.so bin=$BEFORE/verbsnet-perf ;;
