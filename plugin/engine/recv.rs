@@ -783,18 +783,63 @@ impl RecvEngine {
             .is_some_and(|r| r.error.is_none() && r.arrived == r.n)
     }
 
+    /// For receive `id` with several QPs: each buffer that has some of its arrivals but not all,
+    /// as "buffer `i`: QP 0, 2" naming the QPs whose arrival is still missing (QP 0's is the one
+    /// that matches the buffer). Empty when no buffer is partly arrived.
+    fn missing_qps(&self, id: ReqId) -> Vec<String> {
+        let Some(r) = self.reqs.get(id) else {
+            return Vec::new();
+        };
+        (0..r.n as usize)
+            .filter(|&i| r.got[i] > 0 && r.done & (1 << i) == 0)
+            .map(|i| {
+                let g = r.base.wrapping_add(i as u64);
+                let qps: Vec<String> = (0..self.p.qps)
+                    .filter(|&q| {
+                        let arrived = if q == 0 {
+                            r.used & (1 << i) != 0
+                        } else {
+                            r.seen[i] & (1u128 << q) != 0
+                        };
+                        (q == 0 || self.uses_qp(g, q)) && !arrived
+                    })
+                    .map(|q| q.to_string())
+                    .collect();
+                format!("buffer {i}: QP {}", qps.join(", "))
+            })
+            .collect()
+    }
+
     /// Requests idle for at least `timeout_ns`, each reported once.
     pub fn stalls(&mut self, now: u64, timeout_ns: u64) -> Vec<Stall> {
         let mut out = Vec::new();
-        for (id, r) in self.reqs.iter_mut() {
-            if r.stall_reported
-                || r.error.is_some()
-                || now.saturating_sub(r.progress_ns) < timeout_ns
-            {
+        let stalled: Vec<ReqId> = self
+            .reqs
+            .iter_mut()
+            .filter(|(_, r)| {
+                !r.stall_reported
+                    && r.error.is_none()
+                    && now.saturating_sub(r.progress_ns) >= timeout_ns
+            })
+            .map(|(id, _)| id)
+            .collect();
+        for id in stalled {
+            let missing = self.missing_qps(id);
+            let Some(r) = self.reqs.get_mut(id) else {
                 continue;
-            }
+            };
             r.stall_reported = true;
-            let waiting_for = if r.arrived < r.n {
+            let waiting_for = if r.arrived < r.n && !missing.is_empty() {
+                format!(
+                    "data from the sender: {} of {} buffers filled; part of a buffer's data \
+                     arrived and the rest has not, on {} (the peer's WRITE WITH IMMs there are \
+                     not acknowledged: that QP's path or the peer may be broken; see the sender's \
+                     stalled sends)",
+                    r.arrived,
+                    r.n,
+                    missing.join("; ")
+                )
+            } else if r.arrived < r.n {
                 format!(
                     "data from the sender: {} of {} buffers filled (the peer has not issued the \
                      matching isend, or cannot: check its log for credit or clear-to-send waits)",

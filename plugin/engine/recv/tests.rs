@@ -307,3 +307,40 @@ fn with_several_qps_qp_0_stays_strict_and_a_hostile_data_qp_arrival_fails_the_co
         assert!(e.test(id).is_err(), "{what}");
     }
 }
+
+#[test]
+fn a_receive_stalled_on_a_data_qp_names_the_buffer_and_the_qps_still_missing() {
+    // Split over 3 QPs: buffer 0 got its QP 0 and QP 2 arrivals, not QP 1's; buffer 1 nothing.
+    let mut e = mqp(3, true);
+    e.irecv(0, &[buf(1), buf(1)]).unwrap().unwrap();
+    e.handle_wc(1, &arrival(0, 0, false, 40), &NoMem);
+    e.handle_wc(1, &on_qp(2, 0, 0, 0), &NoMem);
+    assert!(e.failure().is_none(), "{:?}", e.failure());
+    let s = e.stalls(1_000, 100);
+    assert_eq!(s.len(), 1);
+    assert!(
+        s[0].waiting_for.contains("0 of 2 buffers filled")
+            && s[0].waiting_for.contains("on buffer 0: QP 1 ("),
+        "{}",
+        s[0].waiting_for
+    );
+    // Round robin over 2 QPs: buffer 1 (QP 1) got its data-QP arrival, its QP 0 one is missing.
+    let mut e = mqp(2, false);
+    e.irecv(0, &[buf(1), buf(1)]).unwrap().unwrap();
+    e.handle_wc(1, &on_qp(1, 0, 1, 64), &NoMem);
+    let s = e.stalls(1_000, 100);
+    assert!(
+        s[0].waiting_for.contains("on buffer 1: QP 0 ("),
+        "{}",
+        s[0].waiting_for
+    );
+    // One QP: the wording of before.
+    let mut e = mqp(1, false);
+    e.irecv(0, &[buf(1)]).unwrap().unwrap();
+    let s = e.stalls(1_000, 100);
+    assert!(
+        s[0].waiting_for.contains("has not issued"),
+        "{}",
+        s[0].waiting_for
+    );
+}
