@@ -8,6 +8,12 @@ use nccl_net_verbsnet::testkit::{connect, open_device, wait, wait_with, Buf, Lin
 
 const POLLS: u64 = 20_000_000;
 
+/// The tests of this binary one at a time (see `info_lines`).
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn cfg() -> Option<Config> {
     let transport = match std::env::var("VERBSNET_TEST_TRANSPORT").as_deref() {
         Ok("ib") => TransportChoice::Ib,
@@ -38,6 +44,7 @@ fn link(send_cfg: &Config, recv_cfg: &Config) -> Option<Link> {
 
 #[test]
 fn eager_and_rendezvous_sizes_around_the_limits_deliver_exact_bytes() {
+    let _one = one_at_a_time();
     let c = cfg().unwrap();
     let Some(l) = link(&c, &c) else { return };
     let sb = Buf::new(&l.dev, 1 << 20).unwrap();
@@ -82,6 +89,7 @@ fn eager_and_rendezvous_sizes_around_the_limits_deliver_exact_bytes() {
 
 #[test]
 fn send_larger_than_receive_fails_on_both_ends() {
+    let _one = one_at_a_time();
     let c = cfg().unwrap();
     let Some(l) = link(&c, &c) else { return };
     let sb = Buf::new(&l.dev, 65536).unwrap();
@@ -123,13 +131,20 @@ fn send_larger_than_receive_fails_on_both_ends() {
 fn info_lines<T>(f: impl FnOnce() -> T) -> (T, Vec<String>) {
     use std::sync::{Arc, Mutex};
     use tracing_subscriber::layer::SubscriberExt as _;
+    // `tracing` caches per callsite whether any subscriber wants it; a callsite first hit by
+    // another thread while this scoped subscriber was being registered can keep a stale "never"
+    // (tokio-rs/tracing#2874): the tests of this binary run one at a time (`one_at_a_time`)
+    // and the cache is rebuilt once this subscriber is in place.
     let lines = Arc::new(Mutex::new(Vec::new()));
     let keep = lines.clone();
     let sub = tracing_subscriber::registry().with(nccl_net_verbsnet::log::text_layer(
         nccl_net_verbsnet::config::DebugLevel::Info,
         move |_, text| keep.lock().unwrap().push(text.to_string()),
     ));
-    let r = tracing::subscriber::with_default(sub, f);
+    let r = tracing::subscriber::with_default(sub, || {
+        tracing::callsite::rebuild_interest_cache();
+        f()
+    });
     let lines = lines.lock().unwrap().clone();
     (r, lines)
 }
@@ -141,6 +156,7 @@ fn info_lines<T>(f: impl FnOnce() -> T) -> (T, Vec<String>) {
 /// negotiation is transport-independent (tcp carries no traffic class, ib sets it in the QP).
 #[test]
 fn the_receiver_adopts_the_senders_traffic_class_and_sl() {
+    let _one = one_at_a_time();
     let base = cfg().unwrap();
     // (sender's config, receiver's config, what both ends use)
     let cases = [
