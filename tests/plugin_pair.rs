@@ -131,10 +131,11 @@ fn send_larger_than_receive_fails_on_both_ends() {
 fn info_lines<T>(f: impl FnOnce() -> T) -> (T, Vec<String>) {
     use std::sync::{Arc, Mutex};
     use tracing_subscriber::layer::SubscriberExt as _;
-    // `tracing` caches per callsite whether any subscriber wants it; a callsite first hit by
-    // another thread while this scoped subscriber was being registered can keep a stale "never"
-    // (tokio-rs/tracing#2874): the tests of this binary run one at a time (`one_at_a_time`)
-    // and the cache is rebuilt once this subscriber is in place.
+    // `tracing` caches per callsite whether a subscriber wants it. While this scoped subscriber
+    // is the only dispatch in the process, a callsite first hit by another thread (another
+    // test, which has no subscriber) caches "never", and this thread's events there are lost
+    // (tokio-rs/tracing#3611, #2874). So the tests of this binary run one at a time
+    // (`one_at_a_time`) and the cache is rebuilt once this subscriber is this thread's default.
     let lines = Arc::new(Mutex::new(Vec::new()));
     let keep = lines.clone();
     let sub = tracing_subscriber::registry().with(nccl_net_verbsnet::log::text_layer(
