@@ -157,6 +157,8 @@ fn the_receiver_adopts_the_senders_qps_and_says_so() {
         ))
     };
     let _guard = tracing::subscriber::set_default(sub);
+    // See `common::capture`: a stale "never" from another thread (tokio-rs/tracing#3611).
+    tracing::callsite::rebuild_interest_cache();
     let l = connect(&dev, kind, &qps_cfg(2, false), &qps_cfg(8, true), 5_000_000)
         .unwrap_or_else(|e| panic!("connect: {}", e.report()));
     assert_eq!(counter(&l.send, "qps"), 2);

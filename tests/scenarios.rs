@@ -1576,6 +1576,8 @@ fn hang_watchdog_warns_once_per_stalled_request_naming_the_credit() {
     let warns = Arc::new(Mutex::new(Vec::new()));
     let subscriber = warn_capture(&warns);
     let _default = tracing::subscriber::set_default(subscriber);
+    // See `common::capture`: a stale "never" from another thread (tokio-rs/tracing#3611).
+    tracing::callsite::rebuild_interest_cache();
 
     const DEPTH: usize = 4;
     let send_cfg = Config {

@@ -68,6 +68,9 @@ pub fn warn_capture(warns: &Arc<Mutex<Vec<String>>>) -> impl tracing::Subscriber
 pub fn capture() -> (Arc<Mutex<Vec<String>>>, tracing::subscriber::DefaultGuard) {
     let warns = Arc::new(Mutex::new(Vec::new()));
     let guard = tracing::subscriber::set_default(warn_capture(&warns));
+    // A callsite another thread (with no subscriber) hit first may have cached "never" while
+    // this was the only dispatch (tokio-rs/tracing#3611): re-evaluate under this default.
+    tracing::callsite::rebuild_interest_cache();
     (warns, guard)
 }
 
