@@ -277,7 +277,31 @@ struct CommSink<'a> {
     recv: Option<(&'a RecvBuffers, &'a [Dests])>,
 }
 
+/// `post_send` / `post_recv` (QP 0) or `… on data QP n`, for an error.
+fn post_what(call: &str, qp: usize) -> String {
+    if qp == 0 {
+        call.to_string()
+    } else {
+        format!("{call} on data QP {qp}")
+    }
+}
+
 impl CommSink<'_> {
+    /// QP `qp` of the connection (0: QP 0, then the data QPs); `what` names the WRs for the
+    /// internal error of a `qp` the connection does not have.
+    fn qp_at(&mut self, qp: usize, what: &str) -> Result<&mut dyn QueuePair, Error> {
+        let n = self.data.len() + 1;
+        match qp {
+            0 => Ok(&mut *self.qp),
+            i if i < n => Ok(&mut *self.data[i - 1]),
+            _ => Err(Error::new(
+                Op::Progress,
+                Class::Internal,
+                format!("{what} for QP {qp} of a connection of {n} QPs"),
+            )),
+        }
+    }
+
     fn recv(&self, what: &str) -> Result<(&RecvBuffers, &[Dests]), Error> {
         self.recv.ok_or_else(|| {
             Error::new(
@@ -299,50 +323,16 @@ impl ActionSink for CommSink<'_> {
     /// On QP `qp` of the connection; a `qp` the connection does not have is an internal
     /// error (the engine's bug), not a post.
     fn post_send(&mut self, qp: usize, wrs: &[SendWr]) -> Result<(), Error> {
-        let n = self.data.len() + 1;
-        let target: &mut dyn QueuePair = match qp {
-            0 => &mut *self.qp,
-            i if i < n => &mut *self.data[i - 1],
-            _ => {
-                return Err(Error::new(
-                    Op::Progress,
-                    Class::Internal,
-                    format!("a send WR for QP {qp} of a connection of {n} QPs"),
-                ))
-            }
-        };
-        target.post_send(wrs).map_err(|e| {
-            let what = if qp == 0 {
-                "post_send".to_string()
-            } else {
-                format!("post_send on data QP {qp}")
-            };
-            Error::new(Op::Progress, Class::System, what).because(e)
+        self.qp_at(qp, "send WRs")?.post_send(wrs).map_err(|e| {
+            Error::new(Op::Progress, Class::System, post_what("post_send", qp)).because(e)
         })
     }
 
     /// On QP `qp` of the connection (data QPs: their zero-length receive WRs); a `qp` the
     /// connection does not have is an internal error (the engine's bug), not a post.
     fn post_recv(&mut self, qp: usize, wrs: &[RecvWr]) -> Result<(), Error> {
-        let n = self.data.len() + 1;
-        let target: &mut dyn QueuePair = match qp {
-            0 => &mut *self.qp,
-            i if i < n => &mut *self.data[i - 1],
-            _ => {
-                return Err(Error::new(
-                    Op::Progress,
-                    Class::Internal,
-                    format!("receive WRs for QP {qp} of a connection of {n} QPs"),
-                ))
-            }
-        };
-        target.post_recv(wrs).map_err(|e| {
-            let what = if qp == 0 {
-                "post_recv".to_string()
-            } else {
-                format!("post_recv on data QP {qp}")
-            };
-            Error::new(Op::Progress, Class::System, what).because(e)
+        self.qp_at(qp, "receive WRs")?.post_recv(wrs).map_err(|e| {
+            Error::new(Op::Progress, Class::System, post_what("post_recv", qp)).because(e)
         })
     }
 
