@@ -12,25 +12,16 @@ use std::io::Write as _;
 use std::net::{IpAddr, Ipv4Addr, TcpStream};
 use std::sync::{Arc, Mutex};
 
-use nccl_net_verbsnet::comm::{Comm, Role};
 use nccl_net_verbsnet::config::Config;
 use nccl_net_verbsnet::conn::{Handle, Listen, HANDLE_SIZE, HELLO_VERSION};
 use nccl_net_verbsnet::engine::sim::pattern;
 use nccl_net_verbsnet::testkit::{connect, wait_with, Buf, Link};
 
 mod common;
-use common::{base_cfg, device, serial};
+use common::{base_cfg, counter, device, serial};
 
 /// Upper bound on polls of one wait (a hang fails the test).
 const POLLS: u64 = 50_000_000;
-
-fn counter<R: Role>(c: &Comm<R>, name: &str) -> u64 {
-    c.counters()
-        .iter()
-        .find(|(k, _)| *k == name)
-        .map(|(_, v)| *v)
-        .unwrap_or_else(|| panic!("no counter {name}"))
-}
 
 fn qps_cfg(qps: u8, split: bool) -> Config {
     Config {

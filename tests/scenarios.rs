@@ -37,7 +37,7 @@ use nccl_net_verbsnet::transport::{Device, Kind};
 const POLLS: u64 = 50_000_000;
 
 mod common;
-use common::{base_cfg, device, is_ib, serial, warn_capture};
+use common::{base_cfg, counter, device, is_ib, serial, warn_capture};
 
 fn link(dev: &Arc<dyn Device>, kind: Kind, send_cfg: &Config, recv_cfg: &Config) -> Link {
     connect(dev, kind, send_cfg, recv_cfg, 5_000_000).expect("connect")
@@ -52,14 +52,6 @@ fn rq(depth: u32, batch: u32, low: u32) -> Config {
         rq_low_water: low,
         ..base_cfg()
     }
-}
-
-fn counter<R: Role>(c: &Comm<R>, name: &str) -> u64 {
-    c.counters()
-        .iter()
-        .find(|(k, _)| *k == name)
-        .map(|(_, v)| *v)
-        .unwrap_or_else(|| panic!("no counter {name}"))
 }
 
 /// RNR events seen by the device (ib: `rcvd_rnr_err + send_rnr_err` of `hw_counters`), or `None`

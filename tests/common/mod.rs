@@ -74,5 +74,17 @@ pub fn capture() -> (Arc<Mutex<Vec<String>>>, tracing::subscriber::DefaultGuard)
     (warns, guard)
 }
 
+/// Counter `name` of a comm (`Comm::counters`), panicking when it has none.
+pub fn counter<R: nccl_net_verbsnet::comm::Role>(
+    c: &nccl_net_verbsnet::comm::Comm<R>,
+    name: &str,
+) -> u64 {
+    c.counters()
+        .iter()
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| *v)
+        .unwrap_or_else(|| panic!("no counter {name}"))
+}
+
 /// The plugin driven through its exported `ncclNetPlugin_v12` table (explorer, liveness).
 pub mod table;
