@@ -127,6 +127,17 @@ fn sweep(coll: &str) {
     }
 }
 
+/// Counter `key` summed over the ranks' `--stats` totals of a `--json` run (0 where a rank
+/// has none).
+fn stats_total(v: &Value, key: &str) -> u64 {
+    v["stats"]
+        .as_array()
+        .expect("stats array")
+        .iter()
+        .map(|r| r["totals"][key].as_f64().unwrap_or(0.0) as u64)
+        .sum()
+}
+
 #[test]
 fn all_reduce_2_3_4_ranks() {
     sweep("all_reduce");
@@ -573,14 +584,7 @@ fn alltoall_with_shared_comms_and_skewed_senders_delivers_every_block() {
         // verbsnet's maxRecvs is 8: one shared connection, all K senders in one receive.
         assert_eq!(v["shared_comms"]["connections_per_peer"], 1);
         assert_eq!(v["shared_comms"]["receive_group"].as_u64(), k.parse().ok());
-        let total = |key: &str| -> u64 {
-            v["stats"]
-                .as_array()
-                .expect("stats array")
-                .iter()
-                .map(|r| r["totals"][key].as_f64().unwrap_or(0.0) as u64)
-                .sum()
-        };
+        let total = |key: &str| stats_total(&v, key);
         println!(
             "K={k}: tag_waits={} unexpected={} eager={} error_completions={}",
             total("tag_waits"),
@@ -872,26 +876,19 @@ fn four_qps_per_connection_split_on_and_off_carry_all_reduce_and_alltoall() {
                 .env("VERBSNET_IB_SPLIT_DATA_ON_QPS", split);
             let (o, v) = common::run_json(&mut c);
             assert_clean(coll, 4, &o, &v);
-            let total = |key: &str| -> f64 {
-                v["stats"]
-                    .as_array()
-                    .expect("stats array")
-                    .iter()
-                    .map(|r| r["totals"][key].as_f64().unwrap_or(0.0))
-                    .sum()
-            };
-            assert_eq!(total("error_completions"), 0.0, "{coll} split {split}");
+            let total = |key: &str| stats_total(&v, key);
+            assert_eq!(total("error_completions"), 0, "{coll} split {split}");
             let qps = total("qps");
             let ops = total("ops");
             assert!(
-                qps > 0.0 && qps % 4.0 == 0.0 && ops > 0.0,
+                qps > 0 && qps % 4 == 0 && ops > 0,
                 "{coll} split {split}: qps total {qps}, ops {ops}\n{}",
                 show(&o)
             );
             // The data QPs carried pieces of the messages that went directly.
             let pieces = total("data_qp_writes");
             assert!(
-                pieces > 0.0,
+                pieces > 0,
                 "{coll} split {split}: no RDMA WRITE on a data QP\n{}",
                 show(&o)
             );

@@ -303,26 +303,12 @@ fn a_batch_holds_acks_until_its_send_or_its_end() {
         b.extend_from_slice(&[1, 2, 3, 4]);
         b
     };
-    let carried = |qp: &mut TcpQp, psn: u32| {
-        let deadline = Instant::now() + std::time::Duration::from_secs(10);
-        while qp.rcv_nxt != psn.wrapping_add(1) && Instant::now() < deadline {
-            poll_all(qp);
-        }
-        assert_eq!(
-            qp.rcv_nxt,
-            psn.wrapping_add(1),
-            "message {psn} not carried out"
-        );
-    };
     // 1: held, then sent with the batch's SEND, ACK first.
     qp.begin_batch();
     peer.write_all(&write(7)).expect("peer write");
     carried(&mut qp, 7);
     assert_eq!(
-        frames_in(&qp.tx_buf[qp.tx_off..])
-            .into_iter()
-            .chain(qp.ctrl.iter().copied())
-            .collect::<Vec<_>>(),
+        queued(&qp),
         [Frame::Ack { psn: 7 }],
         "the ACK waits inside the batch"
     );
@@ -361,23 +347,6 @@ fn an_unsignaled_message_is_acknowledged_only_with_the_next_frame_sent() {
         }
         b
     };
-    let carried = |qp: &mut TcpQp, psn: u32| {
-        let deadline = Instant::now() + std::time::Duration::from_secs(10);
-        while qp.rcv_nxt != psn.wrapping_add(1) && Instant::now() < deadline {
-            poll_all(qp);
-        }
-        assert_eq!(
-            qp.rcv_nxt,
-            psn.wrapping_add(1),
-            "message {psn} not carried out"
-        );
-    };
-    let queued = |qp: &TcpQp| {
-        frames_in(&qp.tx_buf[qp.tx_off..])
-            .into_iter()
-            .chain(qp.ctrl.iter().copied())
-            .collect::<Vec<_>>()
-    };
     // 1: two unsignaled WRITEs: nothing queued; a signaled one: one ACK covering all.
     peer.write_all(&write(7, true)).expect("peer write");
     peer.write_all(&write(8, true)).expect("peer write");
@@ -403,6 +372,29 @@ fn an_unsignaled_message_is_acknowledged_only_with_the_next_frame_sent() {
     let got = read_frames(&mut peer, 2);
     assert_eq!(got[0].0, Frame::Ack { psn: 11 });
     assert_eq!(got[1].0, Frame::Bye);
+}
+
+/// Polls `qp` until it has carried out message `psn` (its `rcv_nxt` passed it), for at most
+/// 10 s; fails the test otherwise.
+fn carried(qp: &mut TcpQp, psn: u32) {
+    let deadline = Instant::now() + std::time::Duration::from_secs(10);
+    while qp.rcv_nxt != psn.wrapping_add(1) && Instant::now() < deadline {
+        poll_all(qp);
+    }
+    assert_eq!(
+        qp.rcv_nxt,
+        psn.wrapping_add(1),
+        "message {psn} not carried out"
+    );
+}
+
+/// The frames `qp` has queued and not sent yet: its data and ACK buffer, then its control
+/// frames.
+fn queued(qp: &TcpQp) -> Vec<Frame> {
+    frames_in(&qp.tx_buf[qp.tx_off..])
+        .into_iter()
+        .chain(qp.ctrl.iter().copied())
+        .collect()
 }
 
 /// Waits until the QP's socket holds at least `n` unread bytes (the peer's write has
