@@ -190,7 +190,8 @@ fn create_qps(
     Ok(qps)
 }
 
-/// `" over N QPs (split on|off)"` for the INFO line of a connection with more than one QP.
+/// `", N QPs (split on|off)"` for the INFO line of a connection with more than one QP (empty
+/// with one).
 fn qps_note(n: usize, split: bool) -> String {
     if n > 1 {
         format!(", {n} QPs (split {})", if split { "on" } else { "off" })
