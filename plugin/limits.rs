@@ -55,7 +55,7 @@ fn pages(n: u64) -> u64 {
 
 /// What one comm of each side registers under `cfg`.
 pub fn footprint(cfg: &Config) -> Footprint {
-    let r = recv_comm_buffers(cfg.rq_depth, cfg.eager_buf_size);
+    let r = recv_comm_buffers(cfg.rq_depth, cfg.eager_buf_size, 1);
     let bounce = pages(r[0]);
     Footprint {
         recv: bounce + r[1..].iter().map(|&n| pages(n)).sum::<u64>(),

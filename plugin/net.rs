@@ -3,7 +3,7 @@
 
 use std::ffi::CString;
 use std::net::IpAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use tracing::{info, warn};
 
@@ -24,6 +24,8 @@ pub enum Op {
     ListenAddr,
     /// Looking up a device by index (`dev` of `getProperties`, `listen`, `connect`).
     Device,
+    /// `makeVDevice`: making a virtual device over physical ones.
+    MakeVDevice,
 }
 
 /// An error of opening the plugin (or of a device lookup).
@@ -175,19 +177,161 @@ fn listen_ip(cfg: &Config) -> Result<(IpAddr, String), Error> {
     Ok((c.addr, c.to_string()))
 }
 
-/// The device `dev` of `net`, or an error naming how many there are.
-pub fn dev_entry(net: &Net, dev: i32) -> Result<&DevEntry, Error> {
-    usize::try_from(dev)
-        .ok()
-        .and_then(|d| net.devs.get(d))
-        .ok_or_else(|| {
+/// Most virtual devices a process may make (NCCL IB's `MAX_IB_VDEVS`,
+/// `src/transport/net_ib/common.h`).
+pub const MAX_VDEVS: usize = 128;
+
+/// The virtual devices made so far (`makeVDevice`), each the physical device indices it
+/// joins, in its order; device `devs.len() + i` is entry `i`. Process-wide, as NCCL IB's
+/// merged devices (`ncclIbMergedDevs`, `net_ib/init.cc`), which outlive a finalize: NCCL
+/// makes them once per process and keeps using their indices (`src/graph/topo.cc`,
+/// `ncclTopoProcessNet`: "Virtual devices are only created once per network"), so they
+/// survive the plugin state being released and reopened by the next `init`.
+static VDEVS: Mutex<Vec<Vec<usize>>> = Mutex::new(Vec::new());
+
+fn vdevs() -> std::sync::MutexGuard<'static, Vec<Vec<usize>>> {
+    VDEVS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Devices NCCL may name: the physical ones, then the virtual ones made so far.
+pub fn dev_count(net: &Net) -> usize {
+    net.devs.len() + vdevs().len()
+}
+
+/// `makeVDevice(d, {ndevs, devs})`: a virtual device over the physical devices `devs` (in
+/// that order; QP `q` of its connections runs on `devs[q % ndevs]`), appended after every
+/// device made so far; returns its index. As NCCL IB (`ncclIbMakeVDeviceInternal`,
+/// `src/transport/net_ib/init.cc`): one device is allowed (NCCL's topology code never asks
+/// for it, `ncclTopoMakeVnic`), several only with `VERBSNET_IB_MERGE_NICS` on.
+///
+/// # Errors
+/// [`Op::MakeVDevice`], `InvalidArgument`: no device, more than [`wire::MAX_DEVS`], an index
+/// that is not a physical device (a virtual one included), one named twice; `Usage`:
+/// `VERBSNET_IB_MERGE_NICS=0` with more than one, or [`MAX_VDEVS`] made already.
+///
+/// [`wire::MAX_DEVS`]: crate::engine::wire::MAX_DEVS
+pub fn make_vdevice(net: &Net, devs: &[i32]) -> Result<i32, Error> {
+    let bad = |m: String| Error::new(Op::MakeVDevice, Class::InvalidArgument, m);
+    let max = crate::engine::wire::MAX_DEVS;
+    if devs.is_empty() || devs.len() > max {
+        return Err(bad(format!(
+            "a virtual device of {} devices (1..={max})",
+            devs.len()
+        )));
+    }
+    if devs.len() > 1 && !net.cfg.ib_merge_nics {
+        return Err(Error::new(
+            Op::MakeVDevice,
+            Class::Usage,
+            "not merging NICs: VERBSNET_IB_MERGE_NICS=0 (or NCCL_IB_MERGE_NICS=0)",
+        ));
+    }
+    let nphys = net.devs.len();
+    let mut idx = Vec::with_capacity(devs.len());
+    for &d in devs {
+        let i = usize::try_from(d)
+            .ok()
+            .filter(|&i| i < nphys)
+            .ok_or_else(|| {
+                bad(format!(
+                    "device {d} is not a physical device (0..{nphys}; a virtual device cannot be \
+                 merged again)"
+                ))
+            })?;
+        if idx.contains(&i) {
+            return Err(bad(format!("device {d} is named twice")));
+        }
+        idx.push(i);
+    }
+    let mut v = vdevs();
+    if v.len() >= MAX_VDEVS {
+        return Err(Error::new(
+            Op::MakeVDevice,
+            Class::Usage,
+            format!("{MAX_VDEVS} virtual devices were made already (the most)"),
+        ));
+    }
+    v.push(idx);
+    let d = nphys + v.len() - 1;
+    drop(v);
+    let e = device(net, d as i32)?;
+    info!(
+        target: "verbsnet::init",
+        "made virtual device [{d}] {} ({} Mbps) over devices {devs:?}",
+        e.props.name,
+        e.props.speed_mbps
+    );
+    Ok(d as i32)
+}
+
+/// A device as NCCL names it: one physical device, or a virtual one over several.
+pub struct Target {
+    /// Its physical devices (one for a physical device), device 0 first.
+    pub devs: Vec<Arc<dyn Device>>,
+    /// Their indices (`vProps.devs`).
+    pub indices: Vec<i32>,
+    /// Its properties: a physical device's own; a virtual device's from its first device,
+    /// with the names joined by `+` and the speeds summed, as NCCL IB reports a merged device
+    /// (`ncclIbGetProperties`, `net_ib/init.cc`).
+    pub props: DeviceProps,
+    /// `props.name` as a C string.
+    pub name_c: CString,
+    /// `props.pci_path` as a C string.
+    pub pci_c: Option<CString>,
+}
+
+/// The device `dev` of `net` (physical or virtual), or an error naming how many there are.
+pub fn device(net: &Net, dev: i32) -> Result<Target, Error> {
+    let nphys = net.devs.len();
+    let missing = || {
+        Error::new(
+            Op::Device,
+            Class::InvalidArgument,
+            format!(
+                "device {dev} does not exist (this plugin has {})",
+                dev_count(net)
+            ),
+        )
+    };
+    let i = usize::try_from(dev).map_err(|_| missing())?;
+    if let Some(e) = net.devs.get(i) {
+        return Ok(Target {
+            devs: vec![e.dev.clone()],
+            indices: vec![dev],
+            props: e.props.clone(),
+            name_c: e.name_c.clone(),
+            pci_c: e.pci_c.clone(),
+        });
+    }
+    let v = vdevs().get(i - nphys).cloned().ok_or_else(missing)?;
+    let mut ents = Vec::with_capacity(v.len());
+    for &p in &v {
+        ents.push(net.devs.get(p).ok_or_else(|| {
             Error::new(
                 Op::Device,
                 Class::InvalidArgument,
                 format!(
-                    "device {dev} does not exist (this plugin has {})",
-                    net.devs.len()
+                    "virtual device {dev} joins physical device {p}, which this plugin no longer \
+                     has ({nphys} after a re-init with other settings)"
                 ),
             )
-        })
+        })?);
+    }
+    let mut props = ents[0].props.clone();
+    props.name = ents
+        .iter()
+        .map(|e| e.props.name.as_str())
+        .collect::<Vec<_>>()
+        .join("+");
+    props.speed_mbps = ents
+        .iter()
+        .map(|e| e.props.speed_mbps)
+        .fold(0i32, i32::saturating_add);
+    Ok(Target {
+        devs: ents.iter().map(|e| e.dev.clone()).collect(),
+        indices: v.iter().map(|&p| p as i32).collect(),
+        name_c: CString::new(props.name.replace('\0', "?")).unwrap_or_default(),
+        pci_c: ents[0].pci_c.clone(),
+        props,
+    })
 }

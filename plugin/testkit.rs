@@ -34,6 +34,29 @@ pub fn open_device(cfg: &Config) -> Result<(Arc<dyn Device>, Kind), Error> {
     }
 }
 
+/// Every device of `cfg`'s transport (tcp: `VERBSNET_TCP_DEVICES` of them; ib and auto: every
+/// active verbs port, else tcp's), for tests of several devices and of virtual ones.
+///
+/// # Errors
+/// `cfg.transport` is `ib` and no verbs device is usable.
+pub fn open_devices(cfg: &Config) -> Result<(Vec<Arc<dyn Device>>, Kind), Error> {
+    let ib = || {
+        transport::ib::open_devices(cfg)
+            .ok()
+            .filter(|d| !d.is_empty())
+    };
+    match cfg.transport {
+        TransportChoice::Tcp => Ok((transport::tcp::open_devices(cfg), Kind::Tcp)),
+        TransportChoice::Ib => ib()
+            .map(|d| (d, Kind::Ib))
+            .ok_or_else(|| Error::new(Op::Init, Class::System, "no verbs device")),
+        TransportChoice::Auto => Ok(ib().map_or_else(
+            || (transport::tcp::open_devices(cfg), Kind::Tcp),
+            |d| (d, Kind::Ib),
+        )),
+    }
+}
+
 fn first_tcp(cfg: &Config) -> Result<Arc<dyn Device>, Error> {
     transport::tcp::open_devices(cfg)
         .into_iter()
@@ -47,7 +70,8 @@ pub struct Link {
     pub send: SendComm,
     /// Receiving side.
     pub recv: RecvComm,
-    /// The device both use.
+    /// The sender's device 0 (with [`connect`]: the device both use; with [`connect_devs`],
+    /// register buffers through `send.devices()` / `recv.devices()`).
     pub dev: Arc<dyn Device>,
 }
 
@@ -61,10 +85,33 @@ pub fn connect(
     recv_cfg: &Config,
     max_polls: u32,
 ) -> Result<Link, Error> {
+    connect_devs(
+        (std::slice::from_ref(dev), std::slice::from_ref(dev)),
+        kind,
+        send_cfg,
+        recv_cfg,
+        max_polls,
+    )
+}
+
+/// The devices of one side of a [`connect_devs`] pair.
+pub type Devices<'a> = &'a [Arc<dyn Device>];
+
+/// [`connect`] between a sender on `devs.0` and a receiver on `devs.1` (one device each, or
+/// the physical devices of a virtual one, `makeVDevice`: QP `q` runs on device `q % len` of
+/// its side).
+pub fn connect_devs(
+    (send_devs, recv_devs): (Devices<'_>, Devices<'_>),
+    kind: Kind,
+    send_cfg: &Config,
+    recv_cfg: &Config,
+    max_polls: u32,
+) -> Result<Link, Error> {
+    let dev = &send_devs[0];
     let mut handle = [0u8; HANDLE_SIZE];
     let name = dev.props().name;
     let mut listen = Listen::new(
-        dev.clone(),
+        recv_devs.to_vec(),
         name.clone(),
         kind,
         IpAddr::V4(Ipv4Addr::LOCALHOST),
@@ -77,7 +124,7 @@ pub fn connect(
     for _ in 0..max_polls {
         if send.is_none() {
             send = connects
-                .step(&mut handle, dev, &name, send_cfg)
+                .step(&mut handle, send_devs, &name, send_cfg)
                 .map_err(|e| e.lift(Op::Connect))?;
         }
         if recv.is_none() {
@@ -112,6 +159,14 @@ impl Buf {
     pub fn new(dev: &Arc<dyn Device>, len: usize) -> Result<Buf, Error> {
         let region = Region::alloc(len);
         let mr = Mr::register(&**dev, region.clone()).map_err(|e| e.lift(Op::RegMr))?;
+        Ok(Buf { region, mr })
+    }
+
+    /// Allocates `len` zeroed bytes and registers them on every device of `devs` (a comm's
+    /// `devices()`: one, or a virtual device's), as `regMr` does.
+    pub fn on(devs: &[Arc<dyn Device>], len: usize) -> Result<Buf, Error> {
+        let region = Region::alloc(len);
+        let mr = Mr::register_all(devs, region.clone()).map_err(|e| e.lift(Op::RegMr))?;
         Ok(Buf { region, mr })
     }
 

@@ -35,6 +35,7 @@ fn handle_for(addr: SocketAddr, kind: Kind) -> [u8; HANDLE_SIZE] {
         nonce: 0x5eed,
         kind,
         addr,
+        devs: 1,
     }
     .write(&mut b);
     b
@@ -51,7 +52,7 @@ fn connect_until_error(
     let name = dev.props().name;
     let connects = Connects::new();
     while t.elapsed() < limit {
-        match connects.step(handle, dev, &name, cfg) {
+        match connects.step(handle, std::slice::from_ref(dev), &name, cfg) {
             Ok(Some(_)) => panic!("connected to a listener that never answers"),
             Ok(None) => {}
             Err(e) => return (e, t.elapsed()),
@@ -262,7 +263,7 @@ fn accept_without_a_peer_fails_after_the_timeout_and_the_watchdog_reports_it() {
     };
     let mut h = [0u8; HANDLE_SIZE];
     let mut l = Listen::new(
-        dev.clone(),
+        vec![dev.clone()],
         dev.props().name,
         kind,
         IpAddr::V4(Ipv4Addr::LOCALHOST),
@@ -399,7 +400,7 @@ fn a_listener_under_attack_serves_the_real_peer_and_returns_its_descriptors() {
     let name = dev.props().name;
     let mut h = [0u8; HANDLE_SIZE];
     let mut l = Listen::new(
-        dev.clone(),
+        vec![dev.clone()],
         name.clone(),
         kind,
         IpAddr::V4(Ipv4Addr::LOCALHOST),
@@ -432,7 +433,9 @@ fn a_listener_under_attack_serves_the_real_peer_and_returns_its_descriptors() {
             "the real peer never got in"
         );
         if send.is_none() {
-            send = connects.step(&mut ch, &dev, &name, &cfg).unwrap();
+            send = connects
+                .step(&mut ch, std::slice::from_ref(&dev), &name, &cfg)
+                .unwrap();
         }
         if recv.is_none() {
             // accept never fails because of the attackers.
@@ -535,7 +538,7 @@ fn refused_clients_see_their_connection_closed() {
     let cfg = base_cfg();
     let mut h = [0u8; HANDLE_SIZE];
     let mut l = Listen::new(
-        dev.clone(),
+        vec![dev.clone()],
         dev.props().name,
         kind,
         IpAddr::V4(Ipv4Addr::LOCALHOST),

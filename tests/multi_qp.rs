@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use nccl_net_verbsnet::config::Config;
 use nccl_net_verbsnet::conn::{Handle, Listen, HANDLE_SIZE, HELLO_VERSION};
 use nccl_net_verbsnet::engine::sim::pattern;
-use nccl_net_verbsnet::testkit::{connect, wait_with, Buf, Link};
+use nccl_net_verbsnet::testkit::{connect, connect_devs, open_devices, wait_with, Buf, Link};
 
 mod common;
 use common::{base_cfg, counter, device, serial};
@@ -40,8 +40,9 @@ const SIZES: [usize; 8] = [0, 1, 100, 8192, 8193, 65_536, 1 << 20, (3 << 20) + 1
 /// checks each message's size and bytes. Runs `rounds` times over the same link.
 fn exchange(l: &Link, rounds: usize, what: &str) {
     let total: usize = SIZES.iter().sum();
-    let sb = Buf::new(&l.dev, total).unwrap();
-    let rb = Buf::new(&l.dev, total).unwrap();
+    // Registered through each comm's devices, as `regMr` does (several: a virtual device).
+    let sb = Buf::on(l.send.devices(), total).unwrap();
+    let rb = Buf::on(l.recv.devices(), total).unwrap();
     for round in 0..rounds {
         let mut off = 0;
         let mut offs = Vec::new();
@@ -189,7 +190,7 @@ fn a_hello_with_a_bad_qp_count_is_refused_and_the_listener_lives_on() {
     let name = dev.props().name;
     let cfg = base_cfg();
     let mut listen = Listen::new(
-        dev.clone(),
+        vec![dev.clone()],
         name.clone(),
         kind,
         IpAddr::V4(Ipv4Addr::LOCALHOST),
@@ -241,7 +242,7 @@ fn a_hello_with_a_bad_qp_count_is_refused_and_the_listener_lives_on() {
     for _ in 0..5_000_000 {
         if send.is_none() {
             send = connects
-                .step(&mut handle, &dev, &name, &send_cfg)
+                .step(&mut handle, std::slice::from_ref(&dev), &name, &send_cfg)
                 .expect("connect step");
         }
         if recv.is_none() {
@@ -261,4 +262,69 @@ fn a_hello_with_a_bad_qp_count_is_refused_and_the_listener_lives_on() {
     exchange(&l, 1, "after refusals");
     l.send.close();
     l.recv.close();
+}
+
+/// Virtual devices (`makeVDevice`, NIC fusion, issue 23): a connection between them has
+/// `VERBSNET_IB_QPS_PER_CONNECTION` QPs per device of the side with more (NCCL IB's `nqps`),
+/// QP `q` on device `q % devices` of each side, and every buffer registered on each device.
+/// On tcp (`VERBSNET_TCP_DEVICES=2`) each device has its own keys, so a WR on a QP of device 1
+/// with a key of device 0 fails: data arriving intact over all QPs shows each QP used its own
+/// device's lkey and rkey. Symmetric, asymmetric (one side physical) and reordered pairs, with
+/// split on and off. In the VM it needs two rxe devices (`SOFTROCE_NDEVS=2`), else it skips.
+#[test]
+fn virtual_devices_spread_qps_over_their_devices_and_carry_data_intact() {
+    let _g = serial();
+    let cfg = Config {
+        tcp_devices: 2,
+        ..base_cfg()
+    };
+    let (devs, kind) = open_devices(&cfg).unwrap_or_else(|e| panic!("{}", e.report()));
+    if devs.len() < 2 {
+        println!(
+            "SKIP virtual_devices: {} device(s) here, 2 needed",
+            devs.len()
+        );
+        return;
+    }
+    let both = &devs[..2];
+    let one = &devs[..1];
+    let rev = [devs[1].clone(), devs[0].clone()];
+    let cases: [(&str, &[_], &[_], u8, bool); 6] = [
+        ("2 devs to 2, 1 QP per device", both, both, 1, false),
+        ("2 devs to 2, 2 QPs per device, split", both, both, 2, true),
+        (
+            "2 devs to 2, 2 QPs per device, round robin",
+            both,
+            both,
+            2,
+            false,
+        ),
+        ("1 dev to 2", one, both, 1, false),
+        ("2 devs to 1, split", both, one, 2, true),
+        ("reordered 2 devs to 2, split", &rev, both, 1, true),
+    ];
+    for (what, sd, rd, per, split) in cases {
+        let l = connect_devs((sd, rd), kind, &qps_cfg(per, split), &base_cfg(), 5_000_000)
+            .unwrap_or_else(|e| panic!("{what}: connect: {}", e.report()));
+        let want = u64::from(per) * 2;
+        assert_eq!(counter(&l.send, "qps"), want, "{what}");
+        assert_eq!(counter(&l.recv, "qps"), want, "{what}");
+        assert_eq!(l.send.devices().len(), sd.len(), "{what}");
+        assert_eq!(l.recv.devices().len(), rd.len(), "{what}");
+        exchange(&l, 2, what);
+        assert!(counter(&l.send, "data_qp_writes") > 0, "{what}");
+        // A buffer registered on fewer devices than the comm runs on is refused, not
+        // written with a key its device does not know.
+        if sd.len() == 2 {
+            let b = Buf::new(&sd[0], 64).unwrap();
+            let e = l.send.isend(b.addr(0), 8, 1, &b.mr).unwrap_err();
+            assert!(
+                e.to_string()
+                    .contains("registered on 1 device(s) passed to a comm on 2"),
+                "{what}: {e}"
+            );
+        }
+        l.send.close();
+        l.recv.close();
+    }
 }

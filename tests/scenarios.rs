@@ -465,7 +465,7 @@ fn connect_then(
     let mut handle = [0u8; HANDLE_SIZE];
     let name = dev.props().name;
     let mut listen = Listen::new(
-        dev.clone(),
+        vec![dev.clone()],
         name.clone(),
         kind,
         IpAddr::V4(Ipv4Addr::LOCALHOST),
@@ -478,7 +478,7 @@ fn connect_then(
     let connects = Connects::new();
     for _ in 0..5_000_000 {
         if send.is_none() {
-            let step = connects.step(&mut handle, dev, &name, send_cfg);
+            let step = connects.step(&mut handle, std::slice::from_ref(dev), &name, send_cfg);
             if let Some(comm) = step.expect("connect step") {
                 recv_first = recv.is_some();
                 on_send(&comm);
@@ -660,7 +660,7 @@ fn ring(dev: &Arc<dyn Device>, kind: Kind, max_call: &mut Duration) -> Vec<Link>
     let mut listens: Vec<Listen> = (0..RANKS)
         .map(|r| {
             Listen::new(
-                dev.clone(),
+                vec![dev.clone()],
                 name.clone(),
                 kind,
                 IpAddr::V4(Ipv4Addr::LOCALHOST),
@@ -678,7 +678,11 @@ fn ring(dev: &Arc<dyn Device>, kind: Kind, max_call: &mut Duration) -> Vec<Link>
             let next = (r + 1) % RANKS;
             if sends[r].is_none() {
                 let h = &mut handles[next];
-                sends[r] = timed(max_call, || connects.step(h, dev, &name, &cfg).unwrap());
+                sends[r] = timed(max_call, || {
+                    connects
+                        .step(h, std::slice::from_ref(dev), &name, &cfg)
+                        .unwrap()
+                });
             }
             if recvs[r].is_none() {
                 let l = &mut listens[r];

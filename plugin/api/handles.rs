@@ -190,10 +190,10 @@ pub enum NetComm {
 }
 
 impl NetComm {
-    fn device(&self) -> &Arc<dyn crate::transport::Device> {
+    fn devices(&self) -> &[Arc<dyn crate::transport::Device>] {
         match self {
-            NetComm::Send(s) => s.comm.device(),
-            NetComm::Recv(r) => r.comm.device(),
+            NetComm::Send(s) => s.comm.devices(),
+            NetComm::Recv(r) => r.comm.devices(),
         }
     }
 
@@ -221,9 +221,9 @@ impl NetComm {
         }
     }
 
-    /// `regMr` of host memory `[region)` on this comm's device.
+    /// `regMr` of host memory `[region)` on this comm's device (each device of a virtual one).
     pub fn reg_mr(&self, region: Region) -> Result<MrHandle, Error> {
-        Mr::register(&**self.device(), region)
+        Mr::register_all(self.devices(), region)
             .map(MrHandle::new)
             .map_err(|e| e.lift(Op::RegMr))
     }

@@ -48,6 +48,8 @@ pub enum Op {
     Init,
     /// `devices`/`getProperties`.
     Properties,
+    /// `makeVDevice` (v9+).
+    MakeVDevice,
     /// `listen`.
     Listen,
     /// `connect`.
@@ -284,9 +286,17 @@ pub fn contexts() -> usize {
     lock(&SHARED).as_ref().map_or(0, |s| s.users)
 }
 
-/// `devices`.
+/// `devices`: the physical devices, then the virtual ones made so far ([`make_vdevice`]).
 pub fn devices() -> Result<usize, Error> {
-    Ok(net()?.devs.len())
+    Ok(net::dev_count(&*net()?))
+}
+
+/// `makeVDevice(d, props)` (v9+): a virtual device over the physical devices `devs`; returns
+/// its index (see [`net::make_vdevice`]). NCCL's topology code calls it for each group of
+/// NICs it fuses (`src/graph/topo.cc`, `ncclTopoMakeVnic`), then `devices` and
+/// `getProperties` of the new index.
+pub fn make_vdevice(devs: &[i32]) -> Result<i32, Error> {
+    net::make_vdevice(&*net()?, devs).map_err(|e| e.lift(Op::MakeVDevice))
 }
 
 /// `ptrSupport`'s bit for host memory (`NCCL_PTR_HOST` in `net_device.h`; `ffi::abi` asserts
@@ -318,8 +328,9 @@ pub struct Properties {
     pub max_comms: i32,
     /// `maxRecvs`.
     pub max_recvs: i32,
-    /// The device index (`vProps = {1, [dev]}`, v9+: every device is its own virtual NIC).
-    pub dev: i32,
+    /// `vProps` (v9+): the physical devices behind this one (`{1, [dev]}` for a physical
+    /// device, as NCCL IB reports: every device is its own virtual NIC), as (indices, count).
+    pub vprops: ([i32; crate::engine::wire::MAX_DEVS], usize),
     /// `maxP2pBytes` (v9+).
     pub max_p2p_bytes: u64,
     /// `maxCollBytes` (v9+).
@@ -345,7 +356,9 @@ fn intern(s: &CStr) -> &'static CStr {
 /// `getProperties(dev)`.
 pub fn properties(dev: i32) -> Result<Properties, Error> {
     let net = net()?;
-    let d = net::dev_entry(&net, dev).map_err(|e| e.lift(Op::Properties))?;
+    let d = net::device(&net, dev).map_err(|e| e.lift(Op::Properties))?;
+    let mut vprops = ([0i32; crate::engine::wire::MAX_DEVS], d.indices.len());
+    vprops.0[..d.indices.len()].copy_from_slice(&d.indices);
     Ok(Properties {
         name: intern(&d.name_c).as_ptr(),
         pci_path: d
@@ -361,7 +374,7 @@ pub fn properties(dev: i32) -> Result<Properties, Error> {
         latency: d.props.latency_us,
         max_comms: d.props.max_comms,
         max_recvs: MAX_RECVS as i32,
-        dev,
+        vprops,
         max_p2p_bytes: MAX_P2P_BYTES,
         max_coll_bytes: MAX_COLL_BYTES,
         max_multi_request_size: 1,
@@ -393,10 +406,10 @@ pub fn listen(
 ) -> Result<ListenComm, Error> {
     ctx.connects.expire(crate::comm::now_ns());
     let net = ctx.net.clone();
-    let d = net::dev_entry(&net, dev).map_err(|e| e.lift(Op::Listen))?;
+    let d = net::device(&net, dev).map_err(|e| e.lift(Op::Listen))?;
     let cfg = conn_config(&ctx, None);
     let listen = Listen::new(
-        d.dev.clone(),
+        d.devs,
         d.props.name.clone(),
         net.kind,
         net.listen_ip,
@@ -417,11 +430,11 @@ pub fn connect(
     traffic_class: i32,
 ) -> Result<Option<SendComm>, Error> {
     let tc = self::traffic_class(traffic_class, "the connection's")?;
-    let d = net::dev_entry(&ctx.net, dev).map_err(|e| e.lift(Op::Connect))?;
+    let d = net::device(&ctx.net, dev).map_err(|e| e.lift(Op::Connect))?;
     let cfg = conn_config(&ctx, tc);
     let comm = ctx
         .connects
-        .step(handle, &d.dev, &d.props.name, &cfg)
+        .step(handle, &d.devs, &d.props.name, &cfg)
         .map_err(|e| e.lift(Op::Connect))?;
     Ok(comm.map(|mut comm| {
         // Tagged before it is shared: nothing refers to it yet.

@@ -29,6 +29,10 @@ pub struct PeerParams {
     pub eager_buf_size: u64,
     /// First sequence number (chosen by the sender).
     pub first_seq: u64,
+    /// The receiver's devices (`1..=MAX_DEVS`, more on a virtual device): the rkeys each buffer
+    /// of its CTS entries carries. The sender reads it from the listen handle and the receiver
+    /// checks it against its own.
+    pub rkeys: u8,
 }
 
 /// The sender's protocol buffers, allocated before the handshake so their addresses can be
@@ -45,14 +49,15 @@ pub(crate) struct SendBuffers {
 }
 
 impl SendBuffers {
-    /// Allocates and registers the sender's buffers (one registration).
+    /// Allocates and registers the sender's buffers (one registration) for a receiver on
+    /// `rkeys` devices (its CTS entries' size).
     ///
     /// # Errors
     /// [`Op::Buffers`]: the allocation or registration failed.
-    pub(crate) fn alloc(dev: &dyn Device) -> Result<SendBuffers, Error> {
+    pub(crate) fn alloc(dev: &dyn Device, rkeys: u8) -> Result<SendBuffers, Error> {
         // The engine's layout: header staging, record staging, CTS ring, credit word.
         let [hdr, rec, cts_ring, credit_word] =
-            Mr::alloc_parts(dev, crate::engine::wire::SEND_COMM_BUFFERS)?;
+            Mr::alloc_parts(dev, crate::engine::wire::send_comm_buffers(rkeys))?;
         Ok(SendBuffers {
             hdr,
             rec,
@@ -98,12 +103,17 @@ impl RecvBuffers {
     ///
     /// # Errors
     /// [`Op::Limits`] (over a cap) or [`Op::Buffers`].
-    pub(crate) fn alloc(dev: &Arc<dyn Device>, cfg: &Config) -> Result<RecvBuffers, Error> {
+    /// `rkeys` is the comm's devices (its CTS entries' size).
+    pub(crate) fn alloc(
+        dev: &Arc<dyn Device>,
+        cfg: &Config,
+        rkeys: u8,
+    ) -> Result<RecvBuffers, Error> {
         crate::limits::check_cap(cfg).map_err(|e| e.lift(Op::Limits))?;
         let stride = crate::engine::wire::bounce_stride(cfg.eager_buf_size.into()) as usize;
         // The engine's layout (the bounce buffers at full depth are what the cap counts).
         let [_, rec, ctrl] =
-            crate::engine::wire::recv_comm_buffers(cfg.rq_depth, cfg.eager_buf_size)
+            crate::engine::wire::recv_comm_buffers(cfg.rq_depth, cfg.eager_buf_size, rkeys)
                 .map(|n| n as usize);
         let own = rq_min(cfg) as usize * stride;
         let [bounce, rec_ring, ctrl] = Mr::alloc_parts(&**dev, [own, rec, ctrl])?;

@@ -98,7 +98,9 @@ impl Error {
 /// inside the comm's `comm` tracing span, whose `label` every log line of the comm starts with.
 pub struct Comm<R: Role> {
     core: Mutex<Core<R>>,
-    dev: Arc<dyn Device>,
+    /// The devices its QPs run on: one, or a virtual device's physical ones (QP `q` on
+    /// `devs[q % len]`); NCCL's buffers are registered on all of them.
+    devs: Vec<Arc<dyn Device>>,
     label: String,
     span: tracing::Span,
     cfg: Config,
@@ -123,15 +125,15 @@ impl<R: Role> Comm<R> {
     pub const MAX_REQUESTS: usize = <R as side::sealed::Side>::MAX_REQUESTS;
 
     fn with_side(
-        dev: Arc<dyn Device>,
+        devs: Vec<Arc<dyn Device>>,
         qps: Vec<Box<dyn QueuePair>>,
         side: R,
         label: String,
         cfg: &Config,
     ) -> Comm<R> {
         Comm {
-            core: Mutex::new(Core::new(&dev, qps, side, cfg)),
-            dev,
+            core: Mutex::new(Core::new(&devs[0], qps, side, cfg)),
+            devs,
             span: comm_span(&label),
             label,
             cfg: cfg.clone(),
@@ -149,9 +151,27 @@ impl<R: Role> Comm<R> {
         self.comm_id = comm_id;
     }
 
-    /// The device this comm runs on (for `regMr`).
-    pub fn device(&self) -> &Arc<dyn Device> {
-        &self.dev
+    /// The devices this comm runs on (for `regMr`: [`Mr::register_all`]): one, or the
+    /// physical devices of a virtual one, device 0 first (QP 0's).
+    pub fn devices(&self) -> &[Arc<dyn Device>] {
+        &self.devs
+    }
+
+    /// A registration made through another comm (or another device) does not fit this one.
+    fn check_keys(&self, op: Op, mr: &Mr) -> Result<(), Error> {
+        if usize::from(mr.lkeys().len()) == self.devs.len() {
+            return Ok(());
+        }
+        Err(Error::new(
+            op,
+            Class::InvalidArgument,
+            format!(
+                "a buffer registered on {} device(s) passed to a comm on {} (regMr it through \
+                 the comm that uses it)",
+                mr.lkeys().len(),
+                self.devs.len()
+            ),
+        ))
     }
 
     /// The comm's label (`send comm <local> -> <peer> (<dev>)`, `recv comm … <- …`, with
@@ -236,7 +256,7 @@ impl SendComm {
     /// A send comm over the established QPs of one connection (QP 0 first, at least one, at
     /// most `engine::MAX_QPS_PER_CONNECTION`), splitting data over them when `split`.
     pub(crate) fn new(
-        dev: Arc<dyn Device>,
+        devs: Vec<Arc<dyn Device>>,
         qps: Vec<Box<dyn QueuePair>>,
         split: bool,
         bufs: SendBuffers,
@@ -257,19 +277,21 @@ impl SendComm {
             credit_word: bufs.credit_word.at().0,
             first_seq: peer.first_seq,
             first_gen: cfg.test_first_gen,
+            rkeys: peer.rkeys.max(1),
         });
-        Comm::with_side(dev, qps, SendSide::new(engine, bufs), label, cfg)
+        Comm::with_side(devs, qps, SendSide::new(engine, bufs), label, cfg)
     }
 
     /// `isend` of `size` bytes at `data` (inside `mr`) with `tag`: `Ok(None)` = retry later.
     pub fn isend(&self, data: u64, size: u64, tag: i32, mr: &Mr) -> Result<Option<ReqId>, Error> {
         let _span = self.span.enter();
         mr.sub(Op::Isend, data, size)?;
+        self.check_keys(Op::Isend, mr)?;
         let mut g = self.lock()?;
         g.sticky_call(|g| {
             let now = now_ns();
             g.progress(now)?;
-            let r = g.side.isend(now, data, mr.keys.lkey, size, tag);
+            let r = g.side.isend(now, data, mr.lkeys(), size, tag);
             let id = g.after_engine_call(r, Op::Isend)?;
             g.execute()?;
             Ok(id)
@@ -284,7 +306,7 @@ impl RecvComm {
     /// engine; [`RecvComm::announce`] then says what to tell the sender.
     pub(crate) fn prepare(
         qp: &mut dyn QueuePair,
-        (qps, split): (u8, bool),
+        (qps, split, devs): (u8, bool, u8),
         bufs: &RecvBuffers,
         peer: &PeerParams,
         cfg: &Config,
@@ -307,6 +329,7 @@ impl RecvComm {
             peer_credit_word: peer.credit_word,
             credits: peer.credits,
             first_seq: peer.first_seq,
+            rkeys: devs,
         });
         side::post_initial(qp, &mut engine)?;
         Ok(engine)
@@ -324,14 +347,14 @@ impl RecvComm {
 
     /// A receive comm over the established QPs of one connection (QP 0 first).
     pub(crate) fn new(
-        dev: Arc<dyn Device>,
+        devs: Vec<Arc<dyn Device>>,
         qps: Vec<Box<dyn QueuePair>>,
         bufs: RecvBuffers,
         engine: RecvEngine,
         cfg: &Config,
         label: String,
     ) -> RecvComm {
-        Comm::with_side(dev, qps, RecvSide::new(engine, bufs), label, cfg)
+        Comm::with_side(devs, qps, RecvSide::new(engine, bufs), label, cfg)
     }
 
     /// `irecv` of `(addr, capacity, tag, registration)` buffers: `Ok(None)` = retry later.
@@ -352,10 +375,11 @@ impl RecvComm {
         for (i, &(addr, cap, tag, mr)) in bufs.iter().enumerate() {
             let mr = mr.as_ref();
             regions[i] = Some(mr.sub(Op::Irecv, addr, cap)?);
+            self.check_keys(Op::Irecv, mr)?;
             rb[i] = RecvBuf {
                 addr,
                 cap,
-                rkey: mr.keys.rkey,
+                rkeys: mr.rkeys(),
                 tag,
             };
         }

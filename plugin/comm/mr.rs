@@ -8,15 +8,22 @@
 use std::sync::Arc;
 
 use super::{message, Class, Error, Op};
+use crate::engine::Keys;
 use crate::mem::Region;
 use crate::transport::{Device, MemoryRegion, MrKeys, TransportError};
 
 /// A registered region: its bytes, its keys, and the registration (shared by the parts of one
-/// `Mr::alloc_parts`; deregistered when the last part goes).
+/// `Mr::alloc_parts`; deregistered when the last part goes). A region NCCL registers through
+/// a comm on a virtual device is registered on each of its devices ([`Mr::register_all`]):
+/// `keys` are device 0's, [`Mr::lkeys`]/[`Mr::rkeys`] all of them.
 pub struct Mr {
     pub(crate) region: Region,
     pub(crate) keys: MrKeys,
+    lkeys: Keys,
+    rkeys: Keys,
     _mr: Arc<dyn MemoryRegion>,
+    /// The registrations on devices 1.. of a virtual device.
+    _more: Vec<Arc<dyn MemoryRegion>>,
 }
 
 impl AsRef<Mr> for Mr {
@@ -31,21 +38,77 @@ impl Mr {
     /// # Errors
     /// [`Op::RegMr`]: the registration failed (with the `RLIMIT_MEMLOCK` fix for `ENOMEM`).
     pub fn register(dev: &dyn Device, region: Region) -> Result<Mr, Error> {
-        let mr = dev.reg_mr(region.clone()).map_err(|e| {
+        let mr = Mr::reg_one(dev, &region, None)?;
+        Ok(Mr::from_registration(region, mr))
+    }
+
+    /// Registers `region` on every device of `devs` (a comm's: one, or the physical devices
+    /// of a virtual one, in its order), so that a WR on any of the comm's QPs finds it by the
+    /// key of the device that QP runs on ([`Keys::at`]).
+    ///
+    /// # Errors
+    /// As [`Mr::register`], naming the device that failed; the registrations made before it
+    /// are released.
+    pub fn register_all(devs: &[Arc<dyn Device>], region: Region) -> Result<Mr, Error> {
+        let named = devs.len() > 1;
+        let mut regs = Vec::with_capacity(devs.len());
+        for (j, d) in devs.iter().enumerate() {
+            regs.push(Mr::reg_one(&**d, &region, named.then_some(j))?);
+        }
+        let first = regs.remove(0);
+        let mut mr = Mr::from_registration(region, first);
+        let lk: Vec<u32> = std::iter::once(mr.keys.lkey)
+            .chain(regs.iter().map(|r| r.keys().lkey))
+            .collect();
+        let rk: Vec<u32> = std::iter::once(mr.keys.rkey)
+            .chain(regs.iter().map(|r| r.keys().rkey))
+            .collect();
+        let too_many = || {
+            Error::new(
+                Op::RegMr,
+                Class::Internal,
+                format!("a comm on {} devices (at most 8)", devs.len()),
+            )
+        };
+        mr.lkeys = Keys::new(&lk).ok_or_else(too_many)?;
+        mr.rkeys = Keys::new(&rk).ok_or_else(too_many)?;
+        mr._more = regs;
+        Ok(mr)
+    }
+
+    fn reg_one(
+        dev: &dyn Device,
+        region: &Region,
+        index: Option<usize>,
+    ) -> Result<Arc<dyn MemoryRegion>, Error> {
+        dev.reg_mr(region.clone()).map_err(|e| {
+            let on = index.map_or(String::new(), |j| {
+                format!(
+                    " on device {j} ({}) of the virtual device",
+                    dev.props().name
+                )
+            });
             let msg = format!(
-                "registering {} bytes at {:#x} failed",
+                "registering {} bytes at {:#x}{on} failed",
                 region.len(),
                 region.addr()
             );
             Error::new(Op::RegMr, Class::System, msg)
                 .fix(enomem_hint(&e, region.len()))
                 .because(e)
-        })?;
-        Ok(Mr {
-            keys: mr.keys(),
+        })
+    }
+
+    fn from_registration(region: Region, mr: Arc<dyn MemoryRegion>) -> Mr {
+        let keys = mr.keys();
+        Mr {
+            keys,
+            lkeys: Keys::one(keys.lkey),
+            rkeys: Keys::one(keys.rkey),
             region,
             _mr: mr,
-        })
+            _more: Vec::new(),
+        }
     }
 
     /// Allocates `len` zeroed bytes and registers them on `dev` (a protocol buffer).
@@ -71,11 +134,7 @@ impl Mr {
             .fix(enomem_hint(&e, len))
             .because(e)
         })?;
-        Ok(Mr {
-            keys: mr.keys(),
-            region,
-            _mr: mr,
-        })
+        Ok(Mr::from_registration(region, mr))
     }
 
     /// One registration cut into consecutive parts of `sizes` bytes (each part starts on a
@@ -104,7 +163,10 @@ impl Mr {
                     .slice(offsets[i], sizes[i])
                     .map_err(|e| Error::wrap(Op::Buffers, Class::Internal, e))?,
                 keys: whole.keys,
+                lkeys: whole.lkeys,
+                rkeys: whole.rkeys,
                 _mr: whole._mr.clone(),
+                _more: Vec::new(),
             })
         };
         let parts: Vec<Mr> = (0..N).map(part).collect::<Result<_, _>>()?;
@@ -121,6 +183,16 @@ impl Mr {
     /// The registration's keys.
     pub fn keys(&self) -> MrKeys {
         self.keys
+    }
+
+    /// The lkeys, one per device it is registered on.
+    pub fn lkeys(&self) -> Keys {
+        self.lkeys
+    }
+
+    /// The rkeys, one per device it is registered on.
+    pub fn rkeys(&self) -> Keys {
+        self.rkeys
     }
 
     /// (addr, lkey): where a local WR finds the buffer.

@@ -13,7 +13,7 @@ use super::buffers::{RecvBuffers, RecvMem, Regions, SendBuffers};
 use super::mr::Mr;
 use super::pool::BouncePool;
 use super::{Class, Error, Op};
-use crate::engine::wire::MAX_RECVS;
+use crate::engine::wire::{Keys, MAX_RECVS};
 use crate::engine::{
     ActionSink, BounceSource, Executor, RecvBuf, RecvEngine, ReqError, ReqId, SendEngine, Stall,
     Stats, MAX_RECV_REQUESTS, MAX_SEND_REQUESTS,
@@ -102,11 +102,11 @@ impl SendSide {
         &mut self,
         now: u64,
         data: u64,
-        lkey: u32,
+        lkeys: Keys,
         size: u64,
         tag: i32,
     ) -> Result<Option<ReqId>, ReqError> {
-        self.engine.isend(now, data, lkey, size, tag)
+        self.engine.isend(now, data, lkeys, size, tag)
     }
 }
 

@@ -367,8 +367,11 @@ knobs! {
              and a receive completion per QP, and every QP costs a QP, a CQ and (tcp) a socket \
              per connection. The connecting (sending) side's value decides for the connection: \
              the receiver adopts it, and logs at INFO when its own setting differs (NCCL IB \
-             takes the larger of both sides' counts; verbsnet does not). Unset: \
-             `NCCL_IB_QPS_PER_CONNECTION` when set, else 1.",
+             takes the larger of both sides' counts; verbsnet does not). A connection to or \
+             from a virtual device (`makeVDevice`, NIC fusion) has this many QPs per device of \
+             the side with more devices, as NCCL IB, QP `q` on device `q % devices` of each \
+             side; the product is at most 128. Unset: `NCCL_IB_QPS_PER_CONNECTION` when set, \
+             else 1.",
         nccl_ib: "`NCCL_IB_QPS_PER_CONNECTION`, default 1; NCCL IB uses the larger of both \
                   sides' values (`net_ib/connect.cc`)",
     }
@@ -401,6 +404,51 @@ knobs! {
              for the QP count. Unset: `NCCL_IB_SPLIT_DATA_ON_QPS` when set, else off. Without \
              data QPs it has no effect.",
         nccl_ib: "`NCCL_IB_SPLIT_DATA_ON_QPS`, default 0 (`net_ib/common.cc`)",
+    }
+
+    /// `VERBSNET_IB_MERGE_NICS`: `makeVDevice` may join several devices into one (on); unset:
+    /// the value of `NCCL_IB_MERGE_NICS`, else on.
+    ib_merge_nics: bool {
+        var: "VERBSNET_IB_MERGE_NICS",
+        group: Devices,
+        kind: Kind::Bool,
+        default: true, "1",
+        parse: |v| match v.bool()? {
+            Some(b) => Some(b),
+            None => Val::new(
+                "NCCL_IB_MERGE_NICS",
+                Kind::Bool,
+                env.value("NCCL_IB_MERGE_NICS"),
+            )
+            .bool()?,
+        },
+        show: |b| if *b { "on".into() } else { "off".into() },
+        doc: "NIC fusion: NCCL (2.24+, ncclNet v9+) asks the plugin to join devices close to \
+             each other (the two ports of a dual-port card, by default; `NCCL_NET_MERGE_LEVEL`, \
+             `NCCL_NET_FORCE_MERGE`) into one virtual device through `makeVDevice`, and then \
+             uses it like any device: a connection on it spreads its QPs over the devices (QP \
+             `q` on device `q % devices`, `VERBSNET_IB_QPS_PER_CONNECTION` QPs per device), \
+             buffers are registered on each, and its speed is their sum. Off, `makeVDevice` of \
+             more than one device is refused and NCCL keeps the devices apart (its automatic \
+             fusion falls back; `NCCL_NET_FORCE_MERGE` fails). Unset: `NCCL_IB_MERGE_NICS` \
+             when set, else on.",
+        nccl_ib: "`NCCL_IB_MERGE_NICS`, default 1 (`net_ib/init.cc`)",
+    }
+
+    /// `VERBSNET_TCP_DEVICES`: devices the tcp transport exposes (1..=8).
+    tcp_devices: u8 {
+        var: "VERBSNET_TCP_DEVICES",
+        group: Devices,
+        kind: Kind::Int { lo: 1, hi: 8 },
+        default: 1, "1",
+        parse: |v| v.int(None)?,
+        show: |n| n.to_string(),
+        doc: "Devices the tcp transport exposes (`tcp0` … `tcpN-1`), each with its own memory \
+             keys, all over the same loopback or interface: a host without RDMA can then \
+             exercise what NCCL does with several NICs (a connection per device, NIC fusion \
+             through `makeVDevice`, whose connections must use each device's keys on that \
+             device's QPs). They add no bandwidth. No effect on `ib`.",
+        nccl_ib: "none (NCCL's socket transport exposes one device per interface)",
     }
 
     /// `VERBSNET_IB_HCA`: device filter (`[^][=]name[:port],...`).

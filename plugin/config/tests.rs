@@ -383,7 +383,7 @@ fn describe_lists_every_knob_in_order() {
         "transport=auto rq_depth=128 rq_batch=16 rq_low_water=112 rq_min_depth=2 \
          rq_shrink_after=2s rq_pool_size=268435456 eager_buf_size=8192 \
          eager_limit=8192 credits=on rnr_timer=12 rnr_retry=7 ib_timeout=20 ib_retry_cnt=6 \
-         ib_tc=auto ib_sl=auto ib_qps_per_connection=1 ib_split_data_on_qps=off ib_hca=all ib_gid_index=auto socket_addr=auto socket_ifname=auto socket_keepalive=20s \
+         ib_tc=auto ib_sl=auto ib_qps_per_connection=1 ib_split_data_on_qps=off ib_merge_nics=on tcp_devices=1 ib_hca=all ib_gid_index=auto socket_addr=auto socket_ifname=auto socket_keepalive=20s \
          hang_timeout=60s \
          stats_interval=off stats_file=off debug=warn connect_timeout=120s \
          peer_check_interval=1s"
@@ -405,7 +405,7 @@ fn describe_lists_every_knob_in_order() {
         "transport=tcp rq_depth=4 rq_batch=4 rq_low_water=1 rq_min_depth=2 \
          rq_shrink_after=2s rq_pool_size=268435456 eager_buf_size=8192 \
          eager_limit=8192 credits=off rnr_timer=12 rnr_retry=7 ib_timeout=20 ib_retry_cnt=6 \
-         ib_tc=auto ib_sl=auto ib_qps_per_connection=1 ib_split_data_on_qps=off ib_hca=mlx5_0:1 ib_gid_index=3 socket_addr=10.0.0.1 socket_ifname=eth0 \
+         ib_tc=auto ib_sl=auto ib_qps_per_connection=1 ib_split_data_on_qps=off ib_merge_nics=on tcp_devices=1 ib_hca=mlx5_0:1 ib_gid_index=3 socket_addr=10.0.0.1 socket_ifname=eth0 \
          socket_keepalive=20s hang_timeout=off stats_interval=0.5s stats_file=off debug=trace \
          connect_timeout=120s peer_check_interval=1s"
     );
@@ -488,6 +488,22 @@ fn qps_per_connection_and_split_fall_back_to_nccl_and_are_bounded() {
         .starts_with(r#"NCCL_IB_SPLIT_DATA_ON_QPS="maybe" is not valid"#));
 }
 
+/// `VERBSNET_IB_MERGE_NICS` falls back to `NCCL_IB_MERGE_NICS` (default on, `net_ib/init.cc`);
+/// `VERBSNET_TCP_DEVICES` is 1..=8.
+#[test]
+fn merge_nics_falls_back_to_nccl_and_tcp_devices_are_bounded() {
+    let d = Config::default();
+    assert_eq!((d.ib_merge_nics, d.tcp_devices), (true, 1));
+    assert!(!ok(&[("NCCL_IB_MERGE_NICS", "0")]).ib_merge_nics);
+    assert!(ok(&[("NCCL_IB_MERGE_NICS", "0"), ("VERBSNET_IB_MERGE_NICS", "1")]).ib_merge_nics);
+    assert!(!ok(&[("VERBSNET_IB_MERGE_NICS", "off")]).ib_merge_nics);
+    assert_eq!(ok(&[("VERBSNET_TCP_DEVICES", "8")]).tcp_devices, 8);
+    assert_eq!(
+        err(&[("VERBSNET_TCP_DEVICES", "9")]),
+        r#"VERBSNET_TCP_DEVICES="9" is not valid: expected an integer in 1..=8"#
+    );
+}
+
 #[test]
 fn the_sources_of_the_configuration_are_named() {
     let m: std::collections::HashMap<&str, &str> = [
@@ -508,7 +524,7 @@ fn the_sources_of_the_configuration_are_named() {
 
 #[test]
 fn registry_is_complete_and_unique() {
-    assert_eq!(KNOBS.len(), 29);
+    assert_eq!(KNOBS.len(), 31);
     for (i, k) in KNOBS.iter().enumerate() {
         assert!(k.var.starts_with("VERBSNET_"), "{}", k.var);
         assert_eq!(k.var, format!("VERBSNET_{}", k.key.to_ascii_uppercase()));
@@ -658,7 +674,7 @@ fn registry_ranges_are_what_the_parser_enforces() {
             checked += 1;
         }
     }
-    assert_eq!(checked, 13, "integer and choice knobs checked");
+    assert_eq!(checked, 14, "integer and choice knobs checked");
     assert_eq!(
         parse(&[("VERBSNET_IB_GID_INDEX", "-1")])
             .unwrap()

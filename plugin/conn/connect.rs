@@ -13,7 +13,7 @@ use tracing::{info, warn};
 
 use super::handle::{self, Handle, HANDLE_SIZE};
 use super::hello::{Hello, HelloReader, Wire, READY};
-use super::{create_qps, qp_config, qps_note, traffic_class_and_sl, Error, Stage};
+use super::{conn_qps, create_qps, qp_config, qps_note, traffic_class_and_sl, Error, Stage};
 use crate::comm::{message, Class, PeerParams, SendBuffers, SendComm};
 use crate::config::Config;
 use crate::transport::{Device, Kind, QueuePair};
@@ -63,7 +63,7 @@ impl Connects {
     pub fn step(
         &self,
         handle: &mut [u8; HANDLE_SIZE],
-        dev: &Arc<dyn Device>,
+        devs: &[Arc<dyn Device>],
         dev_name: &str,
         cfg: &Config,
     ) -> Result<Option<SendComm>, Error> {
@@ -77,7 +77,7 @@ impl Connects {
             }
             None => Connecting::start(h, cfg)?,
         };
-        let r = c.step(dev, dev_name, cfg);
+        let r = c.step(devs, dev_name, cfg);
         match &r {
             Ok(None) => self.park(c, handle),
             Ok(Some(_)) | Err(_) => handle::set_state_id(handle, 0),
@@ -257,12 +257,12 @@ impl Connecting {
     /// watchdog (`cfg.hang_timeout`) reports a connect that reached no new stage for that long.
     fn step(
         &mut self,
-        dev: &Arc<dyn Device>,
+        devs: &[Arc<dyn Device>],
         dev_name: &str,
         cfg: &Config,
     ) -> Result<Option<SendComm>, Error> {
         let before = std::mem::discriminant(&self.stage);
-        let r = self.step_inner(dev, dev_name, cfg);
+        let r = self.step_inner(devs, dev_name, cfg);
         let now = crate::comm::now_ns();
         if std::mem::discriminant(&self.stage) != before {
             self.progressed = now;
@@ -297,7 +297,7 @@ impl Connecting {
 
     fn step_inner(
         &mut self,
-        dev: &Arc<dyn Device>,
+        devs: &[Arc<dyn Device>],
         dev_name: &str,
         cfg: &Config,
     ) -> Result<Option<SendComm>, Error> {
@@ -319,8 +319,11 @@ impl Connecting {
             let stream: TcpStream = sock.into();
             let _ = stream.set_nodelay(true);
             let qpc = qp_config(cfg);
-            let n = usize::from(cfg.ib_qps_per_connection);
-            let mut qps = create_qps(dev, dev_name, &qpc, n, true)?;
+            // NCCL IB: `NCCL_IB_QPS_PER_CONNECTION` × the larger device count of both sides
+            // (`ncclIbConnect`, `net_ib/connect.cc`).
+            let peer_devs = self.handle.devs;
+            let n = conn_qps(cfg, devs.len(), peer_devs)?;
+            let mut qps = create_qps(devs, dev_name, &qpc, n, true)?;
             // Data QPs: their peer connects to them (tcp: on the set-up stream's address).
             let local_ip = stream
                 .local_addr()
@@ -332,7 +335,8 @@ impl Connecting {
                     Error::new(Stage::QpSetup, Class::System, msg).because(e)
                 })?;
             }
-            let bufs = SendBuffers::alloc(&**dev).map_err(|e| e.lift(Stage::Buffers))?;
+            let bufs =
+                SendBuffers::alloc(&*devs[0], peer_devs).map_err(|e| e.lift(Stage::Buffers))?;
             // 0 in production; tests start near the wrap points (`Config::test_first_seq`).
             let first_seq = cfg.test_first_seq;
             let hello = Hello {
@@ -344,6 +348,7 @@ impl Connecting {
                 nonce: self.handle.nonce,
                 qp_info: qps.iter().map(|q| q.local_info()).collect(),
                 split: cfg.ib_split_data_on_qps,
+                devs: (devs.len() as u8, peer_devs),
                 p: bufs.announce(cfg, first_seq),
                 tc: qpc.traffic_class,
                 sl: qpc.service_level,
@@ -381,13 +386,15 @@ impl Connecting {
             else {
                 unreachable!()
             };
-            if h.qps() != qps.len() || h.split != cfg.ib_split_data_on_qps {
+            let want_devs = (devs.len() as u8, self.handle.devs);
+            if h.qps() != qps.len() || h.split != cfg.ib_split_data_on_qps || h.devs != want_devs {
                 return Err(remote(message(format!(
-                    "the reply carries {} QP infos (split {}) for our {} QPs (split {}): the \
-                     receiver must adopt the sender's VERBSNET_IB_QPS_PER_CONNECTION (mixed \
-                     plugin versions?)",
+                    "the reply carries {} QP infos (split {}, devices {:?}) for our {} QPs \
+                     (split {}, devices {want_devs:?}): the receiver must adopt the sender's \
+                     VERBSNET_IB_QPS_PER_CONNECTION (mixed plugin versions?)",
                     h.qps(),
                     h.split,
+                    h.devs,
                     qps.len(),
                     cfg.ib_split_data_on_qps
                 ))));
@@ -409,7 +416,11 @@ impl Connecting {
             }
             let mut wire = wire;
             wire.out.extend_from_slice(READY);
-            let peer = PeerParams { first_seq, ..h.p };
+            let peer = PeerParams {
+                first_seq,
+                rkeys: self.handle.devs,
+                ..h.p
+            };
             self.stage = ConnectStage::Ready {
                 wire,
                 qps,
@@ -451,10 +462,10 @@ impl Connecting {
                 peer.initial_credits,
                 tc,
                 sl,
-                qps_note(qps.len(), cfg.ib_split_data_on_qps)
+                qps_note(qps.len(), cfg.ib_split_data_on_qps, (devs.len(), peer.rkeys.into()))
             );
             return Ok(Some(SendComm::new(
-                dev.clone(),
+                devs.to_vec(),
                 qps,
                 cfg.ib_split_data_on_qps,
                 bufs,

@@ -10,6 +10,7 @@
 //! | 17 | 1 | transport (1 = ib, 2 = tcp) |
 //! | 18 | 2 | TCP port |
 //! | 20 | 16 | IP address (IPv4 in the first 4 bytes) |
+//! | 36 | 1 | the listener's devices, 1..=8 (more than 1: a virtual device, `makeVDevice`; the connecting side sizes its CTS ring by it) |
 //! | 120 | 8 | connect state id (0 as shipped by `listen`; see [`super::Connects`]) |
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -33,6 +34,8 @@ pub struct Handle {
     pub kind: Kind,
     /// Where the listener accepts the out-of-band connection.
     pub addr: SocketAddr,
+    /// The listener's devices (`1..=MAX_DEVS`): its buffers carry that many rkeys.
+    pub devs: u8,
 }
 
 impl Handle {
@@ -46,6 +49,7 @@ impl Handle {
             Kind::Tcp => 2,
         };
         b[18..20].copy_from_slice(&self.addr.port().to_le_bytes());
+        b[36] = self.devs;
         match self.addr.ip() {
             IpAddr::V4(a) => {
                 b[16] = 4;
@@ -93,10 +97,23 @@ impl Handle {
                 ))
             }
         };
+        let devs = b[36];
+        if devs == 0 || usize::from(devs) > crate::engine::wire::MAX_DEVS {
+            return Err(Error::new(
+                Stage::Handle,
+                Class::InvalidArgument,
+                format!(
+                    "connect handle names {devs} listener devices (1..={}): made by another \
+                     verbsnet version?",
+                    crate::engine::wire::MAX_DEVS
+                ),
+            ));
+        }
         Ok(Handle {
             nonce: u64::from_le_bytes(b[8..16].try_into().expect("8 bytes")),
             kind,
             addr: SocketAddr::new(ip, port),
+            devs,
         })
     }
 }
@@ -121,6 +138,7 @@ mod tests {
             nonce: 0x1234_5678_9abc_def0,
             kind: Kind::Tcp,
             addr: "127.0.0.1:4567".parse().unwrap(),
+            devs: 1,
         };
         let mut b = [0u8; HANDLE_SIZE];
         h.write(&mut b);
@@ -129,9 +147,18 @@ mod tests {
             nonce: 1,
             kind: Kind::Ib,
             addr: "[::1]:99".parse().unwrap(),
+            devs: 8,
         };
         h6.write(&mut b);
         assert_eq!(Handle::read(&b).unwrap(), h6);
+        for bad in [0u8, 9] {
+            let mut c = b;
+            c[36] = bad;
+            assert!(
+                matches!(Handle::read(&c), Err(e) if e.to_string().contains(&format!("names {bad} listener devices"))),
+                "{bad}"
+            );
+        }
         b[0] = b'X';
         assert!(
             matches!(Handle::read(&b), Err(e) if e.class() == Class::InvalidArgument && e.to_string().contains("same NCCL net plugin"))

@@ -16,9 +16,12 @@ const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"VNHE");
 /// class and SL, which the receiver adopts. 5: several QPs per connection
 /// (`VERBSNET_IB_QPS_PER_CONNECTION`): the hello carries the QP count, the split flag
 /// (`VERBSNET_IB_SPLIT_DATA_ON_QPS`) and one QP info per QP; the receiver adopts the sender's
-/// count and split and replies with as many QP infos. A peer of another version is refused at
-/// connect time instead of misplacing data.
-pub const HELLO_VERSION: u16 = 5;
+/// count and split and replies with as many QP infos. 6: virtual devices (`makeVDevice`):
+/// after the split flag, the sender's device count and the receiver's (from the listen
+/// handle; the receiver checks it and echoes both), and CTS entries carry one rkey per
+/// receiver device. A peer of another version is refused at connect time instead of
+/// misplacing data.
+pub const HELLO_VERSION: u16 = 6;
 pub(super) const READY: &[u8; 4] = b"RDY!";
 /// Longest QP info of one QP (`QueuePair::local_info`: at most 256 bytes).
 const MAX_QP_INFO: usize = 256;
@@ -39,6 +42,9 @@ pub(super) struct Hello {
     /// Data split over the QPs (`VERBSNET_IB_SPLIT_DATA_ON_QPS`): the sender's, which the
     /// receiver adopts and echoes.
     pub(super) split: bool,
+    /// (the sender's devices, the receiver's), each `1..=MAX_DEVS`: QP `q` runs on device
+    /// `q % devs` of its side, and the receiver's buffers carry `devs.1` rkeys.
+    pub(super) devs: (u8, u8),
     pub(super) p: PeerParams,
     /// The connection's traffic class: the sender's choice (`super::traffic_class_and_sl`),
     /// which the receiver adopts and echoes.
@@ -60,6 +66,7 @@ impl Hello {
         // The count as u16 (128 does not fit a signed byte; room to grow), then the split flag.
         b.extend_from_slice(&(self.qp_info.len() as u16).to_le_bytes());
         b.push(u8::from(self.split));
+        b.extend_from_slice(&[self.devs.0, self.devs.1]);
         for info in &self.qp_info {
             b.extend_from_slice(&(info.len() as u16).to_le_bytes());
             b.extend_from_slice(info);
@@ -117,6 +124,14 @@ impl Hello {
             1 => true,
             f => return Err(format!("a hello with split flag {f} (not 0 or 1)")),
         };
+        let devs = (c.u8().ok_or_else(short)?, c.u8().ok_or_else(short)?);
+        let max = crate::engine::wire::MAX_DEVS as u8;
+        if !(1..=max).contains(&devs.0) || !(1..=max).contains(&devs.1) {
+            return Err(format!(
+                "a hello naming {} sender and {} receiver devices (1..={max} each)",
+                devs.0, devs.1
+            ));
+        }
         let mut qp_info = Vec::with_capacity(qps);
         for i in 0..qps {
             let n = usize::from(c.u16().ok_or_else(short)?);
@@ -151,6 +166,7 @@ impl Hello {
             nonce,
             qp_info,
             split,
+            devs,
             p: PeerParams {
                 cts_ring: (v[0], v[1] as u32),
                 credit_word: (v[2], v[3] as u32),
@@ -159,6 +175,7 @@ impl Hello {
                 rec_ring: (v[6], v[7] as u32),
                 initial_credits: v[8],
                 eager_buf_size: v[9],
+                rkeys: devs.1,
             },
             tc,
             sl,
@@ -330,6 +347,7 @@ mod tests {
             nonce: 77,
             qp_info: (0..qps).map(|i| vec![i as u8; 1 + i % 40]).collect(),
             split: true,
+            devs: (2, 3),
             p: PeerParams {
                 cts_ring: (0x1000, 5),
                 credit_word: (0x2000, 6),
@@ -338,6 +356,7 @@ mod tests {
                 initial_credits: 128,
                 eager_buf_size: 8192,
                 first_seq: 9,
+                rkeys: 3,
             },
             tc: 106,
             sl: 10,
@@ -364,12 +383,12 @@ mod tests {
             Hello::decode(&bad[4..]),
             Err("a hello with SL 16 (at most 15)".into())
         );
-        // a version 4 hello (one QP info, no count) is refused by its version
-        let mut v4 = b[4..].to_vec();
-        v4[4..6].copy_from_slice(&4u16.to_le_bytes());
+        // a version 5 hello (no device counts) is refused by its version
+        let mut v5 = b[4..].to_vec();
+        v5[4..6].copy_from_slice(&5u16.to_le_bytes());
         assert_eq!(
-            Hello::decode(&v4),
-            Err("a hello of version 4, not 5".into())
+            Hello::decode(&v5),
+            Err("a hello of version 5, not 6".into())
         );
     }
 
@@ -414,5 +433,22 @@ mod tests {
         let mut split = h.encode();
         split[count_at + 2] = 2;
         assert_eq!(refused(split), "a hello with split flag 2 (not 0 or 1)");
+        // the device counts follow the split flag: 1..=8 each
+        for (at, v, want) in [
+            (
+                3,
+                0,
+                "a hello naming 0 sender and 3 receiver devices (1..=8 each)",
+            ),
+            (
+                4,
+                9,
+                "a hello naming 2 sender and 9 receiver devices (1..=8 each)",
+            ),
+        ] {
+            let mut b = h.encode();
+            b[count_at + at] = v;
+            assert_eq!(refused(b), want);
+        }
     }
 }

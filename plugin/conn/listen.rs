@@ -36,7 +36,9 @@ const ACCEPTS_PER_CALL: usize = 256;
 pub struct Listen {
     listener: TcpListener,
     handle: Handle,
-    dev: Arc<dyn Device>,
+    /// The device it listens on: one, or a virtual device's physical ones (QP `q` of a
+    /// connection on `devs[q % len]`).
+    devs: Vec<Arc<dyn Device>>,
     dev_name: String,
     cfg: Config,
     pending: Vec<Accepting>,
@@ -89,6 +91,8 @@ enum AcceptStage {
         qps: Vec<Box<dyn QueuePair>>,
         /// The sender's `VERBSNET_IB_SPLIT_DATA_ON_QPS`, adopted.
         split: bool,
+        /// The sender's devices (for the INFO line).
+        peer_devs: u8,
         bufs: RecvBuffers,
         engine: RecvEngine,
         /// The sender's traffic class and SL, which this end's QP uses.
@@ -122,7 +126,7 @@ impl From<Error> for StepError {
 impl Listen {
     /// Opens a non-blocking listener on `ip` (port chosen by the OS) and writes the handle.
     pub fn new(
-        dev: Arc<dyn Device>,
+        devs: Vec<Arc<dyn Device>>,
         dev_name: String,
         kind: Kind,
         ip: IpAddr,
@@ -148,12 +152,13 @@ impl Listen {
             nonce: random_u64(),
             kind,
             addr,
+            devs: devs.len() as u8,
         };
         handle.write(out);
         Ok(Listen {
             listener,
             handle,
-            dev,
+            devs,
             dev_name,
             cfg: cfg.clone(),
             pending: Vec::new(),
@@ -451,12 +456,30 @@ impl Listen {
                     if own_split { "on" } else { "off" },
                 );
             }
-            let mut qps = create_qps(&self.dev, &self.dev_name, &qpc, n, false)?;
-            let bufs =
-                RecvBuffers::alloc(&self.dev, &self.cfg).map_err(|e| e.lift(Stage::Buffers))?;
-            let engine =
-                RecvComm::prepare(&mut *qps[0], (n as u8, h.split), &bufs, &h.p, &self.cfg)
-                    .map_err(|e| e.lift(Stage::Buffers))?;
+            // The receiver's devices as the sender read them from our handle; QP `q` runs on
+            // our device `q % devs` whatever the sender's count (`create_qps`).
+            let own = self.devs.len() as u8;
+            if h.devs.1 != own {
+                return Err(StepError::Refuse(
+                    Refusal::Malformed,
+                    format!(
+                        "the hello names {} receiver devices, this listener has {own} (a handle \
+                         of another listener?)",
+                        h.devs.1
+                    ),
+                ));
+            }
+            let mut qps = create_qps(&self.devs, &self.dev_name, &qpc, n, false)?;
+            let bufs = RecvBuffers::alloc(&self.devs[0], &self.cfg, own)
+                .map_err(|e| e.lift(Stage::Buffers))?;
+            let engine = RecvComm::prepare(
+                &mut *qps[0],
+                (n as u8, h.split, own),
+                &bufs,
+                &h.p,
+                &self.cfg,
+            )
+            .map_err(|e| e.lift(Stage::Buffers))?;
             let oob =
                 a.wire.stream.try_clone().map_err(|e| {
                     Error::new(Stage::QpSetup, Class::System, "dup socket").because(e)
@@ -488,6 +511,7 @@ impl Listen {
                 nonce: h.nonce,
                 qp_info: qps.iter().map(|q| q.local_info()).collect(),
                 split: h.split,
+                devs: h.devs,
                 p: RecvComm::announce(&bufs, &engine, &self.cfg),
                 tc: h.tc,
                 sl: h.sl,
@@ -496,6 +520,7 @@ impl Listen {
             a.stage = AcceptStage::Reply {
                 qps,
                 split: h.split,
+                peer_devs: h.devs.0,
                 bufs,
                 engine,
                 tc: h.tc,
@@ -519,6 +544,7 @@ impl Listen {
             let AcceptStage::Reply {
                 mut qps,
                 split,
+                peer_devs,
                 bufs,
                 engine,
                 tc,
@@ -547,10 +573,10 @@ impl Listen {
                 if engine.credits() { "on" } else { "off" },
                 tc,
                 sl,
-                qps_note(qps.len(), split)
+                qps_note(qps.len(), split, (self.devs.len(), peer_devs.into()))
             );
             return Ok(Some(RecvComm::new(
-                self.dev.clone(),
+                self.devs.clone(),
                 qps,
                 bufs,
                 engine,

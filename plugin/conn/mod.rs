@@ -145,35 +145,67 @@ pub fn data_qp_config(qp0: &QpConfig, sender: bool) -> QpConfig {
     }
 }
 
-/// Creates the `n` QPs of one connection on `dev` (QP 0 with `qp0`, the others with
-/// [`data_qp_config`]), after checking `n` against the device's limit ([`Device::max_qps`]).
+/// The QP count of a connection the connecting side makes with `cfg` from `devs` devices to
+/// a listener on `peer_devs`: `VERBSNET_IB_QPS_PER_CONNECTION` × the larger device count, as
+/// NCCL IB (`ncclIbConnect`, `src/transport/net_ib/connect.cc`: `nqps = qpsPerConn ×
+/// max(local ndevs, remote ndevs)`), so every device of both sides gets QPs.
 ///
 /// # Errors
-/// [`Stage::QpSetup`], naming `VERBSNET_IB_QPS_PER_CONNECTION` when `n` is above the device's
-/// limit or a data QP cannot be created (the device ran out of QPs or CQs).
+/// [`Stage::QpSetup`] when that exceeds [`crate::engine::MAX_QPS_PER_CONNECTION`].
+fn conn_qps(cfg: &Config, devs: usize, peer_devs: u8) -> Result<usize, Error> {
+    let per = usize::from(cfg.ib_qps_per_connection);
+    let d = devs.max(usize::from(peer_devs)).max(1);
+    let n = per * d;
+    if n > crate::engine::MAX_QPS_PER_CONNECTION {
+        return Err(Error::new(
+            Stage::QpSetup,
+            Class::Usage,
+            format!(
+                "VERBSNET_IB_QPS_PER_CONNECTION={per} × {d} devices (a virtual device) makes \
+                 {n} QPs per connection, above {}; lower VERBSNET_IB_QPS_PER_CONNECTION",
+                crate::engine::MAX_QPS_PER_CONNECTION
+            ),
+        ));
+    }
+    Ok(n)
+}
+
+/// Creates the `n` QPs of one connection, QP `i` on `devs[i % devs.len()]` (NCCL IB's
+/// `devIndex = qpIndex % ndevs`, `net_ib/connect.cc`; one device: all on it), QP 0 with `qp0`,
+/// the others with [`data_qp_config`], after checking each device's share against its limit
+/// ([`Device::max_qps`]).
+///
+/// # Errors
+/// [`Stage::QpSetup`], naming `VERBSNET_IB_QPS_PER_CONNECTION` when a device's share is above
+/// its limit or a data QP cannot be created (the device ran out of QPs or CQs).
 fn create_qps(
-    dev: &Arc<dyn Device>,
+    devs: &[Arc<dyn Device>],
     dev_name: &str,
     qp0: &QpConfig,
     n: usize,
     sender: bool,
 ) -> Result<Vec<Box<dyn QueuePair>>, Error> {
-    if let Some(max) = dev.max_qps() {
-        if n > max as usize {
-            return Err(Error::new(
-                Stage::QpSetup,
-                Class::System,
-                format!(
-                    "{n} QPs per connection (VERBSNET_IB_QPS_PER_CONNECTION, the connecting \
-                     side's) exceed what {dev_name} can hold ({max} QPs or CQs); lower it"
-                ),
-            ));
+    let share = n.div_ceil(devs.len().max(1));
+    for dev in devs {
+        if let Some(max) = dev.max_qps() {
+            if share > max as usize {
+                return Err(Error::new(
+                    Stage::QpSetup,
+                    Class::System,
+                    format!(
+                        "{share} QPs per connection on {} (VERBSNET_IB_QPS_PER_CONNECTION, the \
+                         connecting side's) exceed what it can hold ({max} QPs or CQs); lower it",
+                        dev.props().name
+                    ),
+                ));
+            }
         }
     }
     let data = data_qp_config(qp0, sender);
     let mut qps = Vec::with_capacity(n);
     for i in 0..n {
         let cfg = if i == 0 { qp0 } else { &data };
+        let dev = &devs[i % devs.len()];
         let qp = dev.create_qp(cfg).map_err(|e| {
             let msg = if n == 1 {
                 format!("creating a QP on {dev_name}")
@@ -191,13 +223,17 @@ fn create_qps(
 }
 
 /// `", N QPs (split on|off)"` for the INFO line of a connection with more than one QP (empty
-/// with one).
-fn qps_note(n: usize, split: bool) -> String {
+/// with one), then `", over D devices (peer: P)"` when either side is a virtual device
+/// (`devs` = (this side's, the peer's)).
+fn qps_note(n: usize, split: bool, devs: (usize, usize)) -> String {
+    let mut s = String::new();
     if n > 1 {
-        format!(", {n} QPs (split {})", if split { "on" } else { "off" })
-    } else {
-        String::new()
+        s = format!(", {n} QPs (split {})", if split { "on" } else { "off" });
     }
+    if devs.0 > 1 || devs.1 > 1 {
+        s += &format!(", over {} devices (peer: {})", devs.0, devs.1);
+    }
+    s
 }
 
 #[cfg(test)]

@@ -67,6 +67,7 @@ use crate::transport::{RecvWr, SendWr, WcStatus};
 pub use exec::{ActionQueue, ActionSink, Executor};
 pub use recv::{RecvBuf, RecvEngine, RecvParams};
 pub use send::{SendEngine, SendParams};
+pub use wire::Keys;
 
 /// Send request slots per send comm: NCCL may keep `NCCL_NET_MAX_REQUESTS` (32) requests per
 /// comm, times `maxRecvs` (8) on the send side (ext-net README).

@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 
 use super::wire::{
-    self, CtsBuf, CtsEntry, EagerHeader, CTS_ENTRY_LEN, EAGER_HDR_LEN, MAX_RECVS, REC_SLOTS,
+    self, CtsBuf, CtsEntry, EagerHeader, Keys, CTS_ENTRY_LEN, EAGER_HDR_LEN, MAX_RECVS, REC_SLOTS,
     REC_TOO_BIG,
 };
 use super::{
@@ -16,8 +16,9 @@ use crate::transport::{SendOpcode, SendWr, Sge, Wc, WcOpcode, WcStatus};
 
 mod rq;
 
-/// Registered bytes of a receive comm besides its bounce buffers: the record ring and the
-/// control staging slots.
+/// Registered bytes of a receive comm on one device besides its bounce buffers: the record
+/// ring and the control staging slots (on a virtual device the slots are
+/// [`wire::CTS_ENTRY_LEN_STRIPED`] bytes: [`RecvParams::cts_entry_len`]).
 pub const RECV_FIXED_BYTES: u64 =
     (REC_SLOTS * MAX_RECVS * 8 + CTRL_STAGE_SLOTS * CTS_ENTRY_LEN) as u64;
 
@@ -45,9 +46,10 @@ pub struct RecvParams {
     pub bounce: (u64, u32),
     /// Our record ring (`REC_SLOTS * MAX_RECVS * 8` bytes), read on rendezvous arrivals.
     pub rec_ring: u64,
-    /// Staging for CTS and credit writes: `CTRL_STAGE_SLOTS * CTS_ENTRY_LEN` bytes (addr, lkey).
+    /// Staging for CTS and credit writes: `CTRL_STAGE_SLOTS * cts_entry_len(rkeys)` bytes
+    /// (addr, lkey).
     pub ctrl_stage: (u64, u32),
-    /// The sender's CTS ring: `CTS_RING_ENTRIES * CTS_ENTRY_LEN` bytes (addr, rkey).
+    /// The sender's CTS ring: `CTS_RING_ENTRIES * cts_entry_len(rkeys)` bytes (addr, rkey).
     pub peer_cts_ring: (u64, u32),
     /// The sender's credit word, 8 bytes (addr, rkey).
     pub peer_credit_word: (u64, u32),
@@ -61,6 +63,17 @@ pub struct RecvParams {
     pub split: bool,
     /// First send/receive sequence number (as the sender's).
     pub first_seq: u64,
+    /// The devices this end's buffers are registered on (`1..=MAX_DEVS`: a virtual device's,
+    /// `makeVDevice`): every [`RecvBuf`] carries that many rkeys, and the CTS entries are
+    /// [`wire::cts_entry_len`]`(rkeys)` bytes.
+    pub rkeys: u8,
+}
+
+impl RecvParams {
+    /// Bytes of one CTS entry of this connection.
+    pub fn cts_entry_len(&self) -> usize {
+        wire::cts_entry_len(self.rkeys)
+    }
 }
 
 /// One buffer of a (grouped) receive.
@@ -70,8 +83,9 @@ pub struct RecvBuf {
     pub addr: u64,
     /// Capacity in bytes.
     pub cap: u64,
-    /// Remote key the sender may write with.
-    pub rkey: u32,
+    /// Remote keys the sender may write with, one per device of this end
+    /// ([`RecvParams::rkeys`]).
+    pub rkeys: Keys,
     /// Tag expected for this buffer.
     pub tag: i32,
 }
@@ -249,6 +263,14 @@ impl RecvEngine {
                 bufs.len()
             )));
         }
+        if let Some(b) = bufs.iter().find(|b| b.rkeys.len() != self.p.rkeys) {
+            return Err(ReqError::Usage(format!(
+                "irecv of a buffer registered on {} device(s); this comm runs on {} (register \
+                 buffers through the comm that uses them)",
+                b.rkeys.len(),
+                self.p.rkeys
+            )));
+        }
         if self.reqs.in_use() == MAX_RECV_REQUESTS
             || self.ctrl_outstanding() as usize >= CTRL_STAGE_SLOTS
         {
@@ -307,7 +329,7 @@ impl RecvEngine {
             *c = CtsBuf {
                 addr: u.addr,
                 cap: u.cap,
-                rkey: u.rkey,
+                rkeys: u.rkeys,
                 tag: u.tag,
             };
         }
@@ -320,24 +342,24 @@ impl RecvEngine {
             bufs: cb,
         };
         let (stage, cts_id, signaled) = self.ctrl_slot(WrKind::Cts).expect("checked above");
+        let len = self.p.cts_entry_len();
         self.actions.push(Action::Stage {
             addr: stage,
-            bytes: entry.encode().to_vec(),
+            bytes: entry.encode(len),
         });
         self.actions.push(Action::PostSend(SendWr {
             wr_id: cts_id,
             sgl: [
                 Sge {
                     addr: stage,
-                    length: CTS_ENTRY_LEN as u32,
+                    length: len as u32,
                     lkey: self.p.ctrl_stage.1,
                 },
                 Sge::default(),
             ],
             num_sge: 1,
             opcode: SendOpcode::RdmaWrite {
-                remote_addr: self.p.peer_cts_ring.0
-                    + (r % CTS_RING_ENTRIES as u64) * CTS_ENTRY_LEN as u64,
+                remote_addr: self.p.peer_cts_ring.0 + (r % CTS_RING_ENTRIES as u64) * len as u64,
                 rkey: self.p.peer_cts_ring.1,
             },
             signaled,

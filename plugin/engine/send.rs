@@ -3,8 +3,8 @@
 use std::collections::VecDeque;
 
 use super::wire::{
-    self, CtsBuf, CtsEntry, EagerHeader, CTS_ENTRY_LEN, EAGER_HDR_LEN, MAX_RECVS, REC_SLOTS,
-    REC_TOO_BIG,
+    self, CtsBuf, CtsEntry, EagerHeader, Keys, CTS_ENTRY_LEN_STRIPED, EAGER_HDR_LEN, MAX_RECVS,
+    REC_SLOTS, REC_TOO_BIG,
 };
 use super::{
     piece_index, piece_parse, wc_error, wr_id, wr_parse, Action, MemRead, ReqError, ReqId, Slots,
@@ -12,8 +12,9 @@ use super::{
 };
 use crate::transport::{SendOpcode, SendWr, Sge, Wc, WcStatus};
 
-/// Registered bytes of a send comm: eager header and record staging for every request slot,
-/// the CTS ring and the credit word.
+/// Registered bytes of a send comm to a receiver on one device: eager header and record
+/// staging for every request slot, the CTS ring and the credit word (to a virtual device the
+/// ring is larger: [`wire::send_comm_buffers`]).
 pub const SEND_FIXED_BYTES: u64 = {
     let b = super::wire::SEND_COMM_BUFFERS;
     (b[0] + b[1] + b[2] + b[3]) as u64
@@ -43,8 +44,13 @@ pub struct SendParams {
     pub rec_stage: (u64, u32),
     /// The receiver's record ring: `REC_SLOTS * MAX_RECVS * 8` bytes (addr, rkey).
     pub peer_rec_ring: (u64, u32),
-    /// Our CTS ring, which the receiver RDMA-writes: `CTS_RING_ENTRIES * CTS_ENTRY_LEN` bytes.
+    /// Our CTS ring, which the receiver RDMA-writes: `CTS_RING_ENTRIES * cts_entry_len(rkeys)`
+    /// bytes.
     pub cts_ring: u64,
+    /// The receiver's devices (`1..=MAX_DEVS`; more than one: it listens on a virtual device,
+    /// `makeVDevice`): each buffer of its CTS entries carries that many rkeys, and the entries
+    /// are [`wire::cts_entry_len`]`(rkeys)` bytes.
+    pub rkeys: u8,
     /// Our credit word (cumulative credits granted), which the receiver RDMA-writes: 8 bytes.
     pub credit_word: u64,
     /// Sequence number of the first send and the first receive (0 in production; tests start
@@ -189,7 +195,7 @@ impl SendEngine {
             failed: None,
             actions: Vec::new(),
             stats: Stats {
-                pinned_bytes: SEND_FIXED_BYTES,
+                pinned_bytes: wire::send_comm_buffers(p.rkeys).iter().sum::<usize>() as u64,
                 ..Stats::default()
             },
             refusing: None,
@@ -215,15 +221,16 @@ impl SendEngine {
         let word = mem
             .read(self.p.credit_word, &mut w)
             .then(|| u64::from_le_bytes(w));
-        let mut b = [0u8; CTS_ENTRY_LEN];
+        let len = wire::cts_entry_len(self.p.rkeys);
+        let mut whole = [0u8; CTS_ENTRY_LEN_STRIPED];
+        let b = &mut whole[..len];
         while self.failed.is_none() {
             let r = self.next_r;
-            let at = self.p.cts_ring + (r % CTS_RING_ENTRIES as u64) * CTS_ENTRY_LEN as u64;
+            let at = self.p.cts_ring + (r % CTS_RING_ENTRIES as u64) * len as u64;
             // The two sequence words first: most polls find no new entry, and then the other
             // 240 bytes need no copy.
             let (mut head, mut tail) = ([0u8; 8], [0u8; 8]);
-            let words =
-                mem.read(at, &mut head) && mem.read(at + wire::CTS_TAIL_SEQ as u64, &mut tail);
+            let words = mem.read(at, &mut head) && mem.read(at + len as u64 - 8, &mut tail);
             match CtsEntry::landed(u64::from_le_bytes(head), u64::from_le_bytes(tail), r) {
                 _ if !words => {}
                 Ok(true) => {}
@@ -233,13 +240,13 @@ impl SendEngine {
                     break;
                 }
             }
-            if !mem.read(at, &mut b) {
+            if !mem.read(at, b) {
                 self.fail(ReqError::Local(format!(
                     "CTS ring slot at {at:#x} is not readable"
                 )));
                 break;
             }
-            match CtsEntry::decode(&b, r) {
+            match CtsEntry::decode(b, r) {
                 Ok(Some(e)) => {
                     got = true;
                     if self.handle_cts(now, e).is_err() {
@@ -302,7 +309,8 @@ impl SendEngine {
         std::mem::take(&mut self.actions)
     }
 
-    /// Starts sending `size` bytes at `addr` (covered by `lkey`) with `tag`.
+    /// Starts sending `size` bytes at `addr` (covered by `lkeys`: one lkey per device of this
+    /// end, QP `q` using [`Keys::at`]`(q)`) with `tag`.
     ///
     /// Matching follows NCCL's IB transport (`src/transport/net_ib/p2p.cc`, `ncclIbIsend`):
     /// receive groups form a FIFO in posting order and a send may only take the first unmatched
@@ -336,7 +344,7 @@ impl SendEngine {
         &mut self,
         now: u64,
         addr: u64,
-        lkey: u32,
+        lkeys: Keys,
         size: u64,
         tag: i32,
     ) -> Result<Option<ReqId>, ReqError> {
@@ -410,7 +418,7 @@ impl SendEngine {
             Some((r, i, g, buf)) => {
                 self.stats.rendezvous += 1;
                 if self.p.qps > 1 && (self.p.split || g % u64::from(self.p.qps) != 0) {
-                    self.post_pieces(id, g, (addr, lkey, size), (r, i, buf), starved);
+                    self.post_pieces(id, g, (addr, lkeys, size), (r, i, buf), starved);
                     return Ok(Some(id));
                 }
                 self.actions.push(Action::PostSend(SendWr {
@@ -419,14 +427,14 @@ impl SendEngine {
                         Sge {
                             addr,
                             length: size as u32,
-                            lkey,
+                            lkey: lkeys.at(0),
                         },
                         Sge::default(),
                     ],
                     num_sge: u8::from(size > 0),
                     opcode: SendOpcode::RdmaWriteWithImm {
                         remote_addr: buf.addr,
-                        rkey: buf.rkey,
+                        rkey: buf.rkeys.at(0),
                         imm: wire::imm_encode(r, i, false, starved),
                     },
                     signaled: true,
@@ -459,7 +467,7 @@ impl SendEngine {
                         Sge {
                             addr,
                             length: size as u32,
-                            lkey,
+                            lkey: lkeys.at(0),
                         },
                     ],
                     num_sge: if size == 0 { 1 } else { 2 },
@@ -501,7 +509,7 @@ impl SendEngine {
         None
     }
 
-    /// Posts every WR of direct send `id` (payload `(addr, lkey, size)`) into buffer `i` (global
+    /// Posts every WR of direct send `id` (payload `(addr, lkeys, size)`) into buffer `i` (global
     /// index `g`) of receive `r` over the connection's QPs ([`wr_plan`]): each a signaled RDMA
     /// WRITE WITH IMM naming `r` and `i` (the starved bit on QP 0's only), on QP 0 as
     /// [`Action::PostSend`], on a data QP as [`Action::PostSendQp`]. The send completes when
@@ -510,7 +518,7 @@ impl SendEngine {
         &mut self,
         id: ReqId,
         g: u64,
-        (addr, lkey, size): (u64, u32, u64),
+        (addr, lkeys, size): (u64, Keys, u64),
         (r, i, buf): (u64, usize, CtsBuf),
         starved: bool,
     ) {
@@ -525,14 +533,14 @@ impl SendEngine {
                     Sge {
                         addr: addr + off,
                         length: len as u32,
-                        lkey,
+                        lkey: lkeys.at(qp),
                     },
                     Sge::default(),
                 ],
                 num_sge: u8::from(len > 0),
                 opcode: SendOpcode::RdmaWriteWithImm {
                     remote_addr: buf.addr + off,
-                    rkey: buf.rkey,
+                    rkey: buf.rkeys.at(qp),
                     imm: wire::imm_encode(r, i, false, starved && qp == 0),
                 },
                 signaled: true,
@@ -604,6 +612,17 @@ impl SendEngine {
             let err = ReqError::Protocol(format!(
                 "CTS for receive {} with base {} arrived, expected receive {} with base {}",
                 e.r, e.base, self.next_r, self.next_base
+            ));
+            self.fail(err.clone());
+            return Err(err);
+        }
+        if e.bufs[0].rkeys.len() != self.p.rkeys {
+            let err = ReqError::Protocol(format!(
+                "CTS for receive {} carries {} rkeys per buffer, expected {} (the receiver's \
+                 devices, from its listen handle)",
+                e.r,
+                e.bufs[0].rkeys.len(),
+                self.p.rkeys
             ));
             self.fail(err.clone());
             return Err(err);

@@ -8,10 +8,15 @@ use std::collections::VecDeque;
 use super::*;
 use crate::transport::{RecvWr, SendOpcode, SendWr, Wc, WcOpcode, WcStatus};
 
-/// Flat fake memory: regions at fixed addresses, each with an rkey.
+/// Flat fake memory: regions at fixed addresses, each with an rkey; the user region has one
+/// key per device of its side (a virtual device: `PairCfg::devs`), and QP `q` runs on device
+/// `q % devices`, so a WR on it must name that device's key (lkey of a local SGE, rkey of a
+/// remote write), as on a NIC where another device's key means nothing.
 #[derive(Default)]
 pub struct Mem {
     segs: Vec<(u64, Vec<u8>, u32)>,
+    /// The user region (`S_USER` or `R_USER`): its address and its key on each device.
+    user: Option<(u64, Vec<u32>)>,
 }
 
 impl Mem {
@@ -34,9 +39,18 @@ impl Mem {
             None => false,
         }
     }
-    fn write_remote(&mut self, addr: u64, rkey: u32, b: &[u8]) -> bool {
+    /// The key of the user region on the device QP `qp` runs on, if `addr` lies in it.
+    fn user_key(&self, addr: u64, qp: u8) -> Option<u32> {
+        let (base, keys) = self.user.as_ref()?;
+        let inside = addr >= *base && addr < base + USER_LEN as u64;
+        inside.then(|| keys[usize::from(qp) % keys.len()])
+    }
+    /// A remote write arriving on QP `qp`: lands only with the key of the region on the
+    /// device that QP runs on.
+    fn write_remote(&mut self, qp: u8, addr: u64, rkey: u32, b: &[u8]) -> bool {
+        let want = |seg: &(u64, Vec<u8>, u32)| self.user_key(addr, qp).unwrap_or(seg.2);
         match self.find(addr, b.len()) {
-            Some((i, o)) if self.segs[i].2 == rkey => {
+            Some((i, o)) if want(&self.segs[i]) == rkey => {
                 self.segs[i].1[o..o + b.len()].copy_from_slice(b);
                 true
             }
@@ -196,6 +210,16 @@ const RKEY_CREDIT: u32 = 12;
 const RKEY_REC: u32 = 21;
 pub const RKEY_USER: u32 = 22;
 
+/// The sender's user region's key on device `j` (0 on device 0).
+pub fn lkey_user(j: u8) -> u32 {
+    0x30 * u32::from(j)
+}
+
+/// The receiver's user region's key on device `j` ([`RKEY_USER`] on device 0).
+pub fn rkey_user(j: u8) -> u32 {
+    RKEY_USER + 0x100 * u32::from(j)
+}
+
 /// Fault and timing knobs.
 pub struct Knobs {
     /// Receive posts are held back (the receiver "stops posting").
@@ -268,6 +292,10 @@ pub struct PairCfg {
     pub qps: u8,
     /// Split direct sends over all QPs (`VERBSNET_IB_SPLIT_DATA_ON_QPS`).
     pub split: bool,
+    /// Devices of (sender, receiver): `1..=MAX_DEVS` each (a virtual device, `makeVDevice`).
+    /// QP `q` runs on device `q % devices` of its side; the user buffers have one key per
+    /// device, and a WR with another device's key fails (lkey: a panic; rkey: an access error).
+    pub devs: (u8, u8),
 }
 
 impl Default for PairCfg {
@@ -287,6 +315,7 @@ impl Default for PairCfg {
             first_gen: 0,
             qps: 1,
             split: false,
+            devs: (1, 1),
         }
     }
 }
@@ -346,6 +375,10 @@ pub struct Pair {
     /// Receive user-buffer regions, per request slot and buffer.
     recv_bufs: std::collections::HashMap<(u32, usize), u64>,
     pub steps: u64,
+    /// The sender's user region's keys, one per device (what `isend` passes).
+    pub lkeys: Keys,
+    /// The receiver's user region's keys, one per device (what `irecv` passes).
+    pub rkeys: Keys,
     /// The one action executor, as the comms have theirs.
     exec: Executor,
 }
@@ -355,15 +388,18 @@ impl Pair {
         let mut smem = Mem::default();
         let mut rmem = Mem::default();
         // The same layout the comms register (engine::wire).
-        let [hdr, rec, cts, credit] = super::wire::SEND_COMM_BUFFERS;
+        let (sdevs, rdevs) = (c.devs.0.max(1), c.devs.1.max(1));
+        let [hdr, rec, cts, credit] = super::wire::send_comm_buffers(rdevs);
         smem.add(S_HDR, hdr, 0);
         smem.add(S_REC, rec, 0);
         smem.add(S_CTS, cts, RKEY_CTS);
         smem.add(S_CREDIT, credit, RKEY_CREDIT);
         smem.add(S_USER, USER_LEN, 0);
+        smem.user = Some((S_USER, (0..sdevs).map(lkey_user).collect()));
         let stride = super::wire::bounce_stride(c.eager_buf_size) as usize;
         let [_, rec_ring, ctrl] =
-            super::wire::recv_comm_buffers(c.rq_depth, c.eager_buf_size as u32).map(|n| n as usize);
+            super::wire::recv_comm_buffers(c.rq_depth, c.eager_buf_size as u32, rdevs)
+                .map(|n| n as usize);
         let rq_min = c.rq_min.unwrap_or(c.rq_depth);
         rmem.add(R_BOUNCE, rq_min as usize * stride, 0);
         rmem.add(R_POOL, (c.pool_bufs as usize).max(1) * stride, 0);
@@ -374,6 +410,7 @@ impl Pair {
         rmem.add(R_REC, rec_ring, RKEY_REC);
         rmem.add(R_CTRL, ctrl, 0);
         rmem.add(R_USER, USER_LEN, RKEY_USER);
+        rmem.user = Some((R_USER, (0..rdevs).map(rkey_user).collect()));
         let qps = c.qps.max(1);
         let rcv = RecvEngine::new(RecvParams {
             qps,
@@ -391,6 +428,7 @@ impl Pair {
             peer_credit_word: (S_CREDIT, RKEY_CREDIT),
             credits: c.credits,
             first_seq: c.first_seq,
+            rkeys: rdevs,
         });
         let snd = SendEngine::new(SendParams {
             qps,
@@ -405,6 +443,7 @@ impl Pair {
             credit_word: S_CREDIT,
             first_seq: c.first_seq,
             first_gen: c.first_gen,
+            rkeys: rdevs,
         });
         let mut p = Pair {
             snd,
@@ -426,6 +465,8 @@ impl Pair {
             rnr_naks: 0,
             recv_bufs: Default::default(),
             steps: 0,
+            lkeys: Keys::new(&(0..sdevs).map(lkey_user).collect::<Vec<_>>()).expect("1..=8"),
+            rkeys: Keys::new(&(0..rdevs).map(rkey_user).collect::<Vec<_>>()).expect("1..=8"),
             exec: Executor::default(),
         };
         p.apply_actions();
@@ -505,6 +546,14 @@ impl Pair {
         }
         let mut data = Vec::new();
         for s in wr.sges() {
+            if let Some(k) = fmem.user_key(s.addr, qp) {
+                assert_eq!(
+                    s.lkey, k,
+                    "QP {qp}'s WR {wr:?} names lkey {} for the user buffer, whose key on that \
+                     QP's device is {k}",
+                    s.lkey
+                );
+            }
             data.extend(fmem.get(s.addr, s.length as usize));
         }
         let consumes = !matches!(wr.opcode, SendOpcode::RdmaWrite { .. });
@@ -563,14 +612,14 @@ impl Pair {
         }
         let ok = match wr.opcode {
             SendOpcode::RdmaWrite { remote_addr, rkey } => {
-                tmem.write_remote(remote_addr, rkey, &data)
+                tmem.write_remote(qp, remote_addr, rkey, &data)
             }
             SendOpcode::RdmaWriteWithImm {
                 remote_addr,
                 rkey,
                 imm,
             } => {
-                let ok = tmem.write_remote(remote_addr, rkey, &data);
+                let ok = tmem.write_remote(qp, remote_addr, rkey, &data);
                 if ok {
                     let rwr = to.rq.pop_front().expect("checked");
                     complete(
@@ -788,9 +837,9 @@ impl Pair {
     pub fn isend(&mut self, off: u64, data: &[u8], tag: i32) -> Result<ReqId, ReqError> {
         assert!(self.smem.write(S_USER + off, data));
         for _ in 0..100_000 {
-            if let Some(id) = self
-                .snd
-                .isend(self.now, S_USER + off, 0, data.len() as u64, tag)?
+            if let Some(id) =
+                self.snd
+                    .isend(self.now, S_USER + off, self.lkeys, data.len() as u64, tag)?
             {
                 self.apply_actions();
                 return Ok(id);
@@ -807,7 +856,7 @@ impl Pair {
             .map(|&(o, cap, tag)| RecvBuf {
                 addr: R_USER + o,
                 cap,
-                rkey: RKEY_USER,
+                rkeys: self.rkeys,
                 tag,
             })
             .collect();

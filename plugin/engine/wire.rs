@@ -29,8 +29,16 @@
 //! | 24 | 4 | `n`: buffers in this (grouped) receive, 1..=8 |
 //! | 28 | 4 | `zeros`: zero-length receive WRs this `irecv` posted; they are the last `zeros` of the `credits` WRs |
 //! | 32 | 24×8 | per buffer: addr u64, capacity u64, rkey u32, tag i32 |
-//! | 224 | 24 | reserved |
+//! | 224 | 1 | `d`: rkeys per buffer, 1 (a receiver on one device) or its devices (a virtual one) |
+//! | 225 | 23 | reserved |
 //! | 248 | 8 | `r + 1` (tail sequence word) |
+//!
+//! A receiver on a virtual device of `d` > 1 physical ones (`makeVDevice`) registers each
+//! buffer on every device, and the sender writes a piece on QP `q` with the rkey of the device
+//! QP `q` runs on at the receiver (`q % d`, as NCCL IB's `devIndex`). Its entries are
+//! [`CTS_ENTRY_LEN_STRIPED`] (512) bytes: the first 224 as above, then at 256 + 4 × (7k + j − 1)
+//! buffer `k`'s rkey of device `j` (1 ≤ j < d), and the tail sequence word in the last 8 bytes
+//! ([`cts_entry_len`]). The listen handle tells the sender `d` before it allocates its ring.
 //!
 //! **Credit word** — 8 bytes the receiver RDMA-writes into the sender's credit word when it
 //! re-posts receive WRs and the sender may be short of credits: bits 39..0 = the low 40 bits of
@@ -63,25 +71,119 @@
 pub const MAX_RECVS: usize = 8;
 /// Bytes of the eager header.
 pub const EAGER_HDR_LEN: usize = 32;
-/// Offset of a CTS entry's tail sequence word (the head one is at 0).
+/// Offset of a 256-byte CTS entry's tail sequence word (the head one is at 0; a striped
+/// entry's is its last 8 bytes too).
 pub const CTS_TAIL_SEQ: usize = CTS_ENTRY_LEN - 8;
-/// Bytes of one CTS entry.
+/// Bytes of one CTS entry whose buffers carry one rkey each (a receiver on one device).
 pub const CTS_ENTRY_LEN: usize = 256;
+/// Bytes of one CTS entry whose buffers carry up to [`MAX_DEVS`] rkeys (a receiver on a
+/// virtual device).
+pub const CTS_ENTRY_LEN_STRIPED: usize = 512;
+/// Most physical devices behind one virtual device: `NCCL_NET_MAX_DEVS_PER_NIC` of
+/// `net_v12.h` (v9–v11 tables allow 4).
+pub const MAX_DEVS: usize = 8;
+
+/// Bytes of one CTS entry of a receiver whose buffers carry `rkeys` rkeys each (its devices).
+#[must_use]
+pub const fn cts_entry_len(rkeys: u8) -> usize {
+    if rkeys > 1 {
+        CTS_ENTRY_LEN_STRIPED
+    } else {
+        CTS_ENTRY_LEN
+    }
+}
+
+/// One memory key per device of a (virtual) device, in the device's order: what a buffer
+/// registered on all of them is known by. [`Keys::at`] gives the key for QP `q`, which runs on
+/// device `q % len` (NCCL IB: `devIndex = qpIndex % ndevs`, `src/transport/net_ib/connect.cc`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Keys {
+    keys: [u32; MAX_DEVS],
+    n: u8,
+}
+
+impl Default for Keys {
+    fn default() -> Keys {
+        Keys::one(0)
+    }
+}
+
+impl From<u32> for Keys {
+    fn from(k: u32) -> Keys {
+        Keys::one(k)
+    }
+}
+
+impl Keys {
+    /// The key of a buffer on one device.
+    #[must_use]
+    pub const fn one(k: u32) -> Keys {
+        let mut keys = [0; MAX_DEVS];
+        keys[0] = k;
+        Keys { keys, n: 1 }
+    }
+
+    /// One key per device, `1..=MAX_DEVS` of them; `None` otherwise.
+    #[must_use]
+    pub fn new(keys: &[u32]) -> Option<Keys> {
+        if keys.is_empty() || keys.len() > MAX_DEVS {
+            return None;
+        }
+        let mut k = [0; MAX_DEVS];
+        k[..keys.len()].copy_from_slice(keys);
+        Some(Keys {
+            keys: k,
+            n: keys.len() as u8,
+        })
+    }
+
+    /// The key QP `qp` uses: device `qp % len`'s.
+    #[must_use]
+    pub fn at(&self, qp: u8) -> u32 {
+        self.keys[usize::from(qp % self.n.max(1))]
+    }
+
+    /// Devices (keys): `1..=MAX_DEVS`.
+    #[must_use]
+    pub fn len(&self) -> u8 {
+        self.n
+    }
+
+    /// Always false: a buffer has a key on at least one device.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    /// The keys, device 0 first.
+    #[must_use]
+    pub fn as_slice(&self) -> &[u32] {
+        &self.keys[..usize::from(self.n)]
+    }
+}
 /// Record slots per receive comm: at least the receive request limit, so a slot is free again
 /// by the time its index comes round.
 pub const REC_SLOTS: usize = 32;
 /// Bit 63 of a record: the send was larger than the receive buffer and was refused.
 pub const REC_TOO_BIG: u64 = 1 << 63;
 
-/// The registered buffers of a send comm, in bytes, in the order the comm allocates them:
-/// eager-header staging (one header per send slot), record staging (one 8-byte record per send
-/// slot), the CTS ring the receiver writes, and the credit word it writes.
-pub const SEND_COMM_BUFFERS: [usize; 4] = [
-    super::MAX_SEND_REQUESTS * EAGER_HDR_LEN,
-    super::MAX_SEND_REQUESTS * 8,
-    super::CTS_RING_ENTRIES * CTS_ENTRY_LEN,
-    8,
-];
+/// The registered buffers of a send comm to a receiver on one device, in bytes, in the order
+/// the comm allocates them: eager-header staging (one header per send slot), record staging
+/// (one 8-byte record per send slot), the CTS ring the receiver writes, and the credit word it
+/// writes ([`send_comm_buffers`]`(1)`).
+pub const SEND_COMM_BUFFERS: [usize; 4] = send_comm_buffers(1);
+
+/// [`SEND_COMM_BUFFERS`] for a receiver whose buffers carry `rkeys` rkeys each (its devices):
+/// the CTS ring's entries are [`cts_entry_len`]`(rkeys)` bytes.
+#[must_use]
+pub const fn send_comm_buffers(rkeys: u8) -> [usize; 4] {
+    [
+        super::MAX_SEND_REQUESTS * EAGER_HDR_LEN,
+        super::MAX_SEND_REQUESTS * 8,
+        super::CTS_RING_ENTRIES * cts_entry_len(rkeys),
+        8,
+    ]
+}
 
 /// Bytes of one bounce buffer, header included: the distance between two in a receive comm's
 /// registration or a pool slab.
@@ -93,13 +195,14 @@ pub const fn bounce_stride(eager_buf_size: u64) -> u64 {
 /// The most a receive comm registers, in bytes, in allocation order: its bounce buffers at the
 /// full depth `rq_depth × (EAGER_HDR_LEN + eager_buf_size)` (its own and those it may grow by
 /// from the pool), the record ring the sender writes (`REC_SLOTS × MAX_RECVS` records of 8
-/// bytes), and the control staging (`CTRL_STAGE_SLOTS` CTS entries).
+/// bytes), and the control staging (`CTRL_STAGE_SLOTS` CTS entries of
+/// [`cts_entry_len`]`(rkeys)` bytes, `rkeys` its devices).
 #[must_use]
-pub fn recv_comm_buffers(rq_depth: u32, eager_buf_size: u32) -> [u64; 3] {
+pub fn recv_comm_buffers(rq_depth: u32, eager_buf_size: u32, rkeys: u8) -> [u64; 3] {
     [
         u64::from(rq_depth) * bounce_stride(eager_buf_size.into()),
         (REC_SLOTS * MAX_RECVS * 8) as u64,
-        (super::CTRL_STAGE_SLOTS * CTS_ENTRY_LEN) as u64,
+        (super::CTRL_STAGE_SLOTS * cts_entry_len(rkeys)) as u64,
     ]
 }
 
@@ -159,8 +262,9 @@ pub struct CtsBuf {
     pub addr: u64,
     /// Capacity in bytes.
     pub cap: u64,
-    /// Remote key for RDMA writes into it.
-    pub rkey: u32,
+    /// Remote keys for RDMA writes into it: one per device of the receiver (a write on QP `q`
+    /// uses [`Keys::at`]`(q)`).
+    pub rkeys: Keys,
     /// Tag the receive expects for this buffer.
     pub tag: i32,
 }
@@ -184,10 +288,13 @@ pub struct CtsEntry {
 }
 
 impl CtsEntry {
-    /// Serializes the entry.
-    pub fn encode(&self) -> [u8; CTS_ENTRY_LEN] {
-        let mut b = [0u8; CTS_ENTRY_LEN];
+    /// Serializes the entry into `len` bytes ([`cts_entry_len`] of its buffers' rkey count:
+    /// every buffer carries as many).
+    pub fn encode(&self, len: usize) -> Vec<u8> {
+        let mut b = vec![0u8; len];
         let seq = self.r.wrapping_add(1);
+        let d = self.bufs[0].rkeys.len();
+        b[224] = d;
         b[0..8].copy_from_slice(&seq.to_le_bytes());
         b[8..16].copy_from_slice(&self.credits.to_le_bytes());
         b[16..24].copy_from_slice(&self.base.to_le_bytes());
@@ -197,10 +304,16 @@ impl CtsEntry {
             let o = 32 + 24 * k;
             b[o..o + 8].copy_from_slice(&buf.addr.to_le_bytes());
             b[o + 8..o + 16].copy_from_slice(&buf.cap.to_le_bytes());
-            b[o + 16..o + 20].copy_from_slice(&buf.rkey.to_le_bytes());
+            b[o + 16..o + 20].copy_from_slice(&buf.rkeys.at(0).to_le_bytes());
             b[o + 20..o + 24].copy_from_slice(&buf.tag.to_le_bytes());
+            for j in 1..usize::from(d) {
+                let x = ext_rkey(k, j);
+                if let Some(dst) = b.get_mut(x..x + 4) {
+                    dst.copy_from_slice(&buf.rkeys.at(j as u8).to_le_bytes());
+                }
+            }
         }
-        b[CTS_TAIL_SEQ..CTS_ENTRY_LEN].copy_from_slice(&seq.to_le_bytes());
+        b[len - 8..len].copy_from_slice(&seq.to_le_bytes());
         b
     }
 
@@ -209,7 +322,7 @@ impl CtsEntry {
         Some(u64::from_le_bytes(b.get(0..8)?.try_into().ok()?))
     }
 
-    /// What a slot's two sequence words (`head` at offset 0, `tail` at [`CTS_TAIL_SEQ`]) say
+    /// What a slot's two sequence words (`head` at offset 0, `tail` in its last 8 bytes) say
     /// about the entry of receive `expect_r`: `Ok(true)` both name it (the whole entry has
     /// landed: decode it), `Ok(false)` not (fully) written yet (nothing, an older lap's entry,
     /// or only its head so far), `Err` a slot that holds something else (corrupt). The same
@@ -231,18 +344,17 @@ impl CtsEntry {
         ))
     }
 
-    /// Parses an entry that should hold receive `expect_r`. `Ok(None)`: not (fully) written yet.
-    /// `Err`: a complete entry that is not the expected one or is malformed.
+    /// Parses an entry that should hold receive `expect_r`, all of `b` (its length is the
+    /// ring's stride, [`cts_entry_len`]: the tail sequence word is its last 8 bytes).
+    /// `Ok(None)`: not (fully) written yet. `Err`: a complete entry that is not the expected
+    /// one or is malformed (an rkey count `d` outside what its length holds).
     pub fn decode(b: &[u8], expect_r: u64) -> Result<Option<CtsEntry>, String> {
-        if b.len() < CTS_ENTRY_LEN {
-            return Err(format!("CTS entry of {} bytes", b.len()));
+        let len = b.len();
+        if len != CTS_ENTRY_LEN && len != CTS_ENTRY_LEN_STRIPED {
+            return Err(format!("CTS entry of {len} bytes"));
         }
         let head = u64::from_le_bytes(b[0..8].try_into().unwrap_or_default());
-        let tail = u64::from_le_bytes(
-            b[CTS_TAIL_SEQ..CTS_ENTRY_LEN]
-                .try_into()
-                .unwrap_or_default(),
-        );
+        let tail = u64::from_le_bytes(b[len - 8..len].try_into().unwrap_or_default());
         if !CtsEntry::landed(head, tail, expect_r)? {
             return Ok(None);
         }
@@ -252,13 +364,27 @@ impl CtsEntry {
                 "CTS for receive {expect_r} announces {n} buffers (1..=8)"
             ));
         }
+        let d = usize::from(b[224]);
+        let most = if len == CTS_ENTRY_LEN { 1 } else { MAX_DEVS };
+        if d == 0 || d > most {
+            return Err(format!(
+                "CTS for receive {expect_r} carries {d} rkeys per buffer in a {len}-byte entry \
+                 (1..={most})"
+            ));
+        }
+        let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap_or_default());
         let mut bufs = [CtsBuf::default(); MAX_RECVS];
         for (k, buf) in bufs.iter_mut().enumerate().take(n as usize) {
             let o = 32 + 24 * k;
+            let mut rk = [0u32; MAX_DEVS];
+            rk[0] = u32_at(o + 16);
+            for (j, r) in rk.iter_mut().enumerate().take(d).skip(1) {
+                *r = u32_at(ext_rkey(k, j));
+            }
             *buf = CtsBuf {
                 addr: u64::from_le_bytes(b[o..o + 8].try_into().unwrap_or_default()),
                 cap: u64::from_le_bytes(b[o + 8..o + 16].try_into().unwrap_or_default()),
-                rkey: u32::from_le_bytes(b[o + 16..o + 20].try_into().unwrap_or_default()),
+                rkeys: Keys::new(&rk[..d]).unwrap_or_default(),
                 tag: i32::from_le_bytes(b[o + 20..o + 24].try_into().unwrap_or_default()),
             };
         }
@@ -272,6 +398,12 @@ impl CtsEntry {
         }))
     }
 }
+
+/// Offset of buffer `k`'s rkey of device `j` (1 ≤ j < [`MAX_DEVS`]) in a striped CTS entry.
+const fn ext_rkey(k: usize, j: usize) -> usize {
+    CTS_ENTRY_LEN + 4 * (k * (MAX_DEVS - 1) + j - 1)
+}
+const _: () = assert!(ext_rkey(MAX_RECVS - 1, MAX_DEVS - 1) + 4 <= CTS_ENTRY_LEN_STRIPED - 8);
 
 /// Immediate bit 31: the WRITE_WITH_IMM carries a record (refusal or size), not a payload.
 pub const IMM_RECORD: u32 = 1 << 31;
@@ -371,7 +503,7 @@ mod tests {
         bufs[1] = CtsBuf {
             addr: 0x1000,
             cap: 77,
-            rkey: 9,
+            rkeys: Keys::one(9),
             tag: 5,
         };
         let e = CtsEntry {
@@ -382,30 +514,31 @@ mod tests {
             zeros: 3,
             bufs,
         };
-        let b = e.encode();
+        let b = e.encode(CTS_ENTRY_LEN);
+        assert_eq!(b.len(), CTS_ENTRY_LEN);
         assert_eq!(CtsEntry::decode(&b, 41), Ok(Some(e)));
         // The previous lap's entry is "not ready", not an error.
         assert_eq!(CtsEntry::decode(&b, 41 + 512), Ok(None));
         assert_eq!(CtsEntry::decode(&[0u8; 256], 0), Ok(None));
         // Head written, tail not yet: not ready.
-        let mut torn = b;
+        let mut torn = b.clone();
         torn[248..256].copy_from_slice(&0u64.to_le_bytes());
         assert_eq!(CtsEntry::decode(&torn, 41), Ok(None));
         // A newer entry than expected: the ring was overrun.
         assert!(CtsEntry::decode(&b, 30).is_err());
-        let mut badn = b;
+        let mut badn = b.clone();
         badn[24..28].copy_from_slice(&9u32.to_le_bytes());
         assert!(CtsEntry::decode(&badn, 41).is_err());
         // The two sequence words alone decide "landed" as decode does (a reader looks at them
         // before it copies the entry).
-        let words = |e: &[u8; CTS_ENTRY_LEN]| {
+        let words = |e: &[u8]| {
             let w = |o: usize| u64::from_le_bytes(e[o..o + 8].try_into().unwrap());
             (w(0), w(CTS_TAIL_SEQ))
         };
         for (entry, r, landed) in [
-            (b, 41, Ok(true)),
-            (b, 41 + 512, Ok(false)),
-            ([0u8; CTS_ENTRY_LEN], 0, Ok(false)),
+            (b.clone(), 41, Ok(true)),
+            (b.clone(), 41 + 512, Ok(false)),
+            (vec![0u8; CTS_ENTRY_LEN], 0, Ok(false)),
             (torn, 41, Ok(false)),
         ] {
             let (head, tail) = words(&entry);
@@ -420,6 +553,64 @@ mod tests {
         assert!(CtsEntry::landed(head, tail, 30).is_err(), "overrun");
     }
 
+    /// A receiver on a virtual device of `d` devices announces `d` rkeys per buffer in a
+    /// 512-byte entry (tail word last); the count is checked against what the length holds.
+    #[test]
+    fn striped_cts_entries_carry_one_rkey_per_device_and_refuse_bad_counts() {
+        for d in [2u8, 3, 8] {
+            let keys: Vec<u32> = (0..u32::from(d)).map(|j| 0x100 + j).collect();
+            let mut bufs = [CtsBuf::default(); MAX_RECVS];
+            for (k, b) in bufs.iter_mut().enumerate() {
+                let ks: Vec<u32> = keys.iter().map(|x| x + 0x1000 * k as u32).collect();
+                *b = CtsBuf {
+                    addr: 0x1000 * k as u64,
+                    cap: 64,
+                    rkeys: Keys::new(&ks).unwrap(),
+                    tag: k as i32,
+                };
+            }
+            let e = CtsEntry {
+                r: 7,
+                credits: 9,
+                base: 3,
+                n: 8,
+                zeros: 1,
+                bufs,
+            };
+            let len = cts_entry_len(d);
+            assert_eq!(len, CTS_ENTRY_LEN_STRIPED);
+            let b = e.encode(len);
+            assert_eq!(CtsEntry::decode(&b, 7), Ok(Some(e)), "{d} devices");
+            assert_eq!(e.bufs[5].rkeys.at(d + 1), 0x5101, "QP d+1 is on device 1");
+            // The tail word is the entry's last: not landed until it is.
+            let mut torn = b.clone();
+            torn[len - 8..].fill(0);
+            assert_eq!(CtsEntry::decode(&torn, 7), Ok(None));
+            let mut bad = b.clone();
+            bad[224] = 9;
+            assert!(CtsEntry::decode(&bad, 7)
+                .unwrap_err()
+                .contains("9 rkeys per buffer"));
+        }
+        // A 256-byte entry holds one rkey per buffer.
+        let mut one = CtsEntry {
+            r: 1,
+            credits: 1,
+            base: 0,
+            n: 1,
+            zeros: 0,
+            bufs: [CtsBuf::default(); MAX_RECVS],
+        }
+        .encode(CTS_ENTRY_LEN);
+        assert_eq!(one[224], 1);
+        one[224] = 2;
+        assert!(CtsEntry::decode(&one, 1).unwrap_err().contains("(1..=1)"));
+        assert!(CtsEntry::decode(&one[..255], 1).is_err());
+        assert_eq!(Keys::new(&[]), None);
+        assert_eq!(Keys::new(&[1; 9]), None);
+        assert_eq!(Keys::one(5).at(200), 5);
+    }
+
     #[test]
     fn cts_sequence_wraps() {
         let e = CtsEntry {
@@ -430,7 +621,10 @@ mod tests {
             zeros: 0,
             bufs: [CtsBuf::default(); 8],
         };
-        assert_eq!(CtsEntry::decode(&e.encode(), u64::MAX - 1), Ok(Some(e)));
+        assert_eq!(
+            CtsEntry::decode(&e.encode(CTS_ENTRY_LEN), u64::MAX - 1),
+            Ok(Some(e))
+        );
         // Ring slot indices stay consistent across the 2^64 wrap (512 divides 2^64).
         assert_eq!(
             (u64::MAX % 512 + 1) % 512,

@@ -71,6 +71,36 @@ pub(crate) trait FromProps {
     fn from_props(p: &api::Properties) -> Self;
 }
 
+/// A `vProps` struct of one version (`ncclNetVDeviceProps_v9_t`: 4 devices;
+/// `ncclNetVDeviceProps_v12_t`: 8), as `makeVDevice` reads it and `getProperties` fills it.
+pub(crate) trait VProps {
+    /// The devices it may name (4 or 8).
+    const CAP: usize;
+    /// `ndevs`, as NCCL wrote it.
+    fn ndevs(&self) -> c_int;
+    /// `devs`, all `CAP` entries.
+    fn devs(&self) -> &[c_int];
+}
+
+/// The device list of `v`, or an `InvalidArgument` error when `ndevs` is outside `0..=CAP`.
+fn vprops_devs<V: VProps>(v: &V) -> Result<&[c_int], Error> {
+    usize::try_from(v.ndevs())
+        .ok()
+        .filter(|&n| n <= V::CAP)
+        .map(|n| &v.devs()[..n])
+        .ok_or_else(|| {
+            Error::new(
+                Op::MakeVDevice,
+                Class::InvalidArgument,
+                format!(
+                    "makeVDevice props name {} devices (this table's struct holds 0..={})",
+                    v.ndevs(),
+                    V::CAP
+                ),
+            )
+        })
+}
+
 /// A size NCCL passed that is negative (or, for `regMr`, beyond the address space).
 fn bad_size(op: Op, what: impl Display) -> Error {
     Error::new(op, Class::InvalidArgument, what.to_string())
@@ -163,6 +193,17 @@ entry! {
     {
         let p = api::properties(dev)?;
         *out!(props, "props") = P::from_props(&p);
+    }
+}
+
+entry! {
+    /// `makeVDevice(d, props)` (v9+): a virtual device over `props.devs` (NIC fusion, made by
+    /// NCCL's topology code, `src/graph/topo.cc`), its index written to `d`.
+    fn make_vdevice<V: VProps>(d: *mut c_int, props: *mut V) as "makeVDevice", Op::MakeVDevice {
+        let v = optional!(props).ok_or_else(|| boundary::null_arg(OP, "props"))?;
+        let devs = vprops_devs(v)?;
+        let out = out!(d, "d");
+        *out = api::make_vdevice(devs)?;
     }
 }
 

@@ -8,7 +8,8 @@ use std::ptr;
 
 use super::abi::{
     ncclNetCommConfig_v10_t, ncclNetProperties_v12_t, ncclNetProperties_v7_t,
-    ncclNetProperties_v8_t, ncclNetProperties_v9_t, ncclNet_v8_t, ncclResult_t, NCCL_PTR_HOST,
+    ncclNetProperties_v8_t, ncclNetProperties_v9_t, ncclNetVDeviceProps_v12_t,
+    ncclNetVDeviceProps_v9_t, ncclNet_v8_t, ncclResult_t, NCCL_PTR_HOST,
 };
 use super::v10::ncclNetPlugin_v10;
 use super::v11::ncclNetPlugin_v11;
@@ -508,11 +509,70 @@ fn every_table_is_named_verbsnet_with_the_optional_slots_null() {
         // SAFETY: each name points to the same static C string.
         assert_eq!(unsafe { CStr::from_ptr(n) }.to_str().unwrap(), "verbsnet");
     }
-    // makeVDevice NULL: NCCL then uses the physical devices as they are (src/plugin/net.cc).
-    assert!(ncclNetPlugin_v9.makeVDevice.is_none() && ncclNetPlugin_v10.makeVDevice.is_none());
+    // makeVDevice set from v9 on (NIC fusion, src/graph/topo.cc); setNetAttr NULL (optional).
+    assert!(ncclNetPlugin_v9.makeVDevice.is_some() && ncclNetPlugin_v10.makeVDevice.is_some());
     let (t11, t12) = (ncclNetPlugin_v11.get(), ncclNetPlugin_v12.get());
-    assert!(t11.makeVDevice.is_none() && t11.setNetAttr.is_none() && t11.finalize.is_some());
-    assert!(t12.makeVDevice.is_none() && t12.setNetAttr.is_none() && t12.finalize.is_some());
+    assert!(t11.makeVDevice.is_some() && t11.setNetAttr.is_none() && t11.finalize.is_some());
+    assert!(t12.makeVDevice.is_some() && t12.setNetAttr.is_none() && t12.finalize.is_some());
+}
+
+/// `makeVDevice` refuses what NCCL IB refuses, and what a struct cannot hold, with a clear
+/// error and nothing made (the successful path, which makes a process-wide device, runs in
+/// its own process: `testharness/tests/perf.rs`, `verbsnet-perf --vdevice`).
+#[test]
+fn make_vdevice_refuses_bad_device_lists_and_makes_nothing() {
+    let _ = setup();
+    let mut n0: c_int = 0;
+    // SAFETY: valid out-pointer.
+    let rc = unsafe { ncclNetPlugin_v9.devices.unwrap()(&mut n0) };
+    assert_eq!(rc, ncclResult_t::ncclSuccess);
+    let make9 = ncclNetPlugin_v9.makeVDevice.unwrap();
+    let make12 = ncclNetPlugin_v12.get().makeVDevice.unwrap();
+    let v9 = |n: i32, devs: &[i32]| {
+        let mut v = ncclNetVDeviceProps_v9_t {
+            ndevs: n,
+            ..Default::default()
+        };
+        v.devs[..devs.len()].copy_from_slice(devs);
+        v
+    };
+    let mut d: c_int = -7;
+    for (mut v, want) in [
+        (v9(0, &[]), ncclResult_t::ncclInvalidArgument),
+        (v9(5, &[0, 0, 0, 0]), ncclResult_t::ncclInvalidArgument),
+        (v9(-1, &[]), ncclResult_t::ncclInvalidArgument),
+        (v9(1, &[n0]), ncclResult_t::ncclInvalidArgument),
+        (v9(1, &[-1]), ncclResult_t::ncclInvalidArgument),
+        (v9(2, &[0, 0]), ncclResult_t::ncclInvalidArgument),
+    ] {
+        // SAFETY: valid pointers.
+        let rc = unsafe { make9(&mut d, &mut v) };
+        assert_eq!(rc, want, "{:?}", (v.ndevs, v.devs));
+        assert_eq!(d, -7, "nothing written on failure");
+    }
+    let mut w = ncclNetVDeviceProps_v12_t {
+        ndevs: 9,
+        ..Default::default()
+    };
+    // SAFETY: valid pointers.
+    let rc = unsafe { make12(&mut d, &mut w) };
+    assert_eq!(rc, ncclResult_t::ncclInvalidArgument);
+    // SAFETY: NULL props and NULL d are refused before any use.
+    unsafe {
+        assert_eq!(
+            make9(&mut d, std::ptr::null_mut()),
+            ncclResult_t::ncclInvalidArgument
+        );
+        assert_eq!(
+            make9(std::ptr::null_mut(), &mut v9(1, &[0])),
+            ncclResult_t::ncclInvalidArgument
+        );
+    }
+    let mut n1: c_int = 0;
+    // SAFETY: valid out-pointer.
+    let rc = unsafe { ncclNetPlugin_v9.devices.unwrap()(&mut n1) };
+    assert_eq!(rc, ncclResult_t::ncclSuccess);
+    assert_eq!(n1, n0, "no device made");
 }
 
 #[test]

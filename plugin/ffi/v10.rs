@@ -2,7 +2,7 @@
 //! per-connection config (`trafficClass`), `isend`/`irecv` profiler handles; properties as v9
 //! (net_v10.h).
 
-use super::abi::{ncclNetProperties_v10_t, ncclNet_v10_t};
+use super::abi::{ncclNetProperties_v10_t, ncclNetVDeviceProps_v9_t, ncclNet_v10_t};
 use super::boundary::Table;
 use super::shim;
 
@@ -29,5 +29,5 @@ pub static ncclNetPlugin_v10: Table<ncclNet_v10_t> = Table::new(ncclNet_v10_t {
     closeListen: Some(shim::close_listen),
     getDeviceMr: None,
     irecvConsumed: None,
-    makeVDevice: None,
+    makeVDevice: Some(shim::make_vdevice::<ncclNetVDeviceProps_v9_t>),
 });

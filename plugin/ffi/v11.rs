@@ -2,7 +2,9 @@
 //! `listen`/`connect` with that context, `finalize(ctx)`; `setNetAttr` NULL (optional);
 //! properties gain `maxMultiRequestSize` (net_v11.h).
 
-use super::abi::{ncclNetDeviceType, ncclNetProperties_v11_t, ncclNet_v11_t};
+use super::abi::{
+    ncclNetDeviceType, ncclNetProperties_v11_t, ncclNetVDeviceProps_v9_t, ncclNet_v11_t,
+};
 use super::boundary::Table;
 use super::shim::{self, FromProps};
 use super::v9::vprops_v9;
@@ -24,7 +26,7 @@ impl FromProps for ncclNetProperties_v11_t {
             maxRecvs: p.max_recvs,
             netDeviceType: ncclNetDeviceType::NCCL_NET_DEVICE_HOST,
             netDeviceVersion: 0,
-            vProps: vprops_v9(p.dev),
+            vProps: vprops_v9(p),
             maxP2pBytes: p.max_p2p_bytes as usize,
             maxCollBytes: p.max_coll_bytes as usize,
             maxMultiRequestSize: p.max_multi_request_size,
@@ -55,7 +57,7 @@ pub static ncclNetPlugin_v11: Table<ncclNet_v11_t> = Table::new(ncclNet_v11_t {
     closeListen: Some(shim::close_listen),
     getDeviceMr: None,
     irecvConsumed: None,
-    makeVDevice: None,
+    makeVDevice: Some(shim::make_vdevice::<ncclNetVDeviceProps_v9_t>),
     finalize: Some(shim::finalize),
     setNetAttr: None,
 });

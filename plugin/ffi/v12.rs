@@ -6,16 +6,17 @@ use super::abi::{
     ncclNetDeviceType, ncclNetProperties_v12_t, ncclNetVDeviceProps_v12_t, ncclNet_v12_t,
 };
 use super::boundary::Table;
-use super::shim::{self, FromProps};
+use super::shim::{self, FromProps, VProps};
 use crate::api::Properties;
+use std::ffi::c_int;
 
 impl FromProps for ncclNetProperties_v12_t {
     fn from_props(p: &Properties) -> Self {
         let mut v = ncclNetVDeviceProps_v12_t {
-            ndevs: 1,
+            ndevs: p.vprops.1 as i32,
             ..Default::default()
         };
-        v.devs[0] = p.dev;
+        v.devs.copy_from_slice(&p.vprops.0);
         ncclNetProperties_v12_t {
             name: p.name as *mut _,
             pciPath: p.pci_path as *mut _,
@@ -37,6 +38,16 @@ impl FromProps for ncclNetProperties_v12_t {
             railId: p.rail_id,
             planeId: p.plane_id,
         }
+    }
+}
+
+impl VProps for ncclNetVDeviceProps_v12_t {
+    const CAP: usize = 8;
+    fn ndevs(&self) -> c_int {
+        self.ndevs
+    }
+    fn devs(&self) -> &[c_int] {
+        &self.devs
     }
 }
 
@@ -63,7 +74,7 @@ pub static ncclNetPlugin_v12: Table<ncclNet_v12_t> = Table::new(ncclNet_v12_t {
     closeListen: Some(shim::close_listen),
     getDeviceMr: None,
     irecvConsumed: None,
-    makeVDevice: None,
+    makeVDevice: Some(shim::make_vdevice::<ncclNetVDeviceProps_v12_t>),
     finalize: Some(shim::finalize),
     setNetAttr: None,
 });

@@ -1,22 +1,35 @@
 //! `ncclNetPlugin_v9` (NCCL 2.24–2.25): `size_t` sizes in `isend`/`irecv` (not in `test` or
-//! `iflush`), properties with `forceFlush`, `vProps` and size limits, and a `makeVDevice`
-//! slot, NULL here: NCCL then uses the physical devices as they are (net_v9.h, src/plugin/net.cc).
+//! `iflush`), properties with `forceFlush`, `vProps` and size limits, and `makeVDevice` (NIC
+//! fusion: a virtual device over up to 4 physical ones, `api::make_vdevice`; net_v9.h,
+//! src/graph/topo.cc).
 
 use super::abi::{
     ncclNetDeviceType, ncclNetProperties_v9_t, ncclNetVDeviceProps_v9_t, ncclNet_v9_t,
 };
 use super::boundary::Table;
-use super::shim::{self, FromProps};
+use super::shim::{self, FromProps, VProps};
 use crate::api::Properties;
+use std::ffi::c_int;
 
-/// `{1, [dev]}`: every device is its own virtual NIC.
-pub(crate) fn vprops_v9(dev: i32) -> ncclNetVDeviceProps_v9_t {
-    let mut v = ncclNetVDeviceProps_v9_t {
-        ndevs: 1,
-        ..Default::default()
-    };
-    v.devs[0] = dev;
+/// The physical devices behind a device: `{1, [dev]}` for a physical one (every device is its
+/// own virtual NIC, as NCCL IB reports), its devices for a virtual one (at most 4 fit: a
+/// virtual device made through v12 with more reports its first 4).
+pub(crate) fn vprops_v9(p: &Properties) -> ncclNetVDeviceProps_v9_t {
+    let mut v = ncclNetVDeviceProps_v9_t::default();
+    let n = p.vprops.1.min(v.devs.len());
+    v.ndevs = n as i32;
+    v.devs[..n].copy_from_slice(&p.vprops.0[..n]);
     v
+}
+
+impl VProps for ncclNetVDeviceProps_v9_t {
+    const CAP: usize = 4;
+    fn ndevs(&self) -> c_int {
+        self.ndevs
+    }
+    fn devs(&self) -> &[c_int] {
+        &self.devs
+    }
 }
 
 impl FromProps for ncclNetProperties_v9_t {
@@ -35,7 +48,7 @@ impl FromProps for ncclNetProperties_v9_t {
             maxRecvs: p.max_recvs,
             netDeviceType: ncclNetDeviceType::NCCL_NET_DEVICE_HOST,
             netDeviceVersion: 0,
-            vProps: vprops_v9(p.dev),
+            vProps: vprops_v9(p),
             maxP2pBytes: p.max_p2p_bytes as usize,
             maxCollBytes: p.max_coll_bytes as usize,
         }
@@ -65,5 +78,5 @@ pub static ncclNetPlugin_v9: Table<ncclNet_v9_t> = Table::new(ncclNet_v9_t {
     closeListen: Some(shim::close_listen),
     getDeviceMr: None,
     irecvConsumed: None,
-    makeVDevice: None,
+    makeVDevice: Some(shim::make_vdevice::<ncclNetVDeviceProps_v9_t>),
 });

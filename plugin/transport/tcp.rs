@@ -266,10 +266,13 @@ impl Device for TcpDevice {
     }
 }
 
-/// The tcp devices: always exactly one, `tcp0`.
+/// The tcp devices: `VERBSNET_TCP_DEVICES` of them (default one), `tcp0` first, each with its
+/// own key registry (a key of one is unknown to the others, as on separate NICs).
 pub fn open_devices(cfg: &Config) -> Vec<Arc<dyn Device>> {
-    let _ = cfg; // nothing to configure: the data path is the handshake's stream
-    vec![Arc::new(TcpDevice::new(0))]
+    // The data path is the handshake's stream; devices differ only in their keys and names.
+    (0..u32::from(cfg.tcp_devices.max(1)))
+        .map(|i| Arc::new(TcpDevice::new(i)) as Arc<dyn Device>)
+        .collect()
 }
 
 /// A random value (key and QP-number starts, initial PSNs); not for cryptography.

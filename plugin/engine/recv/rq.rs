@@ -50,7 +50,9 @@ impl RecvEngine {
     /// Bytes of registered memory this comm holds: its bounce buffers, the record ring and the
     /// control staging slots.
     pub fn pinned_bytes(&self) -> u64 {
-        u64::from(self.owned) * self.bounce_stride() + RECV_FIXED_BYTES
+        u64::from(self.owned) * self.bounce_stride()
+            + RECV_FIXED_BYTES
+            + (CTRL_STAGE_SLOTS * (self.p.cts_entry_len() - CTS_ENTRY_LEN)) as u64
     }
 
     pub(super) fn account(&mut self) {
@@ -412,7 +414,7 @@ impl RecvEngine {
         self.ctrl_seq += 1;
         let signaled = self.ctrl_seq & u64::from(CTRL_SIGNAL_EVERY - 1) == 0;
         Some((
-            self.p.ctrl_stage.0 + slot * CTS_ENTRY_LEN as u64,
+            self.p.ctrl_stage.0 + slot * self.p.cts_entry_len() as u64,
             wr_id(kind, 0, seq as u32),
             signaled,
         ))

@@ -19,6 +19,7 @@ fn params() -> RecvParams {
         peer_credit_word: (0x50_0000, 4),
         credits: true,
         first_seq: 0,
+        rkeys: 1,
     }
 }
 
@@ -26,7 +27,7 @@ fn buf(tag: i32) -> RecvBuf {
     RecvBuf {
         addr: 0x6000_0000,
         cap: 64,
-        rkey: 9,
+        rkeys: Keys::one(9),
         tag,
     }
 }

@@ -1,6 +1,7 @@
 //! Unit tests of the send engine (`super`), fed by hand.
 
 use super::*;
+use crate::engine::wire::CTS_ENTRY_LEN;
 
 fn params(credits: bool, initial: u64) -> SendParams {
     SendParams {
@@ -16,6 +17,7 @@ fn params(credits: bool, initial: u64) -> SendParams {
         credit_word: 0x60_0000,
         first_seq: 0,
         first_gen: 0,
+        rkeys: 1,
     }
 }
 
@@ -25,7 +27,7 @@ fn cts(r: u64, base: u64, credits: u64, bufs: &[(u64, i32)]) -> CtsEntry {
         b[i] = CtsBuf {
             addr: 0x4000_0000 + i as u64 * 0x1000,
             cap,
-            rkey: 77,
+            rkeys: Keys::one(77),
             tag,
         };
     }
@@ -42,12 +44,12 @@ fn cts(r: u64, base: u64, credits: u64, bufs: &[(u64, i32)]) -> CtsEntry {
 #[test]
 fn credit_gating_refuses_at_zero_and_resumes_on_credit() {
     let mut e = SendEngine::new(params(true, 2));
-    assert!(e.isend(0, 0x1000, 5, 8, 0).unwrap().is_some());
-    assert!(e.isend(0, 0x1000, 5, 8, 0).unwrap().is_some());
-    assert_eq!(e.isend(0, 0x1000, 5, 8, 0).unwrap(), None);
+    assert!(e.isend(0, 0x1000, Keys::one(5), 8, 0).unwrap().is_some());
+    assert!(e.isend(0, 0x1000, Keys::one(5), 8, 0).unwrap().is_some());
+    assert_eq!(e.isend(0, 0x1000, Keys::one(5), 8, 0).unwrap(), None);
     assert_eq!(e.stats().credit_stalls, 1);
     e.handle_credit(wire::credit_word(3, 0));
-    assert!(e.isend(0, 0x1000, 5, 8, 0).unwrap().is_some());
+    assert!(e.isend(0, 0x1000, Keys::one(5), 8, 0).unwrap().is_some());
     assert_eq!(e.credits_available(), 0);
 }
 
@@ -55,7 +57,7 @@ fn credit_gating_refuses_at_zero_and_resumes_on_credit() {
 fn credits_off_never_refuses_for_credit() {
     let mut e = SendEngine::new(params(false, 0));
     for _ in 0..10 {
-        assert!(e.isend(0, 0x1000, 5, 8, 0).unwrap().is_some());
+        assert!(e.isend(0, 0x1000, Keys::one(5), 8, 0).unwrap().is_some());
     }
     assert_eq!(e.stats().credit_stalls, 0);
 }
@@ -63,12 +65,12 @@ fn credits_off_never_refuses_for_credit() {
 #[test]
 fn a_send_whose_cts_is_known_is_one_write_with_imm_into_its_buffer() {
     let mut e = SendEngine::new(params(true, 8));
-    assert_eq!(e.isend(0, 0x1000, 5, 1000, 9).unwrap(), None);
+    assert_eq!(e.isend(0, 0x1000, Keys::one(5), 1000, 9).unwrap(), None);
     assert_eq!(e.stats().cts_waits, 1);
     e.handle_cts(1, cts(0, 0, 8, &[(4096, 9), (64, 9)]))
         .unwrap();
     for (k, size) in [1000u64, 0].into_iter().enumerate() {
-        let id = e.isend(2, 0x1000, 5, size, 9).unwrap().unwrap();
+        let id = e.isend(2, 0x1000, Keys::one(5), size, 9).unwrap().unwrap();
         let acts = e.drain_actions();
         assert_eq!(acts.len(), 1, "{acts:?}");
         match &acts[0] {
@@ -117,21 +119,21 @@ fn a_speculative_send_never_consumes_a_zero_length_receive_wr() {
     )
     .unwrap();
     for _ in 0..3 {
-        assert!(e.isend(0, 0x1000, 5, 8, 1).unwrap().is_some());
+        assert!(e.isend(0, 0x1000, Keys::one(5), 8, 1).unwrap().is_some());
     }
     // WR 3 is zero-length: no speculative SEND, although a credit is there.
     assert_eq!(e.credits_available(), 2);
-    assert_eq!(e.isend(1, 0x1000, 5, 8, 1).unwrap(), None);
+    assert_eq!(e.isend(1, 0x1000, Keys::one(5), 8, 1).unwrap(), None);
     assert_eq!(e.stats().cts_waits, 1);
     // The receiver re-posted 3 bounce-backed WRs (5..8): still WR 3 and 4 first.
     e.handle_credit(wire::credit_word(8, 5));
-    assert_eq!(e.isend(2, 0x1000, 5, 8, 1).unwrap(), None);
+    assert_eq!(e.isend(2, 0x1000, Keys::one(5), 8, 1).unwrap(), None);
     // A CTS: the next sends go direct and consume WRs 3 and 4; then WR 5 may take a SEND.
     e.handle_cts(3, cts(1, 3, 8, &[(64, 1); 2])).unwrap();
     for _ in 0..2 {
-        assert!(e.isend(4, 0x1000, 5, 8, 1).unwrap().is_some());
+        assert!(e.isend(4, 0x1000, Keys::one(5), 8, 1).unwrap().is_some());
     }
-    assert!(e.isend(5, 0x1000, 5, 8, 1).unwrap().is_some());
+    assert!(e.isend(5, 0x1000, Keys::one(5), 8, 1).unwrap().is_some());
     let sends = e
         .drain_actions()
         .into_iter()
@@ -152,7 +154,7 @@ fn a_speculative_send_never_consumes_a_zero_length_receive_wr() {
 fn too_large_send_fails_and_notifies_receiver() {
     let mut e = SendEngine::new(params(true, 8));
     e.handle_cts(0, cts(0, 0, 8, &[(100, 0)])).unwrap();
-    let err = e.isend(0, 0x1000, 5, 1000, 0).unwrap_err();
+    let err = e.isend(0, 0x1000, Keys::one(5), 1000, 0).unwrap_err();
     assert!(
         matches!(err, ReqError::Usage(ref m) if m.contains("1000 bytes") && m.contains("100 bytes")),
         "{err}"
@@ -172,7 +174,7 @@ fn too_large_send_fails_and_notifies_receiver() {
 #[test]
 fn eager_before_cts_completes_only_after_cts_validates_it() {
     let mut e = SendEngine::new(params(true, 8));
-    let id = e.isend(0, 0x1000, 5, 60, 4).unwrap().unwrap();
+    let id = e.isend(0, 0x1000, Keys::one(5), 60, 4).unwrap().unwrap();
     e.handle_wc(
         1,
         &Wc {
@@ -192,17 +194,17 @@ fn eager_before_cts_completes_only_after_cts_validates_it() {
 fn speculative_eager_sends_are_capped_so_the_cts_ring_cannot_overrun() {
     let mut e = SendEngine::new(params(false, 0));
     for _ in 0..MAX_SPECULATIVE {
-        assert!(e.isend(0, 0x1000, 5, 8, 0).unwrap().is_some());
+        assert!(e.isend(0, 0x1000, Keys::one(5), 8, 0).unwrap().is_some());
     }
     assert_eq!(
-        e.isend(0, 0x1000, 5, 8, 0).unwrap(),
+        e.isend(0, 0x1000, Keys::one(5), 8, 0).unwrap(),
         None,
         "no receive known"
     );
     assert_eq!(e.stats().cts_waits, 1);
     e.handle_cts(0, cts(0, 0, 0, &[(8, 0)])).unwrap();
     assert!(
-        e.isend(0, 0x1000, 5, 8, 0).unwrap().is_some(),
+        e.isend(0, 0x1000, Keys::one(5), 8, 0).unwrap().is_some(),
         "one matched: one more"
     );
     const { assert!(MAX_SPECULATIVE + MAX_RECV_REQUESTS_FOR_RING < CTS_RING_ENTRIES) };
@@ -215,7 +217,10 @@ const MAX_RECV_REQUESTS_FOR_RING: usize = crate::engine::MAX_RECV_REQUESTS;
 fn out_of_sequence_cts_fails_the_comm() {
     let mut e = SendEngine::new(params(true, 8));
     assert!(e.handle_cts(0, cts(1, 0, 8, &[(50, 4)])).is_err());
-    assert!(matches!(e.isend(0, 0, 0, 1, 0), Err(ReqError::Protocol(_))));
+    assert!(matches!(
+        e.isend(0, 0, Keys::one(0), 1, 0),
+        Err(ReqError::Protocol(_))
+    ));
 }
 
 #[test]
@@ -227,9 +232,9 @@ fn slot_limit_returns_none_then_recovers() {
     }
     let mut ids = Vec::new();
     for _ in 0..MAX_SEND_REQUESTS {
-        ids.push(e.isend(0, 0x1000, 5, 8, 0).unwrap().unwrap());
+        ids.push(e.isend(0, 0x1000, Keys::one(5), 8, 0).unwrap().unwrap());
     }
-    assert_eq!(e.isend(0, 0x1000, 5, 8, 0).unwrap(), None);
+    assert_eq!(e.isend(0, 0x1000, Keys::one(5), 8, 0).unwrap(), None);
     assert_eq!(e.stats().slots_full, 1);
     let id = ids[0];
     e.handle_wc(
@@ -243,7 +248,7 @@ fn slot_limit_returns_none_then_recovers() {
         },
     );
     assert_eq!(e.test(id).unwrap(), Some(8));
-    assert!(e.isend(0, 0x1000, 5, 8, 0).unwrap().is_some());
+    assert!(e.isend(0, 0x1000, Keys::one(5), 8, 0).unwrap().is_some());
 }
 
 fn eager_wc(e: &mut SendEngine, now: u64, id: ReqId) {
@@ -262,9 +267,13 @@ fn eager_wc(e: &mut SendEngine, now: u64, id: ReqId) {
 #[test]
 fn stalls_name_their_cause_once_per_request_and_per_refusal_streak() {
     let mut e = SendEngine::new(params(true, 2));
-    let a = e.isend(0, 0x1000, 5, 8, 3).unwrap().unwrap();
-    let b = e.isend(0, 0x1000, 5, 9, 3).unwrap().unwrap();
-    assert_eq!(e.isend(10, 0x1000, 5, 8, 3).unwrap(), None, "no credit");
+    let a = e.isend(0, 0x1000, Keys::one(5), 8, 3).unwrap().unwrap();
+    let b = e.isend(0, 0x1000, Keys::one(5), 9, 3).unwrap().unwrap();
+    assert_eq!(
+        e.isend(10, 0x1000, Keys::one(5), 8, 3).unwrap(),
+        None,
+        "no credit"
+    );
     eager_wc(&mut e, 20, a);
     assert!(e.stalls(60, 100).is_empty(), "not idle long enough");
     let s = e.stalls(200, 100);
@@ -281,7 +290,7 @@ fn stalls_name_their_cause_once_per_request_and_per_refusal_streak() {
     assert!(by("isend").waiting_for.starts_with("a credit"));
     assert_eq!(by("isend").idle_ns, 190);
     // Once each, however long the stall lasts and however often isend is refused.
-    assert_eq!(e.isend(300, 0x1000, 5, 8, 3).unwrap(), None);
+    assert_eq!(e.isend(300, 0x1000, Keys::one(5), 8, 3).unwrap(), None);
     assert!(e.stalls(10_000, 100).is_empty());
     // CTS and credits arrive: both sends complete; the caller tests only b.
     e.handle_cts(10_100, cts(0, 0, 4, &[(64, 3), (64, 3)]))
@@ -289,9 +298,15 @@ fn stalls_name_their_cause_once_per_request_and_per_refusal_streak() {
     eager_wc(&mut e, 10_100, b);
     assert_eq!(e.test(b).unwrap(), Some(9));
     // A new refusal streak after a success is a new stall.
-    assert!(e.isend(10_200, 0x1000, 5, 8, 3).unwrap().is_some());
-    assert!(e.isend(10_200, 0x1000, 5, 8, 3).unwrap().is_some());
-    assert_eq!(e.isend(10_300, 0x1000, 5, 8, 3).unwrap(), None);
+    assert!(e
+        .isend(10_200, 0x1000, Keys::one(5), 8, 3)
+        .unwrap()
+        .is_some());
+    assert!(e
+        .isend(10_200, 0x1000, Keys::one(5), 8, 3)
+        .unwrap()
+        .is_some());
+    assert_eq!(e.isend(10_300, 0x1000, Keys::one(5), 8, 3).unwrap(), None);
     let s = e.stalls(10_500, 100);
     let whats: Vec<&str> = s.iter().map(|x| x.what.as_str()).collect();
     assert!(whats.contains(&"isend (answering 'retry later')"), "{s:?}");
@@ -299,7 +314,7 @@ fn stalls_name_their_cause_once_per_request_and_per_refusal_streak() {
     // reported once already, so only a fresh request shows the wording).
     assert!(!whats.iter().any(|w| w.starts_with("send 0")), "{s:?}");
     let mut f = SendEngine::new(params(true, 1));
-    let c = f.isend(0, 0x1000, 5, 8, 3).unwrap().unwrap();
+    let c = f.isend(0, 0x1000, Keys::one(5), 8, 3).unwrap().unwrap();
     f.handle_cts(0, cts(0, 0, 1, &[(64, 3)])).unwrap();
     eager_wc(&mut f, 0, c);
     let s = f.stalls(1000, 100);
@@ -345,8 +360,8 @@ fn peer_writes_are_read_in_order_and_a_torn_entry_waits() {
     assert!(!e.poll_peer_writes(0, &w), "nothing written yet");
     assert_eq!(e.credits_available(), 5, "the credit word is read too");
     // Entry 0 complete, entry 1 torn (head written, tail not yet).
-    w.ring[..CTS_ENTRY_LEN].copy_from_slice(&cts(0, 0, 5, &[(64, 1)]).encode());
-    let one = cts(1, 1, 6, &[(64, 2)]).encode();
+    w.ring[..CTS_ENTRY_LEN].copy_from_slice(&cts(0, 0, 5, &[(64, 1)]).encode(CTS_ENTRY_LEN));
+    let one = cts(1, 1, 6, &[(64, 2)]).encode(CTS_ENTRY_LEN);
     w.ring[CTS_ENTRY_LEN..CTS_ENTRY_LEN + 8].copy_from_slice(&one[..8]);
     assert!(e.poll_peer_writes(1, &w));
     assert_eq!(e.expected_cts(), 1, "the torn entry is left for later");
@@ -410,7 +425,7 @@ fn a_split_send_posts_a_write_with_imm_on_every_qp_at_isend_and_completes_with_t
         .unwrap();
     // 300 bytes over 2 QPs: chunk 256: [0, 256) on QP 0, [256, 300) on QP 1, both WRITE WITH
     // IMMs naming receive 0, buffer 0, posted at once.
-    let id = e.isend(2, 0x1000, 5, 300, 9).unwrap().unwrap();
+    let id = e.isend(2, 0x1000, Keys::one(5), 300, 9).unwrap().unwrap();
     let w = wrs(&e.drain_actions());
     let at = 0x4000_0000;
     let imm = wire::imm_encode(0, 0, false, false);
@@ -455,7 +470,7 @@ fn a_split_send_posts_a_write_with_imm_on_every_qp_at_isend_and_completes_with_t
 
     // 128 bytes: one 128-byte piece on QP 0 and a zero-length WRITE WITH IMM on QP 1 (every
     // split send consumes one receive WR on every QP), into buffer 1.
-    let id = e.isend(6, 0x1000, 5, 128, 9).unwrap().unwrap();
+    let id = e.isend(6, 0x1000, Keys::one(5), 128, 9).unwrap().unwrap();
     let acts = e.drain_actions();
     let w = wrs(&acts);
     assert_eq!(
@@ -490,7 +505,7 @@ fn round_robin_sends_go_on_the_buffers_qp_with_a_zero_length_write_on_qp_0() {
     let mut plans = Vec::new();
     let mut ids = Vec::new();
     for _ in 0..5 {
-        ids.push(e.isend(2, 0x1000, 5, 1000, 9).unwrap().unwrap());
+        ids.push(e.isend(2, 0x1000, Keys::one(5), 1000, 9).unwrap().unwrap());
         plans.push(
             wrs(&e.drain_actions())
                 .iter()

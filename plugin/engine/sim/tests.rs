@@ -400,7 +400,7 @@ fn run_shared(seed: u64, cfg: PairCfg, w: &Shared) -> SharedOutcome {
                 .map(|&(o, c, t)| RecvBuf {
                     addr: R_USER + o,
                     cap: c,
-                    rkey: RKEY_USER,
+                    rkeys: p.rkeys,
                     tag: t,
                 })
                 .collect();
@@ -427,7 +427,7 @@ fn run_shared(seed: u64, cfg: PairCfg, w: &Shared) -> SharedOutcome {
             assert!(p
                 .smem
                 .write(S_USER + off, &pattern(seed_of(g, i), sz as usize)));
-            match p.snd.isend(p.now, S_USER + off, 0, sz, t) {
+            match p.snd.isend(p.now, S_USER + off, p.lkeys, sz, t) {
                 Ok(Some(id)) => {
                     p.apply_actions();
                     sends.push((id, sz));
@@ -618,12 +618,12 @@ fn a_send_whose_tag_is_not_in_the_front_group_is_retry_later_until_it_is() {
     assert!(p.smem.write(S_USER, &pattern(1, 64)));
     let a = p
         .snd
-        .isend(p.now, S_USER, 0, 64, 1)
+        .isend(p.now, S_USER, p.lkeys, 64, 1)
         .unwrap()
         .expect("tag 1 in front");
     // Tag 1 is used in the front group (receive 0) and receive 1 is not at the front.
     for _ in 0..3 {
-        assert_eq!(p.snd.isend(p.now, S_USER, 0, 64, 1).unwrap(), None);
+        assert_eq!(p.snd.isend(p.now, S_USER, p.lkeys, 64, 1).unwrap(), None);
         p.step();
     }
     assert_eq!(p.snd.stats().tag_waits, 3);
@@ -635,9 +635,17 @@ fn a_send_whose_tag_is_not_in_the_front_group_is_retry_later_until_it_is() {
     );
     // Tag 0 completes receive 0; then tag 1 goes to receive 1.
     assert!(p.smem.write(S_USER + 64, &pattern(2, 64)));
-    let b = p.snd.isend(p.now, S_USER + 64, 0, 64, 0).unwrap().unwrap();
+    let b = p
+        .snd
+        .isend(p.now, S_USER + 64, p.lkeys, 64, 0)
+        .unwrap()
+        .unwrap();
     assert!(p.smem.write(S_USER + 128, &pattern(3, 64)));
-    let c = p.snd.isend(p.now, S_USER + 128, 0, 64, 1).unwrap().unwrap();
+    let c = p
+        .snd
+        .isend(p.now, S_USER + 128, p.lkeys, 64, 1)
+        .unwrap()
+        .unwrap();
     p.apply_actions();
     assert_eq!(p.wait_recv(r0).unwrap(), vec![64, 64]);
     assert_eq!(p.received(0, 64), pattern(2, 64));
@@ -668,7 +676,10 @@ fn after_a_too_large_send_every_later_call_on_both_comms_fails() {
         assert!(matches!(p.wait_recv(r), Err(ReqError::Usage(_))));
         for _ in 0..2 {
             assert!(
-                matches!(p.snd.isend(p.now, S_USER, 0, 8, 0), Err(ReqError::Usage(_))),
+                matches!(
+                    p.snd.isend(p.now, S_USER, p.lkeys, 8, 0),
+                    Err(ReqError::Usage(_))
+                ),
                 "size {size}: the send comm accepted a send after the error"
             );
             assert!(matches!(
@@ -710,7 +721,10 @@ fn sender_alone(seed: u64, cfg: PairCfg, groups: &[Vec<i32>], early: usize, stra
         let data = pattern(seed * 1000 + k as u64, size(k) as usize);
         assert!(p.smem.write(S_USER + off(g, i), &data));
         for step in 0..=bound {
-            match p.snd.isend(p.now, S_USER + off(g, i), 0, size(k), tag) {
+            match p
+                .snd
+                .isend(p.now, S_USER + off(g, i), p.lkeys, size(k), tag)
+            {
                 Ok(Some(id)) => return id,
                 Ok(None) if step < bound => p.step(),
                 other => panic!(
@@ -726,7 +740,10 @@ fn sender_alone(seed: u64, cfg: PairCfg, groups: &[Vec<i32>], early: usize, stra
     for (k, &(g, i, tag)) in order.iter().enumerate().take(early) {
         let data = pattern(seed * 1000 + k as u64, size(k) as usize);
         assert!(p.smem.write(S_USER + off(g, i), &data));
-        match p.snd.isend(p.now, S_USER + off(g, i), 0, size(k), tag) {
+        match p
+            .snd
+            .isend(p.now, S_USER + off(g, i), p.lkeys, size(k), tag)
+        {
             Ok(Some(id)) => sends.push((k, id)),
             Ok(None) => break,
             Err(e) => panic!("seed {seed}: early send {k}: {e}"),
@@ -739,7 +756,7 @@ fn sender_alone(seed: u64, cfg: PairCfg, groups: &[Vec<i32>], early: usize, stra
         let data = pattern(seed * 1000 + 900 + j as u64, 40);
         let at = S_USER + 0x8_0000 + j as u64 * 64;
         assert!(p.smem.write(at, &data));
-        match p.snd.isend(p.now, at, 0, 40, 99) {
+        match p.snd.isend(p.now, at, p.lkeys, 40, 99) {
             Ok(Some(id)) => stray_ids.push(id),
             Ok(None) => break,
             Err(e) => panic!("seed {seed}: stray send {j}: {e}"),
@@ -1143,6 +1160,39 @@ fn several_qps_deliver_exact_bytes_for_every_size_with_and_without_split_and_lag
     }
 }
 
+/// Virtual devices (`makeVDevice`): QP `q` runs on device `q % devices` of each side, and the
+/// simulated link refuses a key of another device (lkey: a panic; rkey: an access error). With
+/// every pairing of 1..=3 sender and receiver devices, split on and off, all data lands and
+/// each receive is checked at completion: every WR named the keys of its QP's devices.
+#[test]
+fn virtual_devices_use_the_keys_of_each_qps_device_on_both_sides() {
+    for devs in [(2u8, 2u8), (1, 2), (2, 1), (3, 2), (2, 3)] {
+        for split in [false, true] {
+            let qps = devs.0.max(devs.1) * 2;
+            let mut p = Pair::new(
+                PairCfg {
+                    qps,
+                    split,
+                    devs,
+                    ..PairCfg::default()
+                },
+                Knobs {
+                    data_qp_lag: 2,
+                    ..Knobs::default()
+                },
+            );
+            let ctx = format!("devices {devs:?} qps {qps} split {split}");
+            assert_eq!((p.lkeys.len(), p.rkeys.len()), devs, "{ctx}");
+            let before = p.checked;
+            mqp_batch(&mut p, &MQP_SIZES, 40);
+            assert_eq!(p.checked - before, MQP_SIZES.len() as u64, "{ctx}");
+            assert_eq!(p.snd.stats().rendezvous, MQP_SIZES.len() as u64, "{ctx}");
+            let on_data_qps = p.writes.iter().filter(|w| w.user() && w.qp > 0).count();
+            assert!(on_data_qps > 0, "{ctx}");
+        }
+    }
+}
+
 #[test]
 fn without_split_buffer_g_goes_whole_on_qp_g_mod_qps_with_a_zero_length_write_on_qp_0() {
     for first_seq in [0u64, (1u64 << 27) - 3] {
@@ -1320,7 +1370,7 @@ fn an_error_completion_of_a_piece_fails_the_send_and_the_receive_never_completes
         other => panic!("{other:?}"),
     }
     assert!(matches!(
-        p.snd.isend(p.now, S_USER, 0, 1, 0),
+        p.snd.isend(p.now, S_USER, p.lkeys, 1, 0),
         Err(ReqError::Remote(_))
     ));
     for _ in 0..2000 {
