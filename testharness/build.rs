@@ -5,7 +5,7 @@
 //!   plugin that behaves like other NCCL net plugins where the contract allows
 //!   (`libnccl-net-fixture.so`, ncclNetPlugin_v8 and _v6), the same with only the v6 table
 //!   (`libnccl-net-fixture6.so`) and with a v11 table too, whose `init` leaves the context
-//!   NULL (`libnccl-net-fixture11.so`). Their paths reach the tests as `FIXTURE_NET_SO`,
+//!   NULL and which has a `makeVDevice` (`libnccl-net-fixture11.so`). Their paths reach the tests as `FIXTURE_NET_SO`,
 //!   `FIXTURE_NET_V6_SO` and `FIXTURE_NET_V11_SO`.
 
 use std::path::PathBuf;

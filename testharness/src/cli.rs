@@ -260,6 +260,12 @@ pub struct Args {
     #[arg(long, default_value_t = 0)]
     pub dev: i32,
 
+    /// NIC fusion: fuse these 2 to 8 distinct physical devices (comma list, e.g. 0,1; at most
+    /// 4 for ncclNet v9-v11) into one virtual device with the plugin's makeVDevice, as NCCL's
+    /// topology code does (src/graph/topo.cc), and run on it instead of --dev. Needs v9+.
+    #[arg(long, value_name = "DEVS", value_parser = parse_vdevice, conflicts_with = "dev")]
+    pub vdevice: Option<DevList>,
+
     /// alltoall: K senders of each rank per peer, each with its own tag, as NCCL's local ranks
     /// of a node under NCCL_NET_SHARED_COMMS (PXN). As NCCL: with the plugin's maxRecvs > 1
     /// they share one connection and the receiver groups them into irecvs of up to maxRecvs
@@ -438,6 +444,56 @@ impl Args {
         };
         size_sweep(self.min_bytes, self.max_bytes(), step)
     }
+}
+
+/// `--vdevice`: the physical devices to fuse, in the order given (2 to
+/// [`MAX_VDEVICE_DEVS`] distinct indices, as [`parse_vdevice`] checks).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DevList(pub Vec<i32>);
+
+impl fmt::Display for DevList {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s: Vec<String> = self.0.iter().map(i32::to_string).collect();
+        f.write_str(&s.join(","))
+    }
+}
+
+/// The most physical devices one virtual device fuses: NCCL's `NCCL_NET_MAX_DEVS_PER_NIC`
+/// (ncclNet v12; 4 for v9-v11, checked once the table is known).
+pub const MAX_VDEVICE_DEVS: usize =
+    nccl_net_verbsnet::ffi::abi::NCCL_NET_MAX_DEVS_PER_NIC_V12 as usize;
+
+/// Parses `--vdevice`: a comma list of 2 to [`MAX_VDEVICE_DEVS`] distinct device indices
+/// (`0,1`). NCCL never asks for a virtual device of one device (`src/graph/topo.cc`:
+/// `ncclTopoMakeVnic` skips a group of 1) and places each physical device in one group.
+///
+/// # Errors
+/// A message naming the rule broken.
+pub fn parse_vdevice(s: &str) -> Result<DevList, String> {
+    let mut devs = Vec::new();
+    for x in s.split(',').map(str::trim) {
+        let d: i32 = x
+            .parse()
+            .ok()
+            .filter(|d| *d >= 0)
+            .ok_or_else(|| format!("{x:?} is not a device index (a list such as 0,1)"))?;
+        if devs.contains(&d) {
+            return Err(format!(
+                "device {d} is listed twice: a virtual device fuses distinct physical devices \
+                 (NCCL puts each device in one group: src/graph/topo.cc)"
+            ));
+        }
+        devs.push(d);
+    }
+    if devs.len() < 2 || devs.len() > MAX_VDEVICE_DEVS {
+        return Err(format!(
+            "{} device(s): a virtual device fuses 2 to {MAX_VDEVICE_DEVS} physical devices \
+             (4 for ncclNet v9-v11; NCCL never calls makeVDevice for one: src/graph/topo.cc, \
+             ncclTopoMakeVnic); for one device use --dev",
+            devs.len()
+        ));
+    }
+    Ok(DevList(devs))
 }
 
 /// How sizes grow.
@@ -621,6 +677,32 @@ mod tests {
         assert_eq!((a.iters(), a.warmup_iters(), a.window()), (10, 0, 4));
         let a = Args::try_parse_from(["x", "sendrecv", "--spin", "7"]).unwrap();
         assert_eq!((a.iters(), a.warmup_iters(), a.spin), (20, 1, 7));
+    }
+
+    #[test]
+    fn vdevice_lists_follow_nccls_rules() {
+        let a = Args::try_parse_from(["x", "all_reduce", "--vdevice", "0,1"]).unwrap();
+        assert_eq!(a.vdevice, Some(DevList(vec![0, 1])));
+        assert_eq!(a.vdevice.unwrap().to_string(), "0,1");
+        assert_eq!(parse_vdevice("3, 1,2"), Ok(DevList(vec![3, 1, 2])));
+        assert_eq!(parse_vdevice("0,1,2,3,4,5,6,7").map(|l| l.0.len()), Ok(8));
+        for (bad, rule) in [
+            ("0", "fuses 2 to 8"),
+            ("0,0", "listed twice"),
+            ("1,0,1", "listed twice"),
+            ("0,1,2,3,4,5,6,7,8", "fuses 2 to 8"),
+            ("0,-1", "not a device index"),
+            ("0,x", "not a device index"),
+            ("", "not a device index"),
+        ] {
+            let e = parse_vdevice(bad).unwrap_err();
+            assert!(e.contains(rule), "{bad:?}: {e}");
+        }
+        // Through clap: refused at parse time; --dev and --vdevice exclude each other.
+        assert!(Args::try_parse_from(["x", "all_reduce", "--vdevice", "0"]).is_err());
+        assert!(
+            Args::try_parse_from(["x", "all_reduce", "--vdevice", "0,1", "--dev", "1"]).is_err()
+        );
     }
 
     #[test]

@@ -19,6 +19,20 @@ pub const SIZE_UNWRITTEN: &str = "test left the received size unwritten";
 /// `test` reported a size other than the bytes sent (same use by NCCL as above).
 pub const SIZE_WRONG: &str = "test reported a size other than the bytes sent";
 
+/// `devices` did not count one more device after a successful `makeVDevice`. NCCL takes the
+/// virtual devices to be the ones `devices` adds after the physical ones
+/// (`src/graph/topo.cc`: `ncclTopoProcessNet`), so it would see another number of them.
+pub const VDEV_COUNT: &str = "devices did not grow by one after makeVDevice";
+
+/// `makeVDevice` wrote an index other than the last device's. NCCL only logs that index
+/// (`src/graph/topo.cc`: `ncclTopoMakeVnic`) and uses the devices after the physical ones.
+pub const VDEV_INDEX: &str = "makeVDevice returned an index other than the last device";
+
+/// `getProperties` of the new virtual device does not list exactly the fused devices in
+/// `vProps`. NCCL reads them to place the virtual NIC and hide its physical ones
+/// (`src/graph/topo.cc`: `ncclTopoUpdateVNics`, `ncclTopoGetVNicParent`).
+pub const VDEV_PROPS: &str = "getProperties of the virtual device lists other devices in vProps";
+
 /// One kind of deviation on this rank.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Seen {

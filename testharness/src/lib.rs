@@ -15,6 +15,8 @@
 //! - [`p2p`]: the proxy of the point-to-point modes (`stream`, `latency`: perftest-shaped, 2
 //!   ranks).
 //! - [`perf`]: one rank's benchmark loop; [`launcher`]: `--ranks N` local mode.
+//! - [`vdevice`]: `--vdevice`, NIC fusion through the plugin's `makeVDevice` as NCCL's topology
+//!   code asks for it.
 //! - [`report`] and [`stats`]: the table, JSON and plugin counters; [`cputime`]: CPU time and
 //!   run-queue wait of a measurement.
 #![warn(missing_docs)]
@@ -37,3 +39,4 @@ pub mod perf;
 pub mod plugin;
 pub mod report;
 pub mod stats;
+pub mod vdevice;

@@ -289,3 +289,127 @@ fn a_plugin_without_devices_is_not_used_as_in_nccl() {
         show(&o)
     );
 }
+
+/// `--vdevice 0,1` through a plugin that is not verbsnet: the fixture's v11 `makeVDevice`
+/// (FIXTURE_NET_NDEV=2 physical devices) is called as NCCL's topology code calls it
+/// (`src/graph/topo.cc`: `ncclTopoMakeVnic`), its new device 2 is counted by `devices`,
+/// described by `getProperties` (`vProps` 0,1) and used for every listen/connect (the fixture
+/// logs each with its device and refuses one `devices` does not count), with #wrong 0 and no
+/// deviation, in the ring, the mesh and the point-to-point proxy.
+#[test]
+fn vdevice_fuses_two_devices_with_make_vdevice() {
+    for coll in ["all_reduce", "alltoall", "stream"] {
+        let mut args = sizes(coll, "2");
+        args.extend(["--vdevice", "0,1"]);
+        let mut c = perf_info(FIXTURE_V11, &args);
+        let (o, v) = run_json(c.env("FIXTURE_NET_NDEV", "2"));
+        assert!(o.status.success(), "{}", show(&o));
+        assert_eq!(v["ok"], true, "{}", show(&o));
+        assert_eq!(v["out_of_bounds"], 0, "{}", show(&o));
+        assert_eq!(v["plugin"]["symbol"], "ncclNetPlugin_v11");
+        assert_eq!(v["deviations"], serde_json::json!([]), "{}", show(&o));
+        let d = &v["device"];
+        assert_eq!(
+            (&d["index"], &d["count"], &d["name"]),
+            (
+                &serde_json::json!(2),
+                &serde_json::json!(3),
+                &serde_json::json!("fixture0+fixture1")
+            ),
+            "{d}"
+        );
+        let vd = &d["vdevice"];
+        assert_eq!(vd["index"], 2, "{vd}");
+        assert_eq!(vd["vprops"], serde_json::json!([0, 1]), "{vd}");
+        assert_eq!(vd["physical"], serde_json::json!(["fixture0", "fixture1"]));
+        assert_eq!(
+            (&vd["devices_before"], &vd["devices_after"]),
+            (&2.into(), &3.into())
+        );
+        assert_eq!(
+            vd["line"],
+            "#  Using virtual device [2] fixture0+fixture1 (vProps 0,1) made by makeVDevice"
+        );
+        for r in v["ranks"].as_array().unwrap() {
+            assert_eq!(r["device"], "fixture0+fixture1", "{r}");
+        }
+        // Rank 0's plugin lines: makeVDevice made device 2, and listen/connect got it.
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("Made virtual device [2] name=fixture0+fixture1 ndevs=2"),
+            "{}",
+            show(&o)
+        );
+        assert!(err.contains("listen on dev 2 (fixture0+fixture1, over fixture0)"));
+        assert!(err.contains("on dev 2 (fixture0+fixture1) connected"));
+        assert!(!err.contains("on dev 0"), "{}", show(&o));
+    }
+    // The table's header names it too.
+    let mut args = sizes("sendrecv", "2");
+    args.extend(["--vdevice", "1,0"]);
+    let o = perf(FIXTURE_V11, &args)
+        .env("FIXTURE_NET_NDEV", "3")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", show(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains(
+            "#  Using virtual device [3] fixture1+fixture0 (vProps 1,0) made by makeVDevice"
+        ) && out.contains("dev 3 of 4: \"fixture1+fixture0\""),
+        "{}",
+        show(&o)
+    );
+}
+
+/// What NCCL could not fuse is refused before any connection, with the rule and the fix:
+/// a table without `makeVDevice` (v8), a device the plugin does not have, more devices than a
+/// v11 table fuses, and a `makeVDevice` that fails (its `ncclResult_t` named).
+#[test]
+fn vdevice_is_refused_where_nccl_could_not_fuse() {
+    let cases: [(&str, &[&str], &str, &str); 5] = [
+        (FIXTURE, &[], "0,1", "fixture ncclNetPlugin_v8 has no makeVDevice: NIC fusion needs v9+; drop --vdevice"),
+        (FIXTURE_V11, &["--net-version", "8"], "0,1", "fixture ncclNetPlugin_v8 has no makeVDevice: NIC fusion needs v9+; drop --vdevice"),
+        (FIXTURE_V11, &[], "0,2", "--vdevice 0,2: device 2 is not a physical device of fixture ncclNetPlugin_v11, which reports 2"),
+        (FIXTURE_V11, &[], "0,1,2,3,4", "fuses at most 4 devices per virtual device"),
+        (FIXTURE_V11, &["MERGE"], "0,1", "makeVDevice of devices 0,1 failed: ncclNetPlugin_v11.makeVDevice returned ncclInvalidUsage (5)"),
+    ];
+    for (so, extra, list, want) in cases {
+        let mut args = sizes("all_reduce", "2");
+        args.extend(["--vdevice", list]);
+        let mut c = perf(so, &args);
+        c.env("FIXTURE_NET_NDEV", if list.len() > 3 { "8" } else { "2" });
+        if extra == ["MERGE"] {
+            c.env("FIXTURE_NET_MERGE_NICS", "0");
+        } else {
+            c.args(extra);
+        }
+        let o = c.output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(want), "{want}\n{}", show(&o));
+        // Refused before any rank ran a collective.
+        assert!(!String::from_utf8_lossy(&o.stdout).contains("Out of bounds"));
+    }
+}
+
+/// `--vdevice` lists NCCL never asks for are refused at parse time, naming the rule: one
+/// device (NCCL does not fuse a group of 1) and a device listed twice.
+#[test]
+fn vdevice_lists_of_one_or_with_duplicates_are_refused() {
+    for (list, rule) in [
+        ("0", "a virtual device fuses 2 to 8 physical devices"),
+        ("0,0", "device 0 is listed twice"),
+    ] {
+        let mut args = sizes("all_reduce", "2");
+        args.extend(["--vdevice", list]);
+        let o = perf(FIXTURE_V11, &args).output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains(rule) && err.contains("--vdevice"),
+            "{}",
+            show(&o)
+        );
+    }
+}

@@ -21,6 +21,7 @@ use crate::mesh::{Mesh, Sharing};
 use crate::plugin::{self, Handle, Net, Properties};
 use crate::report::{self, BaselineRow, Measure, Row};
 use crate::stats::{self, RankStats};
+use crate::vdevice::{self, VDevice};
 
 mod job;
 mod p2p;
@@ -202,7 +203,12 @@ pub(crate) struct Session<'a> {
     pub(crate) net: &'a Net,
     /// The `NCCL_NET_PLUGIN` value used.
     pub(crate) value: &'a str,
+    /// `devices()` as last called (with `--vdevice`: after `makeVDevice`).
     pub(crate) ndev: i32,
+    /// The device of every `listen`/`connect`: `--dev`, or the virtual device of `--vdevice`.
+    pub(crate) dev: i32,
+    /// `--vdevice`: the virtual device made for this run.
+    pub(crate) vdevice: Option<&'a VDevice>,
     pub(crate) props: &'a Properties,
     pub(crate) place: &'a bootstrap::Placement,
     /// Per rank: pid, host, plugin file, device (allgathered).
@@ -211,9 +217,10 @@ pub(crate) struct Session<'a> {
 }
 
 impl Session<'_> {
-    /// The `# plugin:`, `# transport:` and `#  Rank` lines of the header.
+    /// The `# plugin:`, `# transport:`, `#  Using virtual device` (`--vdevice`) and `#  Rank`
+    /// lines of the header.
     pub(crate) fn write_plugin_lines(&self, o: &mut impl Write) -> std::io::Result<()> {
-        let (net, props, args) = (self.net, self.props, self.args);
+        let (net, props) = (self.net, self.props);
         let transport =
             env::var("VERBSNET_TRANSPORT").unwrap_or_else(|_| "unset (plugin default)".into());
         writeln!(
@@ -229,7 +236,7 @@ impl Session<'_> {
             o,
             "# transport: VERBSNET_TRANSPORT={transport}; dev {} of {}: \"{}\" speed {} Mbps \
              latency {} us ptrSupport {} maxComms {} maxRecvs {}{}",
-            args.dev,
+            self.dev,
             self.ndev,
             props.name,
             props.speed,
@@ -243,6 +250,9 @@ impl Session<'_> {
                 .map(|p| format!(" pci {p}"))
                 .unwrap_or_default(),
         )?;
+        if let Some(v) = self.vdevice {
+            writeln!(o, "{}", v.line())?;
+        }
         for r in self.ranks {
             writeln!(
                 o,
@@ -250,7 +260,7 @@ impl Session<'_> {
                 r["rank"],
                 r["pid"],
                 r["host"].as_str().unwrap_or("?"),
-                args.dev,
+                self.dev,
                 r["device"].as_str().unwrap_or("?"),
                 r["plugin_file"].as_str().unwrap_or("?"),
             )?;
@@ -273,11 +283,12 @@ impl Session<'_> {
     /// `--json`'s `device` object.
     pub(crate) fn device_json(&self) -> Value {
         json!({
-            "index": self.args.dev,
+            "index": self.dev,
             "count": self.ndev,
             "name": self.props.name,
             "speed_mbps": self.props.speed,
             "ptr_support": ptr_support(self.props.ptr_support),
+            "vdevice": self.vdevice.map(VDevice::to_json),
         })
     }
 
@@ -412,14 +423,23 @@ pub fn run(args: &Args) -> Result<i32> {
         args.net_version,
     )?;
     let ndev = net.devices()?;
-    if ndev <= 0 || args.dev >= ndev || args.dev < 0 {
-        return Err(format!(
-            "plugin reports {ndev} device(s); --dev {} is not one",
-            args.dev
-        )
-        .into());
-    }
-    let props = net.properties(args.dev)?;
+    // --vdevice: NIC fusion as NCCL's topology code does it, after init and the device
+    // listing and before any listen (src/graph/topo.cc: ncclTopoProcessNet).
+    let vdev = match &args.vdevice {
+        Some(list) => Some(vdevice::make(&net, &list.0, ndev)?),
+        None if ndev <= 0 || args.dev >= ndev || args.dev < 0 => {
+            return Err(format!(
+                "plugin reports {ndev} device(s); --dev {} is not one",
+                args.dev
+            )
+            .into());
+        }
+        None => None,
+    };
+    let (dev, ndev) = vdev
+        .as_ref()
+        .map_or((args.dev, ndev), |v| (v.index, v.devices_after));
+    let props = net.properties(dev)?;
     let n = place.nranks;
     let alltoall = args.collective == Collective::Alltoall;
     let sharing = Sharing {
@@ -431,10 +451,10 @@ pub fn run(args: &Args) -> Result<i32> {
     // Alltoall listens once per peer (one handle per connection, as NCCL exchanges them).
     let (handle_bytes, listen, listens) = if alltoall {
         let conns = sharing.shape().conns();
-        let (bytes, listens) = Mesh::listen(&net, args.dev, place.rank, n, conns)?;
+        let (bytes, listens) = Mesh::listen(&net, dev, place.rank, n, conns)?;
         (bytes, None, listens)
     } else {
-        let (handle, listen) = net.listen(args.dev)?;
+        let (handle, listen) = net.listen(dev)?;
         (handle.0.to_vec(), Some(listen), Vec::new())
     };
 
@@ -460,6 +480,8 @@ pub fn run(args: &Args) -> Result<i32> {
         net: &net,
         value: &value,
         ndev,
+        dev,
+        vdevice: vdev.as_ref(),
         props: &props,
         place: &place,
         ranks: &ranks,
@@ -477,13 +499,13 @@ pub fn run(args: &Args) -> Result<i32> {
                 .iter()
                 .map(|b| Handle::from_bytes(b).ok_or("a rank sent a handle of the wrong size"))
                 .collect::<std::result::Result<_, _>>()?;
-            let mut ring = Ring::connect(&net, args.dev, place.rank, &handles, listen, chunk)?;
+            let mut ring = Ring::connect(&net, dev, place.rank, &handles, listen, chunk)?;
             ring.set_spin(args.spin);
             Conns::Ring(Box::new(ring))
         }
         None => Conns::Mesh(Mesh::connect(
             &net,
-            args.dev,
+            dev,
             place.rank,
             &all_handles,
             listens,

@@ -343,7 +343,7 @@ pub(super) fn run(
         Handle::from_bytes(&handles[peer]).ok_or("a rank sent a handle of the wrong size")?;
     let mut ep = Endpoint::connect(
         s.net,
-        args.dev,
+        s.dev,
         rank,
         peer,
         &peer_handle,

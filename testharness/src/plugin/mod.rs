@@ -47,7 +47,7 @@ pub mod wrapper;
 
 pub use fifo::{Fifo, Request};
 pub use load::{heap_in_use_bytes, name_matches, plugin_candidates, probe, search_order, Probe};
-pub use table::{symbol, Properties, VERSIONS};
+pub use table::{max_devs_per_nic, symbol, Properties, VDeviceSlot, VProps, VERSIONS};
 pub use wrapper::{Comm, Context, Handle, ListenComm, Net, RecvComm, SendComm};
 
 /// Size of the opaque connection handle `listen` fills in.

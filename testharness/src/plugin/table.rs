@@ -21,9 +21,10 @@ use std::ffi::{c_char, c_int, c_void};
 use nccl_net_verbsnet::ffi::abi::{
     ncclDebugLogger_t, ncclNetCommConfig_v10_t, ncclNetCommConfig_v11_t, ncclNetCommConfig_v12_t,
     ncclNetProperties_v10_t, ncclNetProperties_v11_t, ncclNetProperties_v12_t,
-    ncclNetProperties_v7_t, ncclNetProperties_v8_t, ncclNetProperties_v9_t, ncclNet_v10_t,
-    ncclNet_v11_t, ncclNet_v12_t, ncclNet_v7_t, ncclNet_v8_t, ncclNet_v9_t, ncclProfilerCallback_t,
-    ncclResult_t, NCCL_MAX_NET_SIZE_BYTES,
+    ncclNetProperties_v7_t, ncclNetProperties_v8_t, ncclNetProperties_v9_t,
+    ncclNetVDeviceProps_v12_t, ncclNetVDeviceProps_v9_t, ncclNet_v10_t, ncclNet_v11_t,
+    ncclNet_v12_t, ncclNet_v7_t, ncclNet_v8_t, ncclNet_v9_t, ncclProfilerCallback_t, ncclResult_t,
+    NCCL_MAX_NET_SIZE_BYTES, NCCL_NET_MAX_DEVS_PER_NIC_V12, NCCL_NET_MAX_DEVS_PER_NIC_V9,
 };
 
 use super::load::opt_cstr;
@@ -54,6 +55,8 @@ pub struct Properties {
     pub max_p2p_bytes: Option<u64>,
     /// `(railId, planeId)` (v12).
     pub rail_plane: Option<(i16, i16)>,
+    /// `vProps` (v9+): the physical devices this device fuses.
+    pub vprops: Option<VProps>,
     /// The ABI version the properties came from.
     pub version: u32,
 }
@@ -75,9 +78,31 @@ macro_rules! props_common {
             max_recvs: $p.maxRecvs,
             max_p2p_bytes: None,
             rail_plane: None,
+            vprops: None,
             version: $v,
         }
     };
+}
+
+/// A device's `vProps` (v9+): the physical devices a virtual device made by `makeVDevice`
+/// fuses; a physical device lists itself (NCCL's IB transport: `ncclIbGetPhysProperties`,
+/// `src/transport/net_ib/init.cc`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VProps {
+    /// `ndevs`, as the plugin wrote it.
+    pub ndevs: i32,
+    /// `devs[0..ndevs]`, the count clamped to the array (4 entries for v9-v11, 8 for v12).
+    pub devs: Vec<i32>,
+}
+
+impl VProps {
+    fn of(ndevs: c_int, devs: &[c_int]) -> VProps {
+        let n = usize::try_from(ndevs).unwrap_or(0).min(devs.len());
+        VProps {
+            ndevs,
+            devs: devs[..n].to_vec(),
+        }
+    }
 }
 
 /// The ABI versions the harness drives, newest first: NCCL's probe order
@@ -279,6 +304,42 @@ macro_rules! slot {
     };
 }
 
+/// What a table offers for NIC fusion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VDeviceSlot {
+    /// v6-v8: the table has no `makeVDevice` member.
+    Absent,
+    /// v9+ with the slot NULL: NCCL then uses the physical devices only (`src/graph/topo.cc`:
+    /// `ncclTopoProcessNet`).
+    Null,
+    /// v9+ with the slot set; `max_devs` physical devices at most per virtual device.
+    Set {
+        /// NCCL's `maxDevsPerNic` for this version.
+        max_devs: usize,
+    },
+}
+
+/// NCCL's `maxDevsPerNic` (`src/graph/topo.cc`: `ncclTopoGetSystem`): 8 physical devices per
+/// virtual device for ncclNet v12 (`NCCL_NET_MAX_DEVS_PER_NIC`), 4 before
+/// (`NCCL_NET_MAX_DEVS_PER_NIC_V11`, the `devs[4]` of `ncclNetVDeviceProps_v9_t`).
+pub fn max_devs_per_nic(version: u32) -> usize {
+    if version >= 12 {
+        NCCL_NET_MAX_DEVS_PER_NIC_V12 as usize
+    } else {
+        NCCL_NET_MAX_DEVS_PER_NIC_V9 as usize
+    }
+}
+
+/// Writes `devs` into a `vProps` (`*ndevs`, `slots`); `None` when they do not fit.
+fn fill_vprops(ndevs: &mut c_int, slots: &mut [c_int], devs: &[i32]) -> Option<()> {
+    if devs.len() > slots.len() {
+        return None;
+    }
+    *ndevs = c_int::try_from(devs.len()).ok()?;
+    slots[..devs.len()].copy_from_slice(devs);
+    Some(())
+}
+
 /// Which close slot.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Close {
@@ -418,6 +479,7 @@ impl Table {
                     max_recvs: p.max_recvs,
                     max_p2p_bytes: None,
                     rail_plane: None,
+                    vprops: None,
                     version: v,
                 }
             }
@@ -433,18 +495,21 @@ impl Table {
                 let p = get!(t, ncclNetProperties_v9_t);
                 let mut o = props_common!(p, v);
                 o.max_p2p_bytes = Some(p.maxP2pBytes as u64);
+                o.vprops = Some(VProps::of(p.vProps.ndevs, &p.vProps.devs));
                 o
             }
             Table::V10(t) => {
                 let p = get!(t, ncclNetProperties_v10_t);
                 let mut o = props_common!(p, v);
                 o.max_p2p_bytes = Some(p.maxP2pBytes as u64);
+                o.vprops = Some(VProps::of(p.vProps.ndevs, &p.vProps.devs));
                 o
             }
             Table::V11(t) => {
                 let p = get!(t, ncclNetProperties_v11_t);
                 let mut o = props_common!(p, v);
                 o.max_p2p_bytes = Some(p.maxP2pBytes as u64);
+                o.vprops = Some(VProps::of(p.vProps.ndevs, &p.vProps.devs));
                 o
             }
             Table::V12(t) => {
@@ -452,6 +517,7 @@ impl Table {
                 let mut o = props_common!(p, v);
                 o.max_p2p_bytes = Some(p.maxP2pBytes as u64);
                 o.rail_plane = Some((p.railId, p.planeId));
+                o.vprops = Some(VProps::of(p.vProps.ndevs, &p.vProps.devs));
                 o
             }
         };
@@ -464,6 +530,83 @@ impl Table {
             }
         }
         Ok(out)
+    }
+
+    /// The table's `makeVDevice` slot (slot 19 of v9 … v12; v6-v8 have none).
+    pub(crate) fn vdevice_slot(&self) -> VDeviceSlot {
+        let set = match self {
+            Table::V6(_) | Table::V7(_) | Table::V8(_) => return VDeviceSlot::Absent,
+            Table::V9(t) => t.makeVDevice.is_some(),
+            Table::V10(t) => t.makeVDevice.is_some(),
+            Table::V11(t) => t.makeVDevice.is_some(),
+            Table::V12(t) => t.makeVDevice.is_some(),
+        };
+        if set {
+            VDeviceSlot::Set {
+                max_devs: max_devs_per_nic(self.version()),
+            }
+        } else {
+            VDeviceSlot::Null
+        }
+    }
+
+    /// v9+: `makeVDevice(&d, &props)`, `props` in this version's layout (`int ndevs; int
+    /// devs[4]` for v9-v11, `devs[8]` for v12), zeroed, then `ndevs` and `devs` set to `devs`,
+    /// and `d` preset to 0, as NCCL calls it (`src/graph/topo.cc`: `ncclTopoMakeVnic`; the
+    /// shims of `src/plugin/net/net_v9.cc` … `net_v11.cc` pass NCCL's props as the older
+    /// layout). Returns `d`.
+    ///
+    /// # Errors
+    /// [`Error::Usage`] for a version without the slot or more devices than its layout holds;
+    /// [`Error::NullSlot`]; [`Error::Call`] for a non-success return.
+    pub(crate) fn make_vdevice(&self, devs: &[i32]) -> Result<i32> {
+        let too_many = |cap: usize| {
+            Error::Usage(format!(
+                "makeVDevice of {} devices: ncclNet v{} fuses at most {cap}",
+                devs.len(),
+                self.version()
+            ))
+        };
+        let mut d: c_int = 0;
+        let code = match self {
+            Table::V6(_) | Table::V7(_) | Table::V8(_) => {
+                return Err(Error::Usage(format!(
+                    "ncclNet v{} has no makeVDevice (v9+)",
+                    self.version()
+                )))
+            }
+            Table::V9(t) => {
+                let f = slot!(t, makeVDevice);
+                let mut p = ncclNetVDeviceProps_v9_t::default();
+                fill_vprops(&mut p.ndevs, &mut p.devs, devs).ok_or_else(|| too_many(4))?;
+                // SAFETY: `d` and `p` are valid for the call; the table is a copy of a loaded
+                // plugin's.
+                unsafe { f(&mut d, &mut p) }
+            }
+            Table::V10(t) => {
+                let f = slot!(t, makeVDevice);
+                let mut p = ncclNetVDeviceProps_v9_t::default();
+                fill_vprops(&mut p.ndevs, &mut p.devs, devs).ok_or_else(|| too_many(4))?;
+                // SAFETY: as for v9.
+                unsafe { f(&mut d, &mut p) }
+            }
+            Table::V11(t) => {
+                let f = slot!(t, makeVDevice);
+                let mut p = ncclNetVDeviceProps_v9_t::default();
+                fill_vprops(&mut p.ndevs, &mut p.devs, devs).ok_or_else(|| too_many(4))?;
+                // SAFETY: as for v9.
+                unsafe { f(&mut d, &mut p) }
+            }
+            Table::V12(t) => {
+                let f = slot!(t, makeVDevice);
+                let mut p = ncclNetVDeviceProps_v12_t::default();
+                fill_vprops(&mut p.ndevs, &mut p.devs, devs).ok_or_else(|| too_many(8))?;
+                // SAFETY: as for v9.
+                unsafe { f(&mut d, &mut p) }
+            }
+        };
+        self.check("makeVDevice", code)?;
+        Ok(d)
     }
 
     /// `listen(dev, handle, &comm)` (in `ctx` for v11+); returns the listen comm (maybe NULL).

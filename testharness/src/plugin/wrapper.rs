@@ -14,7 +14,9 @@ use nccl_net_verbsnet::ffi::abi::{NCCL_NET_OPTIONAL_RECV_COMPLETION, NCCL_PTR_HO
 use super::fifo::{Fifo, Memory, Request};
 use super::load::{loaded_path, name_matches, open_first, Opened};
 use super::logger;
-use super::table::{symbol, Close, Exported, InitArgs, Properties, Table, MAX_GROUP, VERSIONS};
+use super::table::{
+    symbol, Close, Exported, InitArgs, Properties, Table, VDeviceSlot, MAX_GROUP, VERSIONS,
+};
 use super::{Error, Result, HANDLE_SIZE};
 
 /// Entries of the sizes array `test` gets (NCCL's `NCCL_PROXY_MAX_SUBS`, `src/include/proxy.h`).
@@ -306,6 +308,27 @@ impl Net {
     /// NULL slot, a non-success return, or a `maxP2pBytes` NCCL rejects.
     pub fn properties(&self, dev: i32) -> Result<Properties> {
         self.table()?.properties(dev)
+    }
+
+    /// What the table offers for NIC fusion: no `makeVDevice` member (v6-v8), a NULL one, or
+    /// a set one with NCCL's limit of physical devices per virtual device.
+    ///
+    /// # Errors
+    /// A call before `init`.
+    pub fn vdevice_slot(&self) -> Result<VDeviceSlot> {
+        Ok(self.table()?.vdevice_slot())
+    }
+
+    /// `makeVDevice(&d, {ndevs, devs})` as NCCL's topology code calls it (`src/graph/topo.cc`:
+    /// `ncclTopoMakeVnic`): the props in the layout of the version in use, `d` preset to 0.
+    /// Returns the index the plugin wrote to `d`; what the plugin then reports (`devices`,
+    /// `getProperties(d).vProps`) is for the caller to check.
+    ///
+    /// # Errors
+    /// A version without the slot or more devices than its props hold ([`Error::Usage`]), a
+    /// NULL slot, or a non-success return ([`Error::Call`]).
+    pub fn make_vdevice(&self, devs: &[i32]) -> Result<i32> {
+        self.table()?.make_vdevice(devs)
     }
 
     /// `listen(dev)` (in the default context for v11+): returns the handle to ship to the
