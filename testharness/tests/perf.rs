@@ -895,3 +895,63 @@ fn four_qps_per_connection_split_on_and_off_carry_all_reduce_and_alltoall() {
         }
     }
 }
+
+/// NIC fusion (`makeVDevice`, issue 23) on verbsnet: with `VERBSNET_TCP_DEVICES=2` (two tcp
+/// devices, each with its own memory keys) `--vdevice 0,1` makes device 2, `tcp0+tcp1`, as
+/// NCCL's topology code does, through the v12 table and the v9 one (NCCL 2.24's). An
+/// all_reduce ring and a shared-comms alltoall on it, 2 QPs per device split on and off: every
+/// byte lands (#wrong 0) although each QP's WRs must carry its own device's keys, no error
+/// completion, every comm has 2 QPs × 2 devices, and the data QPs carried pieces.
+#[test]
+fn a_virtual_device_over_two_tcp_devices_carries_all_reduce_and_alltoall() {
+    for (version, split) in [("12", "0"), ("12", "1"), ("9", "1")] {
+        for (coll, extra) in [
+            ("all_reduce", &[][..]),
+            ("alltoall", &["--shared-comms", "2", "--chunk", "4K"][..]),
+        ] {
+            let _ = plugin();
+            let what = format!("{coll} v{version} split {split}");
+            let mut args = vec![
+                coll,
+                "--ranks",
+                "3",
+                "-b",
+                "8",
+                "-e",
+                "2M",
+                "-f",
+                "16",
+                "-n",
+                "2",
+                "-w",
+                "1",
+                "--stats",
+                "--transport",
+                "tcp",
+                "--vdevice",
+                "0,1",
+                "--net-version",
+                version,
+            ];
+            args.extend_from_slice(extra);
+            let mut c = perf(&args);
+            c.env("VERBSNET_TCP_DEVICES", "2")
+                .env("VERBSNET_IB_QPS_PER_CONNECTION", "2")
+                .env("VERBSNET_IB_SPLIT_DATA_ON_QPS", split);
+            let (o, v) = common::run_json(&mut c);
+            assert_clean(coll, 3, &o, &v);
+            let d = &v["device"];
+            assert_eq!(d["name"], "tcp0+tcp1", "{what}: {d}");
+            assert_eq!(d["vdevice"]["vprops"], serde_json::json!([0, 1]), "{what}");
+            let total = |key: &str| stats_total(&v, key);
+            assert_eq!(total("error_completions"), 0, "{what}");
+            let (qps, ops) = (total("qps"), total("ops"));
+            assert!(
+                qps > 0 && qps % 4 == 0 && ops > 0,
+                "{what}: qps total {qps}\n{}",
+                show(&o)
+            );
+            assert!(total("data_qp_writes") > 0, "{what}\n{}", show(&o));
+        }
+    }
+}
