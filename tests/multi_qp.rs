@@ -274,8 +274,12 @@ fn a_hello_with_a_bad_qp_count_is_refused_and_the_listener_lives_on() {
 #[test]
 fn virtual_devices_spread_qps_over_their_devices_and_carry_data_intact() {
     let _g = serial();
+    // Two rxe devices in one VM reach each other only through GID 0 (IPv6 link-local over
+    // their veth pair: `guest-setup.sh`), so the VM suite sets VERBSNET_IB_GID_INDEX=0.
+    let gid = std::env::var("VERBSNET_IB_GID_INDEX").ok().and_then(|v| v.parse().ok());
     let cfg = Config {
         tcp_devices: 2,
+        ib_gid_index: gid,
         ..base_cfg()
     };
     let (devs, kind) = open_devices(&cfg).unwrap_or_else(|e| panic!("{}", e.report()));
@@ -304,7 +308,11 @@ fn virtual_devices_spread_qps_over_their_devices_and_carry_data_intact() {
         ("reordered 2 devs to 2, split", &rev, both, 1, true),
     ];
     for (what, sd, rd, per, split) in cases {
-        let l = connect_devs((sd, rd), kind, &qps_cfg(per, split), &base_cfg(), 5_000_000)
+        let send_cfg = Config {
+            ib_gid_index: gid,
+            ..qps_cfg(per, split)
+        };
+        let l = connect_devs((sd, rd), kind, &send_cfg, &cfg, 5_000_000)
             .unwrap_or_else(|e| panic!("{what}: connect: {}", e.report()));
         let want = u64::from(per) * 2;
         assert_eq!(counter(&l.send, "qps"), want, "{what}");

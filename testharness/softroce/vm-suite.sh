@@ -54,6 +54,13 @@
 #                        with --proxy lazy; "4 QPs (split on|off)" on the connections' INFO lines)
 #      multi_qp          tests/multi_qp.rs over ib: 1, 2, 4, 8 QPs per connection, split on and
 #                        off, data checked; the receiver adopts the sender's count
+# then boots a second VM with two rxe devices (SOFTROCE_NETDEV=veth SOFTROCE_NDEVS=2, GID
+# index 0) for NIC fusion (makeVDevice, issue 23):
+#      vdev_multi_qp     tests/multi_qp.rs's virtual-device test over rxe0 and rxe1: QPs on both
+#                        devices, one side physical or reordered, data checked
+#      vdev_*            verbsnet-perf --vdevice 0,1 (all_reduce 2 and 4 ranks, 2 QPs per device
+#                        split; alltoall --shared-comms 2 through the v9 table): #wrong 0, the
+#                        device "rxe0+rxe1" made by makeVDevice on every connection
 # A test binary that prints SKIP in the VM (no device found) counts as a failure. Each step
 # prints one summary line, the run ends with "vm-suite: N passed, M failed"; the exit status is
 # 0 only when every step passed (255: the VM failed, 124: timeout). Full logs of every step are
@@ -119,8 +126,10 @@ if [ "${1:-}" = --guest ]; then
         grep -q 'rxe0' "$log" || missing+=("rxe0")
         # getProperties through the table, as NCCL IB names the port (net_ib/init.cc): the verbs
         # device without ':port', a speed, and no pciPath (rxe has no PCI device)
-        grep -qE '^# transport: .*dev [0-9]+ of [0-9]+: "rxe0" speed [1-9][0-9]* Mbps ' "$log" \
-            || missing+=("the header's device \"rxe0\" with a speed")
+        local dev_name=${PERF_DEV_NAME:-rxe0} dev_re
+        dev_re=${dev_name//+/\\+}
+        grep -qE "^# transport: .*dev [0-9]+ of [0-9]+: \"$dev_re\" speed [1-9][0-9]* Mbps " "$log" \
+            || missing+=("the header's device \"$dev_name\" with a speed")
         ! grep -qE '^# transport: .* pci ' "$log" || missing+=("no pciPath for rxe")
         grep -qE 'gid_index[=: ]+[0-9]' "$log" || missing+=("the GID index")
         grep -qE 'mtu[=: ]+[0-9]+' "$log" || missing+=("the MTU")
@@ -159,6 +168,25 @@ if [ "${1:-}" = --guest ]; then
 
     devs=$(cd /sys/class/infiniband 2>/dev/null && echo *)
     echo "vm-suite: in the VM: kernel $(uname -r), $(nproc) vCPUs, verbs devices: ${devs:-none}"
+    # The second boot (SOFTROCE_NDEVS=2: rxe0 and rxe1 on a veth pair, which reach each other
+    # only through GID 0, IPv6 link-local): NIC fusion (makeVDevice, issue 23).
+    if [ "${3:-}" = vdev ]; then
+        export VERBSNET_IB_GID_INDEX=0
+        TEST_FILTER=virtual test_step vdev_multi_qp "$BIN_multi_qp" RUST_TEST_THREADS=1 \
+            VERBSNET_TEST_TRANSPORT=ib
+        vsmall=(-b 8 -e 256K -f 8 -n 2 -w 1 -T 100 --vdevice 0,1)
+        PERF_DEV_NAME="rxe0+rxe1" PERF_EXPECT="made virtual device [2] rxe0+rxe1" \
+            perf_step vdev_allreduce_2 all_reduce --ranks 2 "${vsmall[@]}"
+        PERF_DEV_NAME="rxe0+rxe1" PERF_EXPECT="4 QPs (split on), over 2 devices (peer: 2)" \
+            PERF_ENV="VERBSNET_IB_QPS_PER_CONNECTION=2 VERBSNET_IB_SPLIT_DATA_ON_QPS=1" \
+            perf_step vdev_allreduce_4_qps2_split all_reduce --ranks 4 "${vsmall[@]}"
+        PERF_DEV_NAME="rxe0+rxe1" PERF_EXPECT="Using virtual device [2] rxe0+rxe1 (vProps 0,1)" \
+            perf_step vdev_alltoall_4_shared2_v9 alltoall --ranks 4 --shared-comms 2 \
+            --net-version 9 "${vsmall[@]}"
+        echo "vm-suite: $passed passed, $failed failed${failures[*]:+ (${failures[*]})}"
+        [ "$failed" = 0 ]
+        exit
+    fi
     TEST_FILTER=ib:: test_step conformance "$BIN_transport_conformance" RUST_TEST_THREADS=1
     test_step ib_transport "$BIN_ib_transport" RUST_TEST_THREADS=2
     test_step plugin_pair "$BIN_plugin_pair" RUST_TEST_THREADS=2 VERBSNET_TEST_TRANSPORT=ib
@@ -349,6 +377,12 @@ case "$logs" in "$ROOT"/*) ;; *) share+=(-w "$logs") ;; esac
 set +e
 "$HERE/run-in-vm.sh" "${share[@]}" -T "${VM_SUITE_TIMEOUT:-900}" -- bash "$HERE/vm-suite.sh" --guest "$logs"
 rc=$?
+# NIC fusion needs two devices: a second, short boot with rxe0 and rxe1 (veth pair)
+echo "vm-suite: booting a second VM with two rxe devices (SOFTROCE_NDEVS=2) for makeVDevice" >&2
+SOFTROCE_NETDEV=veth SOFTROCE_NDEVS=2 "$HERE/run-in-vm.sh" "${share[@]}" -T 300 -- \
+    bash "$HERE/vm-suite.sh" --guest "$logs" vdev
+rc2=$?
+[ "$rc" != 0 ] || rc=$rc2
 set -e
 case $rc in
     0) ;;
