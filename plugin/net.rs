@@ -181,21 +181,44 @@ fn listen_ip(cfg: &Config) -> Result<(IpAddr, String), Error> {
 /// `src/transport/net_ib/common.h`).
 pub const MAX_VDEVS: usize = 128;
 
-/// The virtual devices made so far (`makeVDevice`), each the physical device indices it
-/// joins, in its order; device `devs.len() + i` is entry `i`. Process-wide, as NCCL IB's
-/// merged devices (`ncclIbMergedDevs`, `net_ib/init.cc`), which outlive a finalize: NCCL
-/// makes them once per process and keeps using their indices (`src/graph/topo.cc`,
-/// `ncclTopoProcessNet`: "Virtual devices are only created once per network"), so they
-/// survive the plugin state being released and reopened by the next `init`.
-static VDEVS: Mutex<Vec<Vec<usize>>> = Mutex::new(Vec::new());
+/// The virtual devices made in this process (`makeVDevice`), each the physical device indices
+/// it joins, in its order, and how many of them the current plugin state has made or re-made
+/// (`visible`): device `devs.len() + i` is entry `i`.
+///
+/// NCCL 2.28+ unloads an external plugin once its last communicator is finalized and, after
+/// loading it again, counts its physical devices anew and makes its virtual devices again
+/// (`src/plugin/net.cc`, `ncclNetPluginUnload` resets `netVirtDevs`; `src/graph/topo.cc`,
+/// `ncclTopoProcessNet`). verbsnet stays mapped across that (`-z nodelete`), so when the last
+/// context goes ([`forget_vdevices`]) `devices` counts the physical devices only again, and
+/// each `makeVDevice` that follows gets the next index, reusing the entry made before when it
+/// names the same devices. With `NCCL_NET_PLUGIN_REF_COUNT` NCCL never unloads the plugin and
+/// keeps using the indices it got: those still resolve (entries are only replaced when a new
+/// `makeVDevice` names other devices at that index), as NCCL IB's merged devices, which live
+/// as long as the process (`ncclIbMergedDevs`, `net_ib/init.cc`).
+struct VDevs {
+    made: Vec<Vec<usize>>,
+    visible: usize,
+}
 
-fn vdevs() -> std::sync::MutexGuard<'static, Vec<Vec<usize>>> {
+static VDEVS: Mutex<VDevs> = Mutex::new(VDevs {
+    made: Vec::new(),
+    visible: 0,
+});
+
+fn vdevs() -> std::sync::MutexGuard<'static, VDevs> {
     VDEVS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The plugin state was released (the last context finalized): `devices` counts the physical
+/// devices only until `makeVDevice` is called again (NCCL makes them again after it reloads
+/// the plugin; an index it kept still resolves: see `VDevs`).
+pub fn forget_vdevices() {
+    vdevs().visible = 0;
 }
 
 /// Devices NCCL may name: the physical ones, then the virtual ones made so far.
 pub fn dev_count(net: &Net) -> usize {
-    net.devs.len() + vdevs().len()
+    net.devs.len() + vdevs().visible
 }
 
 /// `makeVDevice(d, {ndevs, devs})`: a virtual device over the physical devices `devs` (in
@@ -205,13 +228,15 @@ pub fn dev_count(net: &Net) -> usize {
 /// for it, `ncclTopoMakeVnic`), several only with `VERBSNET_IB_MERGE_NICS` on.
 ///
 /// # Errors
-/// [`Op::MakeVDevice`], `InvalidArgument`: no device, more than [`wire::MAX_DEVS`], an index
-/// that is not a physical device (a virtual one included), one named twice; `Usage`:
-/// `VERBSNET_IB_MERGE_NICS=0` with more than one, or [`MAX_VDEVS`] made already.
+/// [`Op::MakeVDevice`], `Usage` (`ncclInvalidUsage`, as NCCL IB for every refusal): no
+/// device, more than [`wire::MAX_DEVS`], an index that is not a physical device (a virtual one
+/// included), one named twice, `VERBSNET_IB_MERGE_NICS=0` with more than one, or
+/// [`MAX_VDEVS`] made already.
 ///
 /// [`wire::MAX_DEVS`]: crate::engine::wire::MAX_DEVS
 pub fn make_vdevice(net: &Net, devs: &[i32]) -> Result<i32, Error> {
-    let bad = |m: String| Error::new(Op::MakeVDevice, Class::InvalidArgument, m);
+    // NCCL IB refuses with ncclInvalidUsage whatever the reason (`ncclIbMakeVDeviceInternal`).
+    let bad = |m: String| Error::new(Op::MakeVDevice, Class::Usage, m);
     let max = crate::engine::wire::MAX_DEVS;
     if devs.is_empty() || devs.len() > max {
         return Err(bad(format!(
@@ -244,15 +269,22 @@ pub fn make_vdevice(net: &Net, devs: &[i32]) -> Result<i32, Error> {
         idx.push(i);
     }
     let mut v = vdevs();
-    if v.len() >= MAX_VDEVS {
+    let at = v.visible;
+    if at >= MAX_VDEVS {
         return Err(Error::new(
             Op::MakeVDevice,
             Class::Usage,
             format!("{MAX_VDEVS} virtual devices were made already (the most)"),
         ));
     }
-    v.push(idx);
-    let d = nphys + v.len() - 1;
+    // The same device list at the same index as before the plugin state was last released
+    // (NCCL making its virtual devices again after a reload) reuses the entry.
+    if v.made.get(at) != Some(&idx) {
+        v.made.truncate(at);
+        v.made.push(idx);
+    }
+    v.visible = at + 1;
+    let d = nphys + at;
     drop(v);
     let e = device(net, d as i32)?;
     info!(
@@ -303,7 +335,9 @@ pub fn device(net: &Net, dev: i32) -> Result<Target, Error> {
             pci_c: e.pci_c.clone(),
         });
     }
-    let v = vdevs().get(i - nphys).cloned().ok_or_else(missing)?;
+    // The guard goes before `missing`, which takes the lock again.
+    let found = vdevs().made.get(i - nphys).cloned();
+    let v = found.ok_or_else(missing)?;
     let mut ents = Vec::with_capacity(v.len());
     for &p in &v {
         ents.push(net.devs.get(p).ok_or_else(|| {

@@ -299,7 +299,8 @@ fn accept_without_a_peer_fails_after_the_timeout_and_the_watchdog_reports_it() {
     );
 }
 
-/// A hello in the handshake layout of `plugin/conn/hello.rs` (version 5: one QP, split off)
+/// A hello in the handshake layout of `plugin/conn/hello.rs` (version 6: one QP, split off,
+/// one device each side)
 /// with the given nonce, version and QP info (a liar's or an old plugin's).
 fn crafted_hello(nonce: u64, version: u16, kind: Kind, qp_info: &[u8]) -> Vec<u8> {
     let mut b = Vec::new();
@@ -313,6 +314,7 @@ fn crafted_hello(nonce: u64, version: u16, kind: Kind, qp_info: &[u8]) -> Vec<u8
     b.extend_from_slice(&nonce.to_le_bytes());
     b.extend_from_slice(&1u16.to_le_bytes()); // one QP (version 5)
     b.push(0); // split off
+    b.extend_from_slice(&[1, 1]); // devices: sender, receiver (version 6)
     b.extend_from_slice(&(qp_info.len() as u16).to_le_bytes());
     b.extend_from_slice(qp_info);
     for _ in 0..10 {

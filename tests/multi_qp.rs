@@ -276,7 +276,9 @@ fn virtual_devices_spread_qps_over_their_devices_and_carry_data_intact() {
     let _g = serial();
     // Two rxe devices in one VM reach each other only through GID 0 (IPv6 link-local over
     // their veth pair: `guest-setup.sh`), so the VM suite sets VERBSNET_IB_GID_INDEX=0.
-    let gid = std::env::var("VERBSNET_IB_GID_INDEX").ok().and_then(|v| v.parse().ok());
+    let gid = std::env::var("VERBSNET_IB_GID_INDEX")
+        .ok()
+        .and_then(|v| v.parse().ok());
     let cfg = Config {
         tcp_devices: 2,
         ib_gid_index: gid,

@@ -166,6 +166,9 @@ impl Drop for Context {
             s.users = s.users.saturating_sub(1);
             if s.users == 0 {
                 *g = None;
+                // NCCL unloads the plugin now and makes its virtual devices again after the
+                // next load (src/plugin/net.cc).
+                net::forget_vdevices();
                 info!(target: "verbsnet::init", "last context finalized: plugin state released");
             }
         }

@@ -1,11 +1,14 @@
-//! Send and receive comms: the driver between the protocol engine and a transport QP.
+//! Send and receive comms: the driver between the protocol engine and a connection's
+//! transport QPs.
 //!
-//! A comm owns one QP, its engine, and the plugin-owned registered buffers the protocol needs
-//! (sender: eager-header and record staging, the CTS ring, the credit word; receiver: its own
-//! bounce buffers, the shared pool's, the record ring, control staging). Every entry (`isend`,
-//! `irecv`, `test`) first makes progress: it polls the CQ, reads the CTS ring and credit word,
-//! feeds the engine, and carries out the engine's actions. Nothing blocks. A started request is
-//! an engine [`ReqId`]; what NCCL holds a pointer to is the API layer's (`crate::api`).
+//! A comm owns its QPs (one, or `VERBSNET_IB_QPS_PER_CONNECTION` per device, spread over the
+//! devices of a virtual device), its engine, and the plugin-owned registered buffers the
+//! protocol needs (sender: eager-header and record staging, the CTS ring, the credit word;
+//! receiver: its own bounce buffers, the shared pool's, the record ring, control staging).
+//! Every entry (`isend`, `irecv`, `test`) first makes progress: it polls the CQs, reads the
+//! CTS ring and credit word, feeds the engine, and carries out the engine's actions. Nothing
+//! blocks. A started request is an engine [`ReqId`]; what NCCL holds a pointer to is the API
+//! layer's (`crate::api`).
 //!
 //! Data-path calls on one comm come from one NCCL progress thread; `regMr`/`deregMr` may come
 //! from NCCL's service thread at the same time (ext-net README), so the mutable state sits

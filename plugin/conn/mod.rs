@@ -18,10 +18,14 @@
 //!
 //! ## Handshake over the out-of-band TCP stream
 //! 1. sender → receiver: `Hello` (nonce, the QP count and split flag
-//!    (`VERBSNET_IB_QPS_PER_CONNECTION`, `VERBSNET_IB_SPLIT_DATA_ON_QPS`) and one QP info per
-//!    QP, CTS ring and credit word addresses/rkeys, credit gating, first sequence number, the
-//!    traffic class and SL the receiver adopts: [`traffic_class_and_sl`]);
-//! 2. the receiver creates as many QPs with the sender's traffic class and SL (adopting the
+//!    (`VERBSNET_IB_QPS_PER_CONNECTION` × the larger device count of both sides, a virtual
+//!    device's from `makeVDevice`; `VERBSNET_IB_SPLIT_DATA_ON_QPS`), both sides' device counts
+//!    (the receiver's read from the handle, which sized the CTS ring), one QP info per QP (QP
+//!    `q` on device `q % devices`), CTS ring and credit word addresses/rkeys, credit gating,
+//!    first sequence number, the traffic class and SL the receiver adopts:
+//!    [`traffic_class_and_sl`]);
+//! 2. the receiver checks the device count the sender read from its handle, creates as many
+//!    QPs (QP `q` on its device `q % devices`) with the sender's traffic class and SL (adopting the
 //!    sender's count and split, an INFO line when its own setting differs), **posts its receive
 //!    queue** (QP 0's; data QPs get theirs in `irecv`), moves every QP to RTR/RTS (tcp: each data QP
 //!    connects its own stream to the sender's data QP), and replies with its `Hello` (one QP

@@ -91,7 +91,7 @@ fn vprops_devs<V: VProps>(v: &V) -> Result<&[c_int], Error> {
         .ok_or_else(|| {
             Error::new(
                 Op::MakeVDevice,
-                Class::InvalidArgument,
+                Class::Usage,
                 format!(
                     "makeVDevice props name {} devices (this table's struct holds 0..={})",
                     v.ndevs(),

@@ -516,9 +516,10 @@ fn every_table_is_named_verbsnet_with_the_optional_slots_null() {
     assert!(t12.makeVDevice.is_some() && t12.setNetAttr.is_none() && t12.finalize.is_some());
 }
 
-/// `makeVDevice` refuses what NCCL IB refuses, and what a struct cannot hold, with a clear
-/// error and nothing made (the successful path, which makes a process-wide device, runs in
-/// its own process: `testharness/tests/perf.rs`, `verbsnet-perf --vdevice`).
+/// `makeVDevice` refuses what NCCL IB refuses, and what a struct cannot hold, with
+/// `ncclInvalidUsage` as NCCL IB (NULL pointers: `ncclInvalidArgument`), and nothing made
+/// (the successful path, which makes a process-wide device, runs in its own process:
+/// `testharness/tests/perf.rs`, `verbsnet-perf --vdevice`).
 #[test]
 fn make_vdevice_refuses_bad_device_lists_and_makes_nothing() {
     let _ = setup();
@@ -538,12 +539,12 @@ fn make_vdevice_refuses_bad_device_lists_and_makes_nothing() {
     };
     let mut d: c_int = -7;
     for (mut v, want) in [
-        (v9(0, &[]), ncclResult_t::ncclInvalidArgument),
-        (v9(5, &[0, 0, 0, 0]), ncclResult_t::ncclInvalidArgument),
-        (v9(-1, &[]), ncclResult_t::ncclInvalidArgument),
-        (v9(1, &[n0]), ncclResult_t::ncclInvalidArgument),
-        (v9(1, &[-1]), ncclResult_t::ncclInvalidArgument),
-        (v9(2, &[0, 0]), ncclResult_t::ncclInvalidArgument),
+        (v9(0, &[]), ncclResult_t::ncclInvalidUsage),
+        (v9(5, &[0, 0, 0, 0]), ncclResult_t::ncclInvalidUsage),
+        (v9(-1, &[]), ncclResult_t::ncclInvalidUsage),
+        (v9(1, &[n0]), ncclResult_t::ncclInvalidUsage),
+        (v9(1, &[-1]), ncclResult_t::ncclInvalidUsage),
+        (v9(2, &[0, 0]), ncclResult_t::ncclInvalidUsage),
     ] {
         // SAFETY: valid pointers.
         let rc = unsafe { make9(&mut d, &mut v) };
@@ -556,7 +557,7 @@ fn make_vdevice_refuses_bad_device_lists_and_makes_nothing() {
     };
     // SAFETY: valid pointers.
     let rc = unsafe { make12(&mut d, &mut w) };
-    assert_eq!(rc, ncclResult_t::ncclInvalidArgument);
+    assert_eq!(rc, ncclResult_t::ncclInvalidUsage);
     // SAFETY: NULL props and NULL d are refused before any use.
     unsafe {
         assert_eq!(

@@ -58,6 +58,8 @@
 # index 0) for NIC fusion (makeVDevice, issue 23):
 #      vdev_multi_qp     tests/multi_qp.rs's virtual-device test over rxe0 and rxe1: QPs on both
 #                        devices, one side physical or reordered, data checked
+#      vdev_table        tests/vdevice.rs: makeVDevice, devices, getProperties and data through
+#                        the v12 table, and the virtual devices made again after a reload
 #      vdev_*            verbsnet-perf --vdevice 0,1 (all_reduce 2 and 4 ranks, 2 QPs per device
 #                        split; alltoall --shared-comms 2 through the v9 table): #wrong 0, the
 #                        device "rxe0+rxe1" made by makeVDevice on every connection
@@ -174,6 +176,7 @@ if [ "${1:-}" = --guest ]; then
         export VERBSNET_IB_GID_INDEX=0
         TEST_FILTER=virtual test_step vdev_multi_qp "$BIN_multi_qp" RUST_TEST_THREADS=1 \
             VERBSNET_TEST_TRANSPORT=ib
+        test_step vdev_table "$BIN_vdevice" RUST_TEST_THREADS=1 VERBSNET_TEST_TRANSPORT=ib
         vsmall=(-b 8 -e 256K -f 8 -n 2 -w 1 -T 100 --vdevice 0,1)
         PERF_DEV_NAME="rxe0+rxe1" PERF_EXPECT="made virtual device [2] rxe0+rxe1" \
             perf_step vdev_allreduce_2 all_reduce --ranks 2 "${vsmall[@]}"
@@ -323,6 +326,7 @@ tests=(transport_conformance ib_transport plugin_pair rnr)
 [ -f tests/explorer.rs ] && tests+=(explorer)
 [ -f tests/liveness.rs ] && tests+=(liveness)
 [ -f tests/multi_qp.rs ] && tests+=(multi_qp)
+[ -f tests/vdevice.rs ] && tests+=(vdevice)
 # The workspace-wide commands CI runs before (testharness/run-tests.sh), so that nothing is
 # rebuilt: per-package builds unify dependency features differently and rebuild the plugin.
 echo "vm-suite: building the tests (cargo test --workspace --no-run ${CARGO_PROFILE_ARGS:-})" >&2

@@ -954,4 +954,26 @@ fn a_virtual_device_over_two_tcp_devices_carries_all_reduce_and_alltoall() {
             assert!(total("data_qp_writes") > 0, "{what}\n{}", show(&o));
         }
     }
+    // NCCL_IB_MERGE_NICS=0 (VERBSNET_IB_MERGE_NICS's fallback): makeVDevice refuses to merge
+    // (ncclInvalidUsage, as NCCL IB), and the run stops before any connection.
+    let mut c = perf(&[
+        "all_reduce",
+        "--ranks",
+        "2",
+        "--transport",
+        "tcp",
+        "--vdevice",
+        "0,1",
+    ]);
+    c.env("VERBSNET_TCP_DEVICES", "2")
+        .env("NCCL_IB_MERGE_NICS", "0");
+    let o = c.output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("makeVDevice returned ncclInvalidUsage (5)")
+            && err.contains("VERBSNET_IB_MERGE_NICS=0"),
+        "{}",
+        show(&o)
+    );
 }

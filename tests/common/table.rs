@@ -109,12 +109,17 @@ pub fn finalize(ctx: Ptr) -> Rc {
 /// `listen`, then `connect` and `accept` polled alternately (as NCCL's GDR probe does from one
 /// thread) until both return a comm, then `closeListen`: `(sendComm, recvComm)`.
 pub fn connect_pair(ctx: Ptr, limit: Duration) -> Result<(Ptr, Ptr), String> {
+    connect_pair_on(ctx, 0, limit)
+}
+
+/// [`connect_pair`] on device `dev` (a virtual device's index included).
+pub fn connect_pair_on(ctx: Ptr, dev: c_int, limit: Duration) -> Result<(Ptr, Ptr), String> {
     let t = table();
     let mut handle = [0u8; 128];
     let mut listen: *mut c_void = ptr::null_mut();
     count();
     // SAFETY: a 128-byte handle and valid out-pointers.
-    let rc = unsafe { t.listen.unwrap()(ctx.0, 0, handle.as_mut_ptr().cast(), &mut listen) };
+    let rc = unsafe { t.listen.unwrap()(ctx.0, dev, handle.as_mut_ptr().cast(), &mut listen) };
     if rc != OK || listen.is_null() {
         return Err(format!("listen: {rc:?}"));
     }
@@ -128,7 +133,7 @@ pub fn connect_pair(ctx: Ptr, limit: Duration) -> Result<(Ptr, Ptr), String> {
             count();
             let h = handle.as_mut_ptr().cast();
             // SAFETY: the same handle on every call (NCCL's rule); valid out-pointers.
-            let rc = unsafe { t.connect.unwrap()(ctx.0, 0, h, &mut send, ptr::null_mut()) };
+            let rc = unsafe { t.connect.unwrap()(ctx.0, dev, h, &mut send, ptr::null_mut()) };
             if rc != OK {
                 return Err(format!("connect: {rc:?}"));
             }
