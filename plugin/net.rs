@@ -268,6 +268,23 @@ pub fn make_vdevice(net: &Net, devs: &[i32]) -> Result<i32, Error> {
         }
         idx.push(i);
     }
+    // One link layer, as NCCL IB ("Attempted to merge incompatible devices"): a QP on an
+    // InfiniBand port cannot reach a RoCE one.
+    let first = &net.devs[idx[0]];
+    if let Some(&j) = idx
+        .iter()
+        .find(|&&j| net.devs[j].dev.link_layer() != first.dev.link_layer())
+    {
+        return Err(bad(format!(
+            "cannot merge devices of different link layers: [{}]{} ({}) and [{j}]{} ({}); \
+             select NICs of one link layer with VERBSNET_IB_HCA",
+            idx[0],
+            first.props.name,
+            first.dev.link_layer(),
+            net.devs[j].props.name,
+            net.devs[j].dev.link_layer()
+        )));
+    }
     let mut v = vdevs();
     let at = v.visible;
     if at >= MAX_VDEVS {
@@ -368,4 +385,88 @@ pub fn device(net: &Net, dev: i32) -> Result<Target, Error> {
         pci_c: ents[0].pci_c.clone(),
         props,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mem::Region;
+    use crate::transport::{MemoryRegion, QpConfig, QueuePair};
+
+    /// A tcp device that reports another link layer.
+    struct Link(Arc<dyn Device>, &'static str);
+
+    impl Device for Link {
+        fn props(&self) -> DeviceProps {
+            self.0.props()
+        }
+        fn reg_mr(&self, region: Region) -> transport::Result<Arc<dyn MemoryRegion>> {
+            self.0.reg_mr(region)
+        }
+        fn create_qp(&self, cfg: &QpConfig) -> transport::Result<Box<dyn QueuePair>> {
+            self.0.create_qp(cfg)
+        }
+        fn link_layer(&self) -> &'static str {
+            self.1
+        }
+    }
+
+    fn net(links: &[&'static str], merge: bool) -> Net {
+        let cfg = Config {
+            tcp_devices: links.len() as u8,
+            ib_merge_nics: merge,
+            ..Config::default()
+        };
+        let devs = transport::tcp::open_devices(&cfg)
+            .into_iter()
+            .zip(links)
+            .map(|(d, &l)| {
+                let dev: Arc<dyn Device> = Arc::new(Link(d, l));
+                let props = dev.props();
+                DevEntry {
+                    name_c: CString::new(props.name.clone()).unwrap(),
+                    pci_c: None,
+                    dev,
+                    props,
+                }
+            })
+            .collect();
+        Net {
+            cfg,
+            kind: Kind::Tcp,
+            devs,
+            listen_ip: std::net::Ipv4Addr::LOCALHOST.into(),
+        }
+    }
+
+    /// What NCCL IB refuses (`ncclIbMakeVDeviceInternal`, `net_ib/init.cc`) is refused with
+    /// `ncclInvalidUsage`'s class and a reason naming the devices or the knob, and nothing is
+    /// made (only refusals here: a made device is process-wide).
+    #[test]
+    fn make_vdevice_refuses_mixed_link_layers_merging_off_and_bad_lists() {
+        let mixed = net(&["InfiniBand", "InfiniBand", "Ethernet"], true);
+        let before = dev_count(&mixed);
+        let refused = |n: &Net, devs: &[i32]| {
+            let e = make_vdevice(n, devs).expect_err("refused");
+            assert_eq!((e.op(), e.class()), (Op::MakeVDevice, Class::Usage));
+            e.to_string()
+        };
+        let m = refused(&mixed, &[0, 2]);
+        assert!(
+            m.contains("different link layers: [0]tcp0 (InfiniBand) and [2]tcp2 (Ethernet)")
+                && m.contains("VERBSNET_IB_HCA"),
+            "{m}"
+        );
+        assert!(refused(&mixed, &[1, 1]).contains("device 1 is named twice"));
+        assert!(refused(&mixed, &[0, 3]).contains("device 3 is not a physical device (0..3"));
+        assert!(refused(&mixed, &[-1]).contains("device -1 is not a physical device"));
+        assert!(refused(&mixed, &[]).contains("a virtual device of 0 devices (1..=8)"));
+        assert!(refused(&mixed, &[0; 9]).contains("of 9 devices"));
+        let off = net(&["Ethernet", "Ethernet"], false);
+        assert!(refused(&off, &[0, 1]).contains("VERBSNET_IB_MERGE_NICS=0"));
+        assert_eq!(dev_count(&mixed), before, "nothing made");
+        // A device index past every device names how many there are.
+        let e = device(&off, 7).err().expect("no device 7");
+        assert!(e.to_string().contains("device 7 does not exist"), "{e}");
+    }
 }

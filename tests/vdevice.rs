@@ -8,8 +8,9 @@
 //!   next load counts its physical devices anew and makes its virtual devices again
 //!   (`src/plugin/net.cc`, `ncclNetPluginUnload` resets `netVirtDevs`): `devices` must count
 //!   the physical devices only then, and the same group gets the same index;
-//! - with `NCCL_NET_PLUGIN_REF_COUNT` NCCL keeps the plugin and the indices it got: a virtual
-//!   device stays usable by a communicator made after every earlier one was finalized.
+//! - with `NCCL_NET_PLUGIN_REF_COUNT` NCCL keeps the plugin, its device count and the indices
+//!   it got: a virtual device stays counted and usable by a communicator made after every
+//!   earlier one was finalized.
 //!
 //! Transport from `VERBSNET_TEST_TRANSPORT` (`tcp` with `VERBSNET_TCP_DEVICES=2`; `ib` in the
 //! soft-RoCE VM with two rxe devices, `SOFTROCE_NDEVS=2`, where it needs GID index 0).
@@ -147,10 +148,21 @@ fn virtual_devices_are_made_used_and_made_again_after_a_reload() {
     let c = make(&[1]);
     assert_eq!((c, props(c).2), (phys + 1, vec![1]));
 
-    // NCCL_NET_PLUGIN_REF_COUNT: NCCL keeps the plugin loaded and the indices it got, and a
-    // communicator made after every earlier one was finalized still uses them.
+    // NCCL_NET_PLUGIN_REF_COUNT: NCCL keeps the plugin loaded and the indices it got (and its
+    // count of devices), so a communicator made after every earlier one was finalized finds
+    // them counted and usable.
     assert_eq!(t::finalize(ctx), OK);
+    std::env::set_var("NCCL_NET_PLUGIN_REF_COUNT", "1");
     let ctx = t::init(3).expect("init");
+    assert_eq!(devices(), phys, "made again after the reload above");
+    assert_eq!(make(&[0, 1]), a);
+    assert_eq!(t::finalize(ctx), OK);
+    let ctx = t::init(4).expect("init");
+    assert_eq!(
+        devices(),
+        phys + 1,
+        "the plugin stayed loaded: still counted"
+    );
     assert_eq!(props(a).0, format!("{n0}+{n1}"));
     carry(ctx, a, 8192 + 1);
     assert_eq!(t::finalize(ctx), OK);

@@ -165,10 +165,12 @@ impl Drop for Context {
         if let Some(s) = g.as_mut().filter(|s| Arc::ptr_eq(&s.net, &self.net)) {
             s.users = s.users.saturating_sub(1);
             if s.users == 0 {
-                *g = None;
                 // NCCL unloads the plugin now and makes its virtual devices again after the
-                // next load (src/plugin/net.cc).
-                net::forget_vdevices();
+                // next load, unless NCCL_NET_PLUGIN_REF_COUNT keeps it (src/plugin/net.cc).
+                if !s.net.cfg.nccl_plugin_ref_count {
+                    net::forget_vdevices();
+                }
+                *g = None;
                 info!(target: "verbsnet::init", "last context finalized: plugin state released");
             }
         }

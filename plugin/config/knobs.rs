@@ -30,6 +30,13 @@ knobs! {
         /// `NCCL_SOCKET_FAMILY` as set (`AF_INET` or `AF_INET6`; other values are ignored, as
         /// NCCL does).
         nccl_socket_family: Option<String> = env.value("NCCL_SOCKET_FAMILY"),
+        /// `NCCL_NET_PLUGIN_REF_COUNT` is a positive number: NCCL never unloads the plugin
+        /// (`src/plugin/net.cc`), so it keeps the virtual devices it made after its last
+        /// communicator (`net::forget_vdevices`).
+        nccl_plugin_ref_count: bool = env
+            .value("NCCL_NET_PLUGIN_REF_COUNT")
+            .and_then(|v| v.trim().parse::<i64>().ok())
+            .is_some_and(|n| n > 0),
         /// Tests only, never read from the environment: the sequence number of a send comm's
         /// first send and receive (production: 0). Tests start near the 29-bit immediate wrap,
         /// the CTS ring's and record ring's slot wrap, to exercise them without 2^29 messages.

@@ -440,8 +440,10 @@ impl Listen {
             // The sender's QP count and split too (NCCL IB takes the larger count of both
             // sides, `ncclIbAccept`, `net_ib/connect.cc`; verbsnet lets the sender decide).
             let n = h.qps();
+            // What this rank would make: its setting per device of the side with more.
+            let d = usize::from(h.devs.0).max(self.devs.len());
             let (own_n, own_split) = (
-                usize::from(self.cfg.ib_qps_per_connection),
+                usize::from(self.cfg.ib_qps_per_connection) * d,
                 self.cfg.ib_split_data_on_qps,
             );
             if (n, h.split) != (own_n, own_split) {

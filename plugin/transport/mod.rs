@@ -379,6 +379,13 @@ pub trait Device: Send + Sync {
         None
     }
 
+    /// The link layer, for `makeVDevice`, which joins only devices of one (NCCL IB:
+    /// `ncclIbMakeVDeviceInternal`, `net_ib/init.cc`): ib `"InfiniBand"` or `"Ethernet"`
+    /// (RoCE), tcp `"tcp"`.
+    fn link_layer(&self) -> &'static str {
+        "tcp"
+    }
+
     /// Device-wide RNR counters, where the device exposes them.
     fn rnr_counters(&self) -> DeviceRnrCounters {
         DeviceRnrCounters::default()

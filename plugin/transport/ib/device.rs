@@ -64,6 +64,14 @@ impl Device for IbDevice {
         self.props.clone()
     }
 
+    fn link_layer(&self) -> &'static str {
+        if self.is_roce() {
+            "Ethernet"
+        } else {
+            "InfiniBand"
+        }
+    }
+
     fn reg_mr(&self, region: Region) -> crate::transport::Result<Arc<dyn MemoryRegion>> {
         let access = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
             | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
