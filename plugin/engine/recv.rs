@@ -5,8 +5,7 @@
 use std::collections::VecDeque;
 
 use super::wire::{
-    self, CtsBuf, CtsEntry, EagerHeader, Keys, CTS_ENTRY_LEN, EAGER_HDR_LEN, MAX_RECVS, REC_SLOTS,
-    REC_TOO_BIG,
+    self, CtsBuf, CtsEntry, EagerHeader, Keys, EAGER_HDR_LEN, MAX_RECVS, REC_SLOTS, REC_TOO_BIG,
 };
 use super::{
     wc_error, wr_parse, Action, MemRead, ReqError, ReqId, Slots, Stall, Stats, WrKind,
@@ -15,12 +14,6 @@ use super::{
 use crate::transport::{SendOpcode, SendWr, Sge, Wc, WcOpcode, WcStatus};
 
 mod rq;
-
-/// Registered bytes of a receive comm on one device besides its bounce buffers: the record
-/// ring and the control staging slots (on a virtual device the slots are
-/// [`wire::CTS_ENTRY_LEN_STRIPED`] bytes: [`RecvParams::cts_entry_len`]).
-pub const RECV_FIXED_BYTES: u64 =
-    (REC_SLOTS * MAX_RECVS * 8 + CTRL_STAGE_SLOTS * CTS_ENTRY_LEN) as u64;
 
 /// Fixed parameters of a receive engine, agreed in the connection handshake.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -73,6 +66,13 @@ impl RecvParams {
     /// Bytes of one CTS entry of this connection.
     pub fn cts_entry_len(&self) -> usize {
         wire::cts_entry_len(self.rkeys)
+    }
+
+    /// Registered bytes of the comm besides its bounce buffers: the record ring and the
+    /// control staging slots, as [`wire::recv_comm_buffers`] lays them out.
+    pub fn fixed_bytes(&self) -> u64 {
+        let [_, rec_ring, ctrl] = wire::recv_comm_buffers(0, 0, self.rkeys);
+        rec_ring + ctrl
     }
 }
 

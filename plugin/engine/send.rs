@@ -12,14 +12,6 @@ use super::{
 };
 use crate::transport::{SendOpcode, SendWr, Sge, Wc, WcStatus};
 
-/// Registered bytes of a send comm to a receiver on one device: eager header and record
-/// staging for every request slot, the CTS ring and the credit word (to a virtual device the
-/// ring is larger: [`wire::send_comm_buffers`]).
-pub const SEND_FIXED_BYTES: u64 = {
-    let b = super::wire::SEND_COMM_BUFFERS;
-    (b[0] + b[1] + b[2] + b[3]) as u64
-};
-
 /// Fixed parameters of a send engine, agreed in the connection handshake.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SendParams {

@@ -3,8 +3,8 @@
 //! the zero-length WRs that cover posted receives, and the credits returned to the sender.
 //! The depth rules are documented on each function; the protocol on [`crate::engine`].
 
-use super::{RecvEngine, RECV_FIXED_BYTES};
-use crate::engine::wire::{self, CTS_ENTRY_LEN};
+use super::RecvEngine;
+use crate::engine::wire;
 use crate::engine::{
     wr_id, Action, BounceSource, WrKind, CTRL_SIGNAL_EVERY, CTRL_STAGE_SLOTS, MAX_SPECULATIVE,
     MAX_ZERO_WRS, ZERO_BATCH,
@@ -50,9 +50,7 @@ impl RecvEngine {
     /// Bytes of registered memory this comm holds: its bounce buffers, the record ring and the
     /// control staging slots.
     pub fn pinned_bytes(&self) -> u64 {
-        u64::from(self.owned) * self.bounce_stride()
-            + RECV_FIXED_BYTES
-            + (CTRL_STAGE_SLOTS * (self.p.cts_entry_len() - CTS_ENTRY_LEN)) as u64
+        u64::from(self.owned) * self.bounce_stride() + self.p.fixed_bytes()
     }
 
     pub(super) fn account(&mut self) {
