@@ -245,10 +245,8 @@ pub fn make_vdevice(net: &Net, devs: &[i32]) -> Result<i32, Error> {
         )));
     }
     if devs.len() > 1 && !net.cfg.ib_merge_nics {
-        return Err(Error::new(
-            Op::MakeVDevice,
-            Class::Usage,
-            "not merging NICs: VERBSNET_IB_MERGE_NICS=0 (or NCCL_IB_MERGE_NICS=0)",
+        return Err(bad(
+            "not merging NICs: VERBSNET_IB_MERGE_NICS=0 (or NCCL_IB_MERGE_NICS=0)".into(),
         ));
     }
     let nphys = net.devs.len();
@@ -288,11 +286,9 @@ pub fn make_vdevice(net: &Net, devs: &[i32]) -> Result<i32, Error> {
     let mut v = vdevs();
     let at = v.visible;
     if at >= MAX_VDEVS {
-        return Err(Error::new(
-            Op::MakeVDevice,
-            Class::Usage,
-            format!("{MAX_VDEVS} virtual devices were made already (the most)"),
-        ));
+        return Err(bad(format!(
+            "{MAX_VDEVS} virtual devices were made already (the most)"
+        )));
     }
     // The same device list at the same index as before the plugin state was last released
     // (NCCL making its virtual devices again after a reload) reuses the entry.

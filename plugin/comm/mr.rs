@@ -55,14 +55,10 @@ impl Mr {
         for (j, d) in devs.iter().enumerate() {
             regs.push(Mr::reg_one(&**d, &region, named.then_some(j))?);
         }
-        let first = regs.remove(0);
-        let mut mr = Mr::from_registration(region, first);
-        let lk: Vec<u32> = std::iter::once(mr.keys.lkey)
-            .chain(regs.iter().map(|r| r.keys().lkey))
-            .collect();
-        let rk: Vec<u32> = std::iter::once(mr.keys.rkey)
-            .chain(regs.iter().map(|r| r.keys().rkey))
-            .collect();
+        let keys: Vec<MrKeys> = regs.iter().map(|r| r.keys()).collect();
+        let lk: Vec<u32> = keys.iter().map(|k| k.lkey).collect();
+        let rk: Vec<u32> = keys.iter().map(|k| k.rkey).collect();
+        let mut mr = Mr::from_registration(region, regs.remove(0));
         let too_many = || {
             Error::new(
                 Op::RegMr,
