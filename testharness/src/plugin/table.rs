@@ -340,6 +340,14 @@ fn fill_vprops(ndevs: &mut c_int, slots: &mut [c_int], devs: &[i32]) -> Option<(
     Some(())
 }
 
+/// A table's `makeVDevice` member, by the props layout it takes.
+enum MakeVDevice {
+    /// v9, v10, v11: `ncclNetVDeviceProps_v9_t` (4 devices).
+    V9(Option<unsafe extern "C" fn(*mut c_int, *mut ncclNetVDeviceProps_v9_t) -> Res>),
+    /// v12: `ncclNetVDeviceProps_v12_t` (8 devices).
+    V12(Option<unsafe extern "C" fn(*mut c_int, *mut ncclNetVDeviceProps_v12_t) -> Res>),
+}
+
 /// Which close slot.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Close {
@@ -534,12 +542,10 @@ impl Table {
 
     /// The table's `makeVDevice` slot (slot 19 of v9 … v12; v6-v8 have none).
     pub(crate) fn vdevice_slot(&self) -> VDeviceSlot {
-        let set = match self {
-            Table::V6(_) | Table::V7(_) | Table::V8(_) => return VDeviceSlot::Absent,
-            Table::V9(t) => t.makeVDevice.is_some(),
-            Table::V10(t) => t.makeVDevice.is_some(),
-            Table::V11(t) => t.makeVDevice.is_some(),
-            Table::V12(t) => t.makeVDevice.is_some(),
+        let set = match self.make_vdevice_fn() {
+            None => return VDeviceSlot::Absent,
+            Some(MakeVDevice::V9(f)) => f.is_some(),
+            Some(MakeVDevice::V12(f)) => f.is_some(),
         };
         if set {
             VDeviceSlot::Set {
@@ -548,6 +554,19 @@ impl Table {
         } else {
             VDeviceSlot::Null
         }
+    }
+
+    /// The `makeVDevice` member by props layout: v9, v10 and v11 share
+    /// `ncclNetVDeviceProps_v9_t` (net_v10.h and net_v11.h typedef theirs to it); `None` for
+    /// v6-v8, which have no such member.
+    fn make_vdevice_fn(&self) -> Option<MakeVDevice> {
+        Some(match self {
+            Table::V6(_) | Table::V7(_) | Table::V8(_) => return None,
+            Table::V9(t) => MakeVDevice::V9(t.makeVDevice),
+            Table::V10(t) => MakeVDevice::V9(t.makeVDevice),
+            Table::V11(t) => MakeVDevice::V9(t.makeVDevice),
+            Table::V12(t) => MakeVDevice::V12(t.makeVDevice),
+        })
     }
 
     /// v9+: `makeVDevice(&d, &props)`, `props` in this version's layout (`int ndevs; int
@@ -568,37 +587,23 @@ impl Table {
             ))
         };
         let mut d: c_int = 0;
-        let code = match self {
-            Table::V6(_) | Table::V7(_) | Table::V8(_) => {
+        let code = match self.make_vdevice_fn() {
+            None => {
                 return Err(Error::Usage(format!(
                     "ncclNet v{} has no makeVDevice (v9+)",
                     self.version()
                 )))
             }
-            Table::V9(t) => {
-                let f = slot!(t, makeVDevice);
+            Some(MakeVDevice::V9(f)) => {
+                let f = f.ok_or(Error::NullSlot("makeVDevice"))?;
                 let mut p = ncclNetVDeviceProps_v9_t::default();
                 fill_vprops(&mut p.ndevs, &mut p.devs, devs).ok_or_else(|| too_many(4))?;
                 // SAFETY: `d` and `p` are valid for the call; the table is a copy of a loaded
                 // plugin's.
                 unsafe { f(&mut d, &mut p) }
             }
-            Table::V10(t) => {
-                let f = slot!(t, makeVDevice);
-                let mut p = ncclNetVDeviceProps_v9_t::default();
-                fill_vprops(&mut p.ndevs, &mut p.devs, devs).ok_or_else(|| too_many(4))?;
-                // SAFETY: as for v9.
-                unsafe { f(&mut d, &mut p) }
-            }
-            Table::V11(t) => {
-                let f = slot!(t, makeVDevice);
-                let mut p = ncclNetVDeviceProps_v9_t::default();
-                fill_vprops(&mut p.ndevs, &mut p.devs, devs).ok_or_else(|| too_many(4))?;
-                // SAFETY: as for v9.
-                unsafe { f(&mut d, &mut p) }
-            }
-            Table::V12(t) => {
-                let f = slot!(t, makeVDevice);
+            Some(MakeVDevice::V12(f)) => {
+                let f = f.ok_or(Error::NullSlot("makeVDevice"))?;
                 let mut p = ncclNetVDeviceProps_v12_t::default();
                 fill_vprops(&mut p.ndevs, &mut p.devs, devs).ok_or_else(|| too_many(8))?;
                 // SAFETY: as for v9.
