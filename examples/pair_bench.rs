@@ -42,6 +42,7 @@ struct Opts {
     max_iters: usize,
     lat_size: usize,
     lat_iters: usize,
+    call_iters: usize,
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
@@ -66,6 +67,7 @@ fn parse_args() -> Result<Opts, String> {
         max_iters: 5000,
         lat_size: 8,
         lat_iters: 1000,
+        call_iters: 0,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -84,6 +86,7 @@ fn parse_args() -> Result<Opts, String> {
             "--max-iters" => o.max_iters = parse_size(&val()?)?.max(1),
             "--lat-size" => o.lat_size = parse_size(&val()?)?,
             "--lat-iters" => o.lat_iters = parse_size(&val()?)?,
+            "--call-iters" => o.call_iters = parse_size(&val()?)?,
             "-h" | "--help" => {
                 println!("see the header of examples/pair_bench.rs");
                 std::process::exit(0);
@@ -219,6 +222,41 @@ fn pingpong(
     Ok(out)
 }
 
+/// The CPU cost of the calls a polling caller makes while nothing arrives: `test` of a posted
+/// receive, and `progress` of each comm. Nanoseconds per call, each timed over
+/// `iters` calls after `iters / 10` warm-up calls.
+fn call_cost(l: &Link, iters: usize) -> Result<Vec<(&'static str, f64)>, Error> {
+    let rb = Buf::new(&l.dev, 4096)?;
+    let timed = |f: &mut dyn FnMut() -> Result<(), Error>| -> Result<f64, Error> {
+        for _ in 0..iters / 10 {
+            f()?;
+        }
+        let t = Instant::now();
+        for _ in 0..iters {
+            f()?;
+        }
+        Ok(t.elapsed().as_secs_f64() * 1e9 / iters as f64)
+    };
+    let mut out = Vec::new();
+    let id = retry(|| irecv(&l.recv, &rb, 0, 4096))?;
+    out.push((
+        "recv_test_pending",
+        timed(&mut || {
+            if l.recv.test(id)?.is_some() {
+                return Err("a receive completed with nothing sent".into());
+            }
+            Ok(())
+        })?,
+    ));
+    out.push(("recv_progress", timed(&mut || Ok(l.recv.progress()?))?));
+    out.push(("send_progress", timed(&mut || Ok(l.send.progress()?))?));
+    let sb = Buf::new(&l.dev, 4096)?;
+    let sid = retry(|| isend(&l.send, &sb, 0, 8))?;
+    wait(&l.recv, id, &l.send)?;
+    wait(&l.send, sid, &l.recv)?;
+    Ok(out)
+}
+
 fn run(o: &Opts) -> Result<(), String> {
     let cfg = Config::from_env().map_err(|e| e.to_string())?;
     let (dev, kind) = open_device(&cfg).map_err(|e| e.to_string())?;
@@ -232,6 +270,11 @@ fn run(o: &Opts) -> Result<(), String> {
         o.window
     );
     let l = connect(&dev, kind, &cfg, &cfg, 10_000_000).map_err(|e| e.to_string())?;
+    if o.call_iters > 0 {
+        for (what, ns) in call_cost(&l, o.call_iters).map_err(|e| e.to_string())? {
+            println!("call what={what} ns={ns:.0}");
+        }
+    }
     for &size in &o.sizes {
         let iters = (o.bytes / size.max(1)).clamp(o.min_iters, o.max_iters.max(o.min_iters));
         let warm = (iters / 10).max(1);
