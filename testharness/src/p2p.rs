@@ -26,6 +26,9 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use crate::coll::{check_size, Idle, CONNECT_TIMEOUT, STALL_TIMEOUT};
+
+/// How long [`Endpoint::idle_test_ns`] retries an `irecv` the plugin answers "retry later".
+const IDLE_POST_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 use crate::plugin::{Fifo, Handle, ListenComm, Net, RecvComm, Request, SendComm};
 
 /// Errors of the point-to-point proxy.
@@ -475,6 +478,46 @@ impl<'n> Endpoint<'n> {
         self.drive(tx_end, rx_end, size, phase, false, |e| {
             e.rx.as_ref().is_some_and(|r| r.done >= goal)
         })
+    }
+
+    /// The CPU cost of one `test` of a receive that is still pending: posts the next receive
+    /// (when the window has room) and times `calls` tests of the oldest posted one, in
+    /// nanoseconds per call. Call it while the peer sends nothing (between two barriers): a
+    /// call that completes the receive ends the measurement with an error, since it would
+    /// time a completion instead. The receive stays posted and is consumed as usual later.
+    /// This is the call a proxy makes most (it tests its oldest receive on every idle pass),
+    /// so its cost is the floor of the plugin's CPU per poll.
+    ///
+    /// `Ok(None)` when the plugin kept answering the `irecv` with "retry later" for
+    /// a second (legal: a plugin may hold receives back until it is ready), so there
+    /// is nothing to time.
+    ///
+    /// # Errors
+    /// Plugin errors, no receive comm, or a receive that completed.
+    pub fn idle_test_ns(&mut self, calls: u32) -> Result<Option<f64>> {
+        let rx_end = self.recvs_posted() + 1;
+        let asked = Instant::now();
+        while self.recvs_posted() < rx_end && asked.elapsed() < IDLE_POST_WAIT {
+            let mut moved = false;
+            self.post_recvs(rx_end, false, &mut moved)?;
+            if !moved {
+                std::thread::yield_now();
+            }
+        }
+        let net = self.net;
+        let rx = self.rx.as_mut().ok_or("no receive comm")?;
+        let Some(req) = rx.posted_q.front_mut() else {
+            return Ok(None);
+        };
+        let start = Instant::now();
+        for _ in 0..calls {
+            if net.test(&mut rx.fifo, req)?.is_some() {
+                return Err("a receive completed while the peer sent nothing".into());
+            }
+        }
+        Ok(Some(
+            start.elapsed().as_secs_f64() * 1e9 / f64::from(calls.max(1)),
+        ))
     }
 
     /// Receives posted so far.

@@ -9,7 +9,9 @@
 //!   MsgRate = messages / time in millions per second.
 //! - `latency`: rank 0 sends, rank 1 sends the same size back as soon as it has it; per round
 //!   trip half its time on rank 0 (one-way latency, as `ib_send_lat`), then min, max, median
-//!   (perftest's "typical"), mean, standard deviation, 99 % and 99.9 % percentiles.
+//!   (perftest's "typical"), mean, standard deviation, 99 % and 99.9 % percentiles. Before
+//!   the first message each rank times `test` of a pending receive (the call a proxy's idle
+//!   pass makes) and the header prints its CPU cost per call (`idle_test_ns` in `--json`).
 //!
 //! After the timed messages each size moves `-c` fully checked messages (every byte); the
 //! timed ones check their 8-byte stamps. `#wrong`: messages whose bytes were wrong.
@@ -86,6 +88,10 @@ impl StreamRow {
         })
     }
 }
+
+/// `test` calls each rank of a `latency` run times on a pending receive before the first
+/// message ([`Endpoint::idle_test_ns`]): enough for a stable figure, a few ms of a run.
+const IDLE_TEST_CALLS: u32 = 20_000;
 
 fn rate(amount: f64, secs: f64) -> f64 {
     if secs > 0.0 {
@@ -360,6 +366,23 @@ pub(super) fn run(
         ep.stall_receiving_after(n);
     }
     boot.barrier()?;
+    // The ping-pong's ranks both receive: each times its idle `test` while nobody sends.
+    let idle_ns: Vec<f64> = if mode == Collective::Latency {
+        // -1: the plugin held the receive back ("retry later"), nothing was timed.
+        let mine = ep.idle_test_ns(IDLE_TEST_CALLS)?.unwrap_or(-1.0);
+        let all = boot.allgather(mine.to_string().as_bytes())?;
+        boot.barrier()?;
+        all.iter()
+            .map(|b| {
+                std::str::from_utf8(b)
+                    .ok()
+                    .and_then(|t| t.parse().ok())
+                    .unwrap_or(-1.0)
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
 
     let root = rank == 0;
     let out = std::io::stdout();
@@ -395,6 +418,25 @@ pub(super) fn run(
             args.spin
         )?;
         s.write_plugin_lines(&mut o)?;
+        if !idle_ns.is_empty() {
+            let per: Vec<String> = idle_ns
+                .iter()
+                .enumerate()
+                .map(|(r, &ns)| {
+                    if ns < 0.0 {
+                        format!("rank {r} not timed (irecv answered retry later)")
+                    } else {
+                        format!("rank {r} {ns:.0} ns")
+                    }
+                })
+                .collect();
+            writeln!(
+                o,
+                "#  idle test() of a pending receive, CPU per call ({IDLE_TEST_CALLS} calls \
+                 before any message): {}",
+                per.join(", ")
+            )?;
+        }
         writeln!(o, "#")?;
         let header = if mode == Collective::Stream {
             stream_header()
@@ -491,6 +533,7 @@ pub(super) fn run(
                 "nranks": n,
                 "bidir": args.bidir,
                 "window": window,
+                "idle_test_ns": (!idle_ns.is_empty()).then_some(&idle_ns),
                 "iters": iters,
                 "warmup_iters": warm,
                 "check": check,
