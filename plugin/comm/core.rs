@@ -280,6 +280,9 @@ impl<R: Role> Core<R> {
     /// Carries out the engine's actions in order ([`Executor`]); a failure
     /// fails the engine, so every outstanding request reports it.
     pub(super) fn execute(&mut self) -> Result<(), Error> {
+        if !self.side.has_actions() {
+            return Ok(());
+        }
         let r = self.side.execute(&mut self.exec, &mut self.qps);
         if let Err(e) = &r {
             self.post_errors += 1;

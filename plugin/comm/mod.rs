@@ -51,10 +51,26 @@ use crate::engine::{RecvBuf, RecvEngine, RecvParams, ReqError, ReqId, SendEngine
 use crate::mem::Region;
 use crate::transport::{Device, QueuePair};
 
-/// Nanoseconds since the first call in this process (monotonic).
+/// Nanoseconds since the first call in this process (monotonic), at the resolution of the
+/// kernel's tick (`CLOCK_MONOTONIC_COARSE`: 1–4 ms, `clock_gettime(2)`). Every plugin call
+/// reads it (hang watchdog, peer checks, the receive queue's shrink timer, connect deadlines:
+/// all in milliseconds to seconds), and the coarse clock is a plain read of the vDSO's page
+/// where the precise one reads the TSC or, in a VM, the hypervisor's clock page: a tenth of a
+/// microsecond per call saved in a KVM guest, measured with `examples/pair_bench.rs
+/// --call-iters` (docs/performance.md, "CPU per plugin call"). Falls back to [`Instant`] where
+/// the coarse clock is missing.
 pub fn now_ns() -> u64 {
-    static BASE: OnceLock<Instant> = OnceLock::new();
-    BASE.get_or_init(Instant::now).elapsed().as_nanos() as u64
+    static BASE: OnceLock<Option<u64>> = OnceLock::new();
+    static BASE_INSTANT: OnceLock<Instant> = OnceLock::new();
+    let coarse = || {
+        nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC_COARSE)
+            .ok()
+            .map(|t| (t.tv_sec() as u64).saturating_mul(1_000_000_000) + t.tv_nsec() as u64)
+    };
+    match BASE.get_or_init(coarse) {
+        Some(base) => coarse().map_or(0, |t| t.saturating_sub(*base)),
+        None => BASE_INSTANT.get_or_init(Instant::now).elapsed().as_nanos() as u64,
+    }
 }
 
 /// The comm operation that failed.
@@ -198,6 +214,15 @@ impl<R: Role> Comm<R> {
         let _span = self.span.enter();
         let mut g = self.lock()?;
         g.sticky_call(|g| {
+            // A request an earlier call completed (its actions carried out) is reported
+            // without polling again, as NCCL IB's `ncclIbTest` returns at once for a request
+            // with no events left (`src/transport/net_ib/p2p.cc`): the next call polls.
+            if !g.side.has_actions() {
+                match g.side.test(id) {
+                    Ok(None) => {}
+                    r => return r.map_err(|e| Error::req(Op::Test, e)),
+                }
+            }
             let progressed = g.progress(now_ns());
             let r = g.side.test(id);
             progressed?;

@@ -41,6 +41,8 @@ pub(super) mod sealed {
         fn stats(&self) -> &Stats;
         /// Requests in use.
         fn in_flight(&self) -> usize;
+        /// Whether the engine queued actions that were not carried out yet.
+        fn has_actions(&self) -> bool;
         /// The engine's first fatal error.
         fn failure(&self) -> Option<&ReqError>;
         /// Fails the engine: every outstanding request reports `e`.
@@ -141,6 +143,9 @@ impl sealed::Side for SendSide {
     fn in_flight(&self) -> usize {
         self.engine.in_flight()
     }
+    fn has_actions(&self) -> bool {
+        self.engine.has_actions()
+    }
     fn failure(&self) -> Option<&ReqError> {
         self.engine.failure()
     }
@@ -193,6 +198,9 @@ impl sealed::Side for RecvSide {
     }
     fn in_flight(&self) -> usize {
         self.engine.in_flight()
+    }
+    fn has_actions(&self) -> bool {
+        self.engine.has_actions()
     }
     fn failure(&self) -> Option<&ReqError> {
         self.engine.failure()

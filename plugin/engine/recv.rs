@@ -237,6 +237,11 @@ impl RecvEngine {
         self.reqs.in_use()
     }
 
+    /// Whether actions are queued that no executor has taken yet.
+    pub fn has_actions(&self) -> bool {
+        !self.actions.is_empty()
+    }
+
     /// The first fatal error of this comm, if any.
     pub fn failure(&self) -> Option<&ReqError> {
         self.failed.as_ref()
