@@ -299,7 +299,7 @@ fn accept_without_a_peer_fails_after_the_timeout_and_the_watchdog_reports_it() {
     );
 }
 
-/// A hello in the handshake layout of `plugin/conn/hello.rs` (version 6: one QP, split off,
+/// A hello in the handshake layout of `plugin/conn/hello.rs` (versions 6 and 7: one QP, split off,
 /// one device each side)
 /// with the given nonce, version and QP info (a liar's or an old plugin's).
 fn crafted_hello(nonce: u64, version: u16, kind: Kind, qp_info: &[u8]) -> Vec<u8> {

@@ -19,9 +19,10 @@ const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"VNHE");
 /// count and split and replies with as many QP infos. 6: virtual devices (`makeVDevice`):
 /// after the split flag, the sender's device count and the receiver's (from the listen
 /// handle; the receiver checks it and echoes both), and CTS entries carry one rkey per
-/// receiver device. A peer of another version is refused at connect time instead of
-/// misplacing data.
-pub const HELLO_VERSION: u16 = 6;
+/// receiver device. 7: a receive of one buffer on one device has a 64-byte compact CTS entry
+/// (`engine::wire::CTS_COMPACT_LEN`, sequence words flagged `CTS_COMPACT`). A peer of another
+/// version is refused at connect time instead of misplacing data.
+pub const HELLO_VERSION: u16 = 7;
 pub(super) const READY: &[u8; 4] = b"RDY!";
 /// Longest QP info of one QP (`QueuePair::local_info`: at most 256 bytes).
 const MAX_QP_INFO: usize = 256;
@@ -383,12 +384,12 @@ mod tests {
             Hello::decode(&bad[4..]),
             Err("a hello with SL 16 (at most 15)".into())
         );
-        // a version 5 hello (no device counts) is refused by its version
-        let mut v5 = b[4..].to_vec();
-        v5[4..6].copy_from_slice(&5u16.to_le_bytes());
+        // a version 6 hello (full-size CTS entries only) is refused by its version
+        let mut v6 = b[4..].to_vec();
+        v6[4..6].copy_from_slice(&6u16.to_le_bytes());
         assert_eq!(
-            Hello::decode(&v5),
-            Err("a hello of version 5, not 6".into())
+            Hello::decode(&v6),
+            Err("a hello of version 6, not 7".into())
         );
     }
 

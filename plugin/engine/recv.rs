@@ -348,16 +348,16 @@ impl RecvEngine {
         };
         let (stage, cts_id, signaled) = self.ctrl_slot(WrKind::Cts).expect("checked above");
         let len = self.p.cts_entry_len();
-        self.actions.push(Action::Stage {
-            addr: stage,
-            bytes: entry.encode(len),
-        });
+        // One buffer on one device: the 64-byte compact entry (wire::CTS_COMPACT_LEN).
+        let bytes = entry.encode(len);
+        let written = bytes.len() as u32;
+        self.actions.push(Action::Stage { addr: stage, bytes });
         self.actions.push(Action::PostSend(SendWr {
             wr_id: cts_id,
             sgl: [
                 Sge {
                     addr: stage,
-                    length: len as u32,
+                    length: written,
                     lkey: self.p.ctrl_stage.1,
                 },
                 Sge::default(),

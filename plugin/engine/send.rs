@@ -214,15 +214,16 @@ impl SendEngine {
             .read(self.p.credit_word, &mut w)
             .then(|| u64::from_le_bytes(w));
         let len = wire::cts_entry_len(self.p.rkeys);
-        let mut whole = [0u8; CTS_ENTRY_LEN_STRIPED];
-        let b = &mut whole[..len];
         while self.failed.is_none() {
             let r = self.next_r;
             let at = self.p.cts_ring + (r % CTS_RING_ENTRIES as u64) * len as u64;
-            // The two sequence words first: most polls find no new entry, and then the other
-            // 240 bytes need no copy.
+            // The two sequence words first: most polls find no new entry, and then the rest
+            // needs no copy. The head says where the tail is (a compact entry's at 56).
             let (mut head, mut tail) = ([0u8; 8], [0u8; 8]);
-            let words = mem.read(at, &mut head) && mem.read(at + len as u64 - 8, &mut tail);
+            let words = mem.read(at, &mut head) && {
+                let t = CtsEntry::tail_at(u64::from_le_bytes(head), len);
+                mem.read(at + t as u64, &mut tail)
+            };
             match CtsEntry::landed(u64::from_le_bytes(head), u64::from_le_bytes(tail), r) {
                 _ if !words => {}
                 Ok(true) => {}
@@ -232,7 +233,16 @@ impl SendEngine {
                     break;
                 }
             }
-            if !mem.read(at, b) {
+            // Zeroed only once an entry landed: most polls stop above. A compact entry is its
+            // first CTS_COMPACT_LEN bytes; the rest of the slot is not read.
+            let mut whole = [0u8; CTS_ENTRY_LEN_STRIPED];
+            let b = &mut whole[..len];
+            let landed = if u64::from_le_bytes(head) & wire::CTS_COMPACT != 0 {
+                wire::CTS_COMPACT_LEN
+            } else {
+                len
+            };
+            if !mem.read(at, &mut b[..landed]) {
                 self.fail(ReqError::Local(format!(
                     "CTS ring slot at {at:#x} is not readable"
                 )));

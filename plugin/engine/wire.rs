@@ -18,8 +18,8 @@
 //!
 //! **Clear-to-send (CTS) entry** — [`CTS_ENTRY_LEN`] bytes RDMA-written by the receiver into
 //! slot `r % ring_entries` of the sender's CTS ring when it posts receive `r`. The sequence word
-//! is written at both ends; the sender accepts the entry only when both equal `r + 1`, so a torn
-//! or stale entry is never used.
+//! is written at both ends; the sender accepts the entry only when both equal `r + 1` (modulo
+//! 2^63: bit 63 flags a compact entry, below), so a torn or stale entry is never used.
 //!
 //! | off | size | field |
 //! |----:|-----:|-------|
@@ -39,6 +39,13 @@
 //! [`CTS_ENTRY_LEN_STRIPED`] (512) bytes: the first 224 as above, then at 256 + 4 × (7k + j − 1)
 //! buffer `k`'s rkey of device `j` (1 ≤ j < d), and the tail sequence word in the last 8 bytes
 //! ([`cts_entry_len`]). The listen handle tells the sender `d` before it allocates its ring.
+//!
+//! **Compact CTS entry** (wire version 7) — a receive of one buffer with one rkey (`n` = 1,
+//! `d` = 1: NCCL's usual receive) is written as its first 56 bytes (header and buffer 0, laid
+//! out as above) and the tail sequence word at 56: [`CTS_COMPACT_LEN`] (64) bytes, the size of
+//! NCCL IB's CTS element. Both sequence words carry bit 63 ([`CTS_COMPACT`]), so the reader
+//! knows from the head where the tail is ([`CtsEntry::tail_at`]); the rest of the slot keeps an
+//! older lap's bytes, which the reader ignores. The ring's stride stays [`cts_entry_len`].
 //!
 //! **Credit word** — 8 bytes the receiver RDMA-writes into the sender's credit word when it
 //! re-posts receive WRs and the sender may be short of credits: bits 39..0 = the low 40 bits of
@@ -79,6 +86,18 @@ pub const CTS_ENTRY_LEN: usize = 256;
 /// Bytes of one CTS entry whose buffers carry up to [`MAX_DEVS`] rkeys (a receiver on a
 /// virtual device).
 pub const CTS_ENTRY_LEN_STRIPED: usize = 512;
+/// Bytes a receiver writes for a CTS entry of one buffer with one rkey (the common case: NCCL
+/// posts one buffer per receive unless connections are shared): the 32-byte header, the
+/// buffer's 24 bytes and the tail sequence word, into a slot of the ring's stride. NCCL IB's
+/// CTS element is 64 bytes per buffer too (`ncclIbSendFifo`, `src/transport/net_ib/common.h`).
+/// A quarter of the 256 bytes crosses the wire: on a NIC one PCIe read of 64 bytes, on
+/// soft-RoCE less packet to allocate, copy and checksum (`ib_write_lat` on rxe in the VM:
+/// 9.4–10.1 µs at 64 bytes, 11.1–15.6 µs at 256; docs/performance.md).
+pub const CTS_COMPACT_LEN: usize = 64;
+/// Bit 63 of both sequence words of a compact entry ([`CTS_COMPACT_LEN`] bytes, tail word at
+/// offset 56): the reader finds the tail from the head alone, so a compact entry and a full
+/// one in the same slot (an older lap) are never mistaken for each other.
+pub const CTS_COMPACT: u64 = 1 << 63;
 /// Most physical devices behind one virtual device: `NCCL_NET_MAX_DEVS_PER_NIC` of
 /// `net_v12.h` (v9–v11 tables allow 4).
 pub const MAX_DEVS: usize = 8;
@@ -288,12 +307,17 @@ pub struct CtsEntry {
 }
 
 impl CtsEntry {
-    /// Serializes the entry into `len` bytes ([`cts_entry_len`] of its buffers' rkey count:
-    /// every buffer carries as many).
+    /// Serializes the entry for a ring of stride `len` ([`cts_entry_len`] of its buffers' rkey
+    /// count: every buffer carries as many): the bytes to write at the slot's start, `len` of
+    /// them, or [`CTS_COMPACT_LEN`] for one buffer with one rkey (sequence words flagged
+    /// [`CTS_COMPACT`]).
     pub fn encode(&self, len: usize) -> Vec<u8> {
-        let mut b = vec![0u8; len];
-        let seq = self.r.wrapping_add(1);
         let d = self.bufs[0].rkeys.len();
+        if self.n == 1 && d == 1 {
+            return self.encode_compact();
+        }
+        let mut b = vec![0u8; len];
+        let seq = seq_word(self.r, false);
         b[224] = d;
         b[0..8].copy_from_slice(&seq.to_le_bytes());
         b[8..16].copy_from_slice(&self.credits.to_le_bytes());
@@ -317,9 +341,40 @@ impl CtsEntry {
         b
     }
 
-    /// The head sequence word of a raw entry (`r + 1` once written, 0 before).
+    /// The compact form: header and buffer 0 as in the full entry, the tail sequence word at
+    /// 56, both sequence words flagged [`CTS_COMPACT`].
+    fn encode_compact(&self) -> Vec<u8> {
+        let mut b = vec![0u8; CTS_COMPACT_LEN];
+        let seq = seq_word(self.r, true);
+        let buf = &self.bufs[0];
+        b[0..8].copy_from_slice(&seq.to_le_bytes());
+        b[8..16].copy_from_slice(&self.credits.to_le_bytes());
+        b[16..24].copy_from_slice(&self.base.to_le_bytes());
+        b[24..28].copy_from_slice(&self.n.to_le_bytes());
+        b[28..32].copy_from_slice(&self.zeros.to_le_bytes());
+        b[32..40].copy_from_slice(&buf.addr.to_le_bytes());
+        b[40..48].copy_from_slice(&buf.cap.to_le_bytes());
+        b[48..52].copy_from_slice(&buf.rkeys.at(0).to_le_bytes());
+        b[52..56].copy_from_slice(&buf.tag.to_le_bytes());
+        b[56..64].copy_from_slice(&seq.to_le_bytes());
+        b
+    }
+
+    /// The head sequence word of a raw entry (`r + 1` once written, 0 before; flagged
+    /// [`CTS_COMPACT`] in a compact entry).
     pub fn head_seq(b: &[u8]) -> Option<u64> {
         Some(u64::from_le_bytes(b.get(0..8)?.try_into().ok()?))
+    }
+
+    /// Where the tail sequence word of the entry whose head word is `head` lies, in a ring of
+    /// stride `len`: at 56 in a compact entry, else in the slot's last 8 bytes.
+    #[must_use]
+    pub fn tail_at(head: u64, len: usize) -> usize {
+        if head & CTS_COMPACT != 0 {
+            CTS_COMPACT_LEN - 8
+        } else {
+            len - 8
+        }
     }
 
     /// What a slot's two sequence words (`head` at offset 0, `tail` in its last 8 bytes) say
@@ -328,14 +383,22 @@ impl CtsEntry {
     /// or only its head so far), `Err` a slot that holds something else (corrupt). The same
     /// decision [`CtsEntry::decode`] makes first, so a reader may look at the two words alone
     /// before it copies the whole entry.
+    ///
+    /// `tail` is the word at [`CtsEntry::tail_at`] of `head`: a compact entry's flag must be
+    /// on both words.
     pub fn landed(head: u64, tail: u64, expect_r: u64) -> Result<bool, String> {
-        let want = expect_r.wrapping_add(1);
-        if head == want && tail == want {
+        let want = seq_word(expect_r, false);
+        let want_head = want | (head & CTS_COMPACT);
+        if head == want_head && tail == want_head {
             return Ok(true);
         }
-        // An older lap's entry (or nothing yet): not ready. Anything else is corrupt.
-        let stale = |v: u64| v == 0 || want.wrapping_sub(v) < (1 << 62);
-        if (stale(head) && stale(tail)) || head == want {
+        // An older lap's entry (or nothing yet): not ready. Anything else is corrupt. (The
+        // sequence is counted modulo 2^63, below the compact flag.)
+        let stale = |v: u64| {
+            let v = v & !CTS_COMPACT;
+            v == 0 || want.wrapping_sub(v) & !CTS_COMPACT < (1 << 62)
+        };
+        if (stale(head) && stale(tail)) || head == want_head {
             // (head == want: the tail has not landed yet)
             return Ok(false);
         }
@@ -354,17 +417,26 @@ impl CtsEntry {
             return Err(format!("CTS entry of {len} bytes"));
         }
         let head = u64::from_le_bytes(b[0..8].try_into().unwrap_or_default());
-        let tail = u64::from_le_bytes(b[len - 8..len].try_into().unwrap_or_default());
+        let at = CtsEntry::tail_at(head, len);
+        let tail = u64::from_le_bytes(b[at..at + 8].try_into().unwrap_or_default());
         if !CtsEntry::landed(head, tail, expect_r)? {
             return Ok(None);
         }
+        let compact = head & CTS_COMPACT != 0;
         let n = u32::from_le_bytes(b[24..28].try_into().unwrap_or_default());
-        if n == 0 || n as usize > MAX_RECVS {
+        if n == 0 || n as usize > MAX_RECVS || (compact && n != 1) {
             return Err(format!(
-                "CTS for receive {expect_r} announces {n} buffers (1..=8)"
+                "CTS for receive {expect_r} announces {n} buffers ({})",
+                if compact {
+                    "1 in a compact entry"
+                } else {
+                    "1..=8"
+                }
             ));
         }
-        let d = usize::from(b[224]);
+        // A compact entry's bytes past its tail are an older lap's: its one rkey is buffer
+        // 0's field.
+        let d = if compact { 1 } else { usize::from(b[224]) };
         let most = if len == CTS_ENTRY_LEN { 1 } else { MAX_DEVS };
         if d == 0 || d > most {
             return Err(format!(
@@ -396,6 +468,18 @@ impl CtsEntry {
             zeros: u32::from_le_bytes(b[28..32].try_into().unwrap_or_default()),
             bufs,
         }))
+    }
+}
+
+/// The sequence word of receive `r`'s CTS entry: `r + 1` modulo 2^63 (never 0 but once in
+/// 2^63 receives), with [`CTS_COMPACT`] on for a compact entry.
+#[must_use]
+pub fn seq_word(r: u64, compact: bool) -> u64 {
+    let seq = r.wrapping_add(1) & !CTS_COMPACT;
+    if compact {
+        seq | CTS_COMPACT
+    } else {
+        seq
     }
 }
 
@@ -592,12 +676,12 @@ mod tests {
                 .unwrap_err()
                 .contains("9 rkeys per buffer"));
         }
-        // A 256-byte entry holds one rkey per buffer.
+        // A 256-byte entry holds one rkey per buffer (two buffers: one would be compact).
         let mut one = CtsEntry {
             r: 1,
             credits: 1,
             base: 0,
-            n: 1,
+            n: 2,
             zeros: 0,
             bufs: [CtsBuf::default(); MAX_RECVS],
         }
@@ -611,6 +695,63 @@ mod tests {
         assert_eq!(Keys::one(5).at(200), 5);
     }
 
+    /// One buffer with one rkey: 64 bytes written at the slot's start, both sequence words
+    /// flagged; the slot's other bytes (an older lap's full entry) are not read.
+    #[test]
+    fn compact_cts_entries_are_64_bytes_and_never_mistaken_for_full_ones() {
+        let mut bufs = [CtsBuf::default(); MAX_RECVS];
+        bufs[0] = CtsBuf {
+            addr: 0x7f00_1234_5000,
+            cap: 1 << 20,
+            rkeys: Keys::one(0xabc),
+            tag: -2,
+        };
+        let e = CtsEntry {
+            r: 70,
+            credits: 12,
+            base: 33,
+            n: 1,
+            zeros: 1,
+            bufs,
+        };
+        let c = e.encode(CTS_ENTRY_LEN);
+        assert_eq!(c.len(), CTS_COMPACT_LEN);
+        // The slot held receive 6's full entry (one lap of 64 earlier, two buffers).
+        let mut old = e;
+        old.r = 6;
+        old.n = 2;
+        let mut slot = old.encode(CTS_ENTRY_LEN);
+        assert_eq!(
+            CtsEntry::decode(&slot, 70),
+            Ok(None),
+            "the older lap: not ready"
+        );
+        // Only the compact entry's head landed: its tail is read at 56, not at 248.
+        slot[..8].copy_from_slice(&c[..8]);
+        let head = CtsEntry::head_seq(&slot).unwrap();
+        assert_eq!(CtsEntry::tail_at(head, CTS_ENTRY_LEN), 56);
+        assert_eq!(CtsEntry::decode(&slot, 70), Ok(None), "torn: tail not yet");
+        slot[..CTS_COMPACT_LEN].copy_from_slice(&c);
+        assert_eq!(CtsEntry::decode(&slot, 70), Ok(Some(e)));
+        // In a striped ring's slot the same 64 bytes decode the same way.
+        let mut wide = vec![0u8; CTS_ENTRY_LEN_STRIPED];
+        wide[..CTS_COMPACT_LEN].copy_from_slice(&c);
+        assert_eq!(CtsEntry::decode(&wide, 70), Ok(Some(e)));
+        // A compact entry announcing two buffers is corrupt.
+        let mut bad = slot.clone();
+        bad[24..28].copy_from_slice(&2u32.to_le_bytes());
+        assert!(CtsEntry::decode(&bad, 70)
+            .unwrap_err()
+            .contains("1 in a compact entry"));
+        // A full entry's head with the flag off is looked for at the slot's end: the compact
+        // tail at 56 alone does not make it landed.
+        let mut unflagged = slot.clone();
+        unflagged[..8].copy_from_slice(&seq_word(70, false).to_le_bytes());
+        assert_eq!(CtsEntry::decode(&unflagged, 70), Ok(None));
+        // Overrun: a compact entry of a later lap than expected is an error.
+        assert!(CtsEntry::decode(&slot, 6).is_err());
+    }
+
     #[test]
     fn cts_sequence_wraps() {
         let e = CtsEntry {
@@ -621,10 +762,19 @@ mod tests {
             zeros: 0,
             bufs: [CtsBuf::default(); 8],
         };
-        assert_eq!(
-            CtsEntry::decode(&e.encode(CTS_ENTRY_LEN), u64::MAX - 1),
-            Ok(Some(e))
-        );
+        for n in [1, 2] {
+            // compact (one buffer) and full
+            let e = CtsEntry { n, ..e };
+            let mut slot = vec![0u8; CTS_ENTRY_LEN];
+            let b = e.encode(CTS_ENTRY_LEN);
+            slot[..b.len()].copy_from_slice(&b);
+            assert_eq!(CtsEntry::decode(&slot, u64::MAX - 1), Ok(Some(e)), "n {n}");
+            // The next lap's receive (64 later) finds it "not ready", across the wrap.
+            assert_eq!(
+                CtsEntry::decode(&slot, (u64::MAX - 1).wrapping_add(64)),
+                Ok(None)
+            );
+        }
         // Ring slot indices stay consistent across the 2^64 wrap (512 divides 2^64).
         assert_eq!(
             (u64::MAX % 512 + 1) % 512,

@@ -360,17 +360,21 @@ fn peer_writes_are_read_in_order_and_a_torn_entry_waits() {
     assert!(!e.poll_peer_writes(0, &w), "nothing written yet");
     assert_eq!(e.credits_available(), 5, "the credit word is read too");
     // Entry 0 complete, entry 1 torn (head written, tail not yet).
-    w.ring[..CTS_ENTRY_LEN].copy_from_slice(&cts(0, 0, 5, &[(64, 1)]).encode(CTS_ENTRY_LEN));
+    // (one buffer each: the 64-byte compact entries, written at the slots' starts)
+    let zero = cts(0, 0, 5, &[(64, 1)]).encode(CTS_ENTRY_LEN);
+    assert_eq!(zero.len(), crate::engine::wire::CTS_COMPACT_LEN);
+    w.ring[..zero.len()].copy_from_slice(&zero);
     let one = cts(1, 1, 6, &[(64, 2)]).encode(CTS_ENTRY_LEN);
     w.ring[CTS_ENTRY_LEN..CTS_ENTRY_LEN + 8].copy_from_slice(&one[..8]);
     assert!(e.poll_peer_writes(1, &w));
     assert_eq!(e.expected_cts(), 1, "the torn entry is left for later");
-    w.ring[CTS_ENTRY_LEN..2 * CTS_ENTRY_LEN].copy_from_slice(&one);
+    w.ring[CTS_ENTRY_LEN..CTS_ENTRY_LEN + one.len()].copy_from_slice(&one);
     assert!(e.poll_peer_writes(2, &w));
     assert_eq!(e.expected_cts(), 2);
     assert_eq!(e.stats().cts, 2);
     // Garbage in the next slot fails the comm as a protocol violation.
-    w.ring[2 * CTS_ENTRY_LEN..2 * CTS_ENTRY_LEN + 8].copy_from_slice(&u64::MAX.to_le_bytes());
+    // (a head far ahead of any lap, compact flag off: its tail is the slot's last word)
+    w.ring[2 * CTS_ENTRY_LEN..2 * CTS_ENTRY_LEN + 8].copy_from_slice(&(1u64 << 62).to_le_bytes());
     w.ring[3 * CTS_ENTRY_LEN - 8..3 * CTS_ENTRY_LEN].copy_from_slice(&77u64.to_le_bytes());
     e.poll_peer_writes(3, &w);
     assert!(
