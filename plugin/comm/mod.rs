@@ -54,11 +54,10 @@ use crate::transport::{Device, QueuePair};
 /// Nanoseconds since the first call in this process (monotonic), at the resolution of the
 /// kernel's tick (`CLOCK_MONOTONIC_COARSE`: 1–4 ms, `clock_gettime(2)`). Every plugin call
 /// reads it (hang watchdog, peer checks, the receive queue's shrink timer, connect deadlines:
-/// all in milliseconds to seconds), and the coarse clock is a plain read of the vDSO's page
-/// where the precise one reads the TSC or, in a VM, the hypervisor's clock page: a tenth of a
-/// microsecond per call saved in a KVM guest, measured with `examples/pair_bench.rs
-/// --call-iters` (docs/performance.md, "CPU per plugin call"). Falls back to [`Instant`] where
-/// the coarse clock is missing.
+/// all in milliseconds to seconds), and the coarse clock is a plain read of the vDSO's data
+/// page, where the precise one reads the TSC or, in a VM, the hypervisor's clock page
+/// (docs/performance.md, "CPU per call and the comparison with NCCL IB"). Falls back to
+/// [`Instant`] where the coarse clock is missing.
 pub fn now_ns() -> u64 {
     static BASE: OnceLock<Option<u64>> = OnceLock::new();
     static BASE_INSTANT: OnceLock<Instant> = OnceLock::new();
