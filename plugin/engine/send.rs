@@ -218,13 +218,14 @@ impl SendEngine {
             let r = self.next_r;
             let at = self.p.cts_ring + (r % CTS_RING_ENTRIES as u64) * len as u64;
             // The two sequence words first: most polls find no new entry, and then the rest
-            // needs no copy. The head says where the tail is (a compact entry's at 56).
+            // needs no copy. The head says where the tail is, so where the entry's bytes end (a
+            // compact entry's at 64, a full one's at the slot's end).
             let (mut head, mut tail) = ([0u8; 8], [0u8; 8]);
-            let words = mem.read(at, &mut head) && {
-                let t = CtsEntry::tail_at(u64::from_le_bytes(head), len);
-                mem.read(at + t as u64, &mut tail)
-            };
-            match CtsEntry::landed(u64::from_le_bytes(head), u64::from_le_bytes(tail), r) {
+            let head_read = mem.read(at, &mut head);
+            let head = u64::from_le_bytes(head);
+            let end = CtsEntry::tail_at(head, len) + 8;
+            let words = head_read && mem.read(at + end as u64 - 8, &mut tail);
+            match CtsEntry::landed(head, u64::from_le_bytes(tail), r) {
                 _ if !words => {}
                 Ok(true) => {}
                 Ok(false) => break,
@@ -233,16 +234,11 @@ impl SendEngine {
                     break;
                 }
             }
-            // Zeroed only once an entry landed: most polls stop above. A compact entry is its
-            // first CTS_COMPACT_LEN bytes; the rest of the slot is not read.
+            // Zeroed only once an entry landed: most polls stop above. Past a compact
+            // entry's end the slot holds an older lap's bytes, not read.
             let mut whole = [0u8; CTS_ENTRY_LEN_STRIPED];
             let b = &mut whole[..len];
-            let landed = if u64::from_le_bytes(head) & wire::CTS_COMPACT != 0 {
-                wire::CTS_COMPACT_LEN
-            } else {
-                len
-            };
-            if !mem.read(at, &mut b[..landed]) {
+            if !mem.read(at, &mut b[..end]) {
                 self.fail(ReqError::Local(format!(
                     "CTS ring slot at {at:#x} is not readable"
                 )));

@@ -313,18 +313,21 @@ impl CtsEntry {
     /// [`CTS_COMPACT`]).
     pub fn encode(&self, len: usize) -> Vec<u8> {
         let d = self.bufs[0].rkeys.len();
-        if self.n == 1 && d == 1 {
-            return self.encode_compact();
-        }
+        // A compact entry is the full one's first 56 bytes (header and buffer 0) and its tail.
+        let compact = self.n == 1 && d == 1;
+        let (len, bufs) = if compact {
+            (CTS_COMPACT_LEN, &self.bufs[..1])
+        } else {
+            (len, &self.bufs[..])
+        };
         let mut b = vec![0u8; len];
-        let seq = seq_word(self.r, false);
-        b[224] = d;
+        let seq = seq_word(self.r, compact);
         b[0..8].copy_from_slice(&seq.to_le_bytes());
         b[8..16].copy_from_slice(&self.credits.to_le_bytes());
         b[16..24].copy_from_slice(&self.base.to_le_bytes());
         b[24..28].copy_from_slice(&self.n.to_le_bytes());
         b[28..32].copy_from_slice(&self.zeros.to_le_bytes());
-        for (k, buf) in self.bufs.iter().enumerate() {
+        for (k, buf) in bufs.iter().enumerate() {
             let o = 32 + 24 * k;
             b[o..o + 8].copy_from_slice(&buf.addr.to_le_bytes());
             b[o + 8..o + 16].copy_from_slice(&buf.cap.to_le_bytes());
@@ -337,26 +340,10 @@ impl CtsEntry {
                 }
             }
         }
+        if !compact {
+            b[224] = d;
+        }
         b[len - 8..len].copy_from_slice(&seq.to_le_bytes());
-        b
-    }
-
-    /// The compact form: header and buffer 0 as in the full entry, the tail sequence word at
-    /// 56, both sequence words flagged [`CTS_COMPACT`].
-    fn encode_compact(&self) -> Vec<u8> {
-        let mut b = vec![0u8; CTS_COMPACT_LEN];
-        let seq = seq_word(self.r, true);
-        let buf = &self.bufs[0];
-        b[0..8].copy_from_slice(&seq.to_le_bytes());
-        b[8..16].copy_from_slice(&self.credits.to_le_bytes());
-        b[16..24].copy_from_slice(&self.base.to_le_bytes());
-        b[24..28].copy_from_slice(&self.n.to_le_bytes());
-        b[28..32].copy_from_slice(&self.zeros.to_le_bytes());
-        b[32..40].copy_from_slice(&buf.addr.to_le_bytes());
-        b[40..48].copy_from_slice(&buf.cap.to_le_bytes());
-        b[48..52].copy_from_slice(&buf.rkeys.at(0).to_le_bytes());
-        b[52..56].copy_from_slice(&buf.tag.to_le_bytes());
-        b[56..64].copy_from_slice(&seq.to_le_bytes());
         b
     }
 
