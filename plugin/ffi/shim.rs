@@ -74,28 +74,27 @@ pub(crate) trait FromProps {
 /// A `vProps` struct of one version (`ncclNetVDeviceProps_v9_t`: 4 devices;
 /// `ncclNetVDeviceProps_v12_t`: 8), as `makeVDevice` reads it and `getProperties` fills it.
 pub(crate) trait VProps {
-    /// The devices it may name (4 or 8).
-    const CAP: usize;
     /// `ndevs`, as NCCL wrote it.
     fn ndevs(&self) -> c_int;
-    /// `devs`, all `CAP` entries.
+    /// `devs`, the whole array: its length is what the struct can name (4 or 8).
     fn devs(&self) -> &[c_int];
 }
 
-/// The device list of `v`, or an `InvalidArgument` error when `ndevs` is outside `0..=CAP`.
+/// The device list of `v`, or a `Usage` error (`ncclInvalidUsage`, as NCCL IB refuses every
+/// `makeVDevice` it cannot do) when `ndevs` is outside `0..=` the struct's capacity.
 fn vprops_devs<V: VProps>(v: &V) -> Result<&[c_int], Error> {
+    let cap = v.devs().len();
     usize::try_from(v.ndevs())
         .ok()
-        .filter(|&n| n <= V::CAP)
+        .filter(|&n| n <= cap)
         .map(|n| &v.devs()[..n])
         .ok_or_else(|| {
             Error::new(
                 Op::MakeVDevice,
                 Class::Usage,
                 format!(
-                    "makeVDevice props name {} devices (this table's struct holds 0..={})",
-                    v.ndevs(),
-                    V::CAP
+                    "makeVDevice props name {} devices (this table's struct holds 0..={cap})",
+                    v.ndevs()
                 ),
             )
         })

@@ -42,7 +42,6 @@ impl FromProps for ncclNetProperties_v12_t {
 }
 
 impl VProps for ncclNetVDeviceProps_v12_t {
-    const CAP: usize = 8;
     fn ndevs(&self) -> c_int {
         self.ndevs
     }

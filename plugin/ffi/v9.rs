@@ -23,7 +23,6 @@ pub(crate) fn vprops_v9(p: &Properties) -> ncclNetVDeviceProps_v9_t {
 }
 
 impl VProps for ncclNetVDeviceProps_v9_t {
-    const CAP: usize = 4;
     fn ndevs(&self) -> c_int {
         self.ndevs
     }
