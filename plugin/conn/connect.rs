@@ -416,11 +416,9 @@ impl Connecting {
             }
             let mut wire = wire;
             wire.out.extend_from_slice(READY);
-            let peer = PeerParams {
-                first_seq,
-                rkeys: self.handle.devs,
-                ..h.p
-            };
+            // (`h.p.rkeys` is the reply's receiver device count, checked above to be the
+            // handle's.)
+            let peer = PeerParams { first_seq, ..h.p };
             self.stage = ConnectStage::Ready {
                 wire,
                 qps,

@@ -12,7 +12,7 @@ use tracing::{info, warn};
 use super::handle::{Handle, HANDLE_SIZE};
 use super::hello::{Hello, HelloError, HelloReader, Wire, READY};
 use super::refusals::{refusal_of_io, Refusal, Refusals};
-use super::{create_qps, qp_config, qps_note, Error, Stage};
+use super::{create_qps, qp_config, qp_devices, qps_note, Error, Stage};
 use crate::comm::{Class, RecvBuffers, RecvComm};
 use crate::config::Config;
 use crate::engine::RecvEngine;
@@ -441,9 +441,8 @@ impl Listen {
             // sides, `ncclIbAccept`, `net_ib/connect.cc`; verbsnet lets the sender decide).
             let n = h.qps();
             // What this rank would make: its setting per device of the side with more.
-            let d = usize::from(h.devs.0).max(self.devs.len());
             let (own_n, own_split) = (
-                usize::from(self.cfg.ib_qps_per_connection) * d,
+                usize::from(self.cfg.ib_qps_per_connection) * qp_devices(self.devs.len(), h.devs.0),
                 self.cfg.ib_split_data_on_qps,
             );
             if (n, h.split) != (own_n, own_split) {

@@ -158,7 +158,7 @@ pub fn data_qp_config(qp0: &QpConfig, sender: bool) -> QpConfig {
 /// [`Stage::QpSetup`] when that exceeds [`crate::engine::MAX_QPS_PER_CONNECTION`].
 fn conn_qps(cfg: &Config, devs: usize, peer_devs: u8) -> Result<usize, Error> {
     let per = usize::from(cfg.ib_qps_per_connection);
-    let d = devs.max(usize::from(peer_devs)).max(1);
+    let d = qp_devices(devs, peer_devs);
     let n = per * d;
     if n > crate::engine::MAX_QPS_PER_CONNECTION {
         return Err(Error::new(
@@ -172,6 +172,13 @@ fn conn_qps(cfg: &Config, devs: usize, peer_devs: u8) -> Result<usize, Error> {
         ));
     }
     Ok(n)
+}
+
+/// The device count a connection's QPs are spread over: the larger of both sides' (each gets
+/// `VERBSNET_IB_QPS_PER_CONNECTION` QPs per device of it, [`conn_qps`]; the receiver compares
+/// what its own setting would make with the sender's count).
+fn qp_devices(devs: usize, peer_devs: u8) -> usize {
+    devs.max(usize::from(peer_devs)).max(1)
 }
 
 /// Creates the `n` QPs of one connection, QP `i` on `devs[i % devs.len()]` (NCCL IB's
