@@ -225,6 +225,14 @@ pub struct Args {
     #[arg(long)]
     pub bidir: bool,
 
+    /// stream and latency: time every isend, irecv and test the proxy makes (wall time, by
+    /// what the call did: started a request or answered "retry later", found it done or
+    /// pending) and print each rank's calls per iteration and mean µs per call after each
+    /// size (`call_times` in --json): the plugin's own cost per message, apart from the
+    /// proxy's. Off by default: two clock reads per call (about 50 ns).
+    #[arg(long)]
+    pub call_times: bool,
+
     /// Idle passes of the proxy loop spent spinning (no system call) before it yields the core
     /// (perftest's loops never yield). 0: yield at once, the best choice where ranks share
     /// cores with each other or other work, and on soft-RoCE (rxe progresses in kernel threads
@@ -385,8 +393,10 @@ impl Args {
                     self.collective
                 ));
             }
-        } else if self.window.is_some() || self.bidir {
-            return Err("--window and --bidir apply to stream and latency only".into());
+        } else if self.window.is_some() || self.bidir || self.call_times {
+            return Err(
+                "--window, --bidir and --call-times apply to stream and latency only".into(),
+            );
         }
         if !(1..=8).contains(&self.shared_comms) {
             return Err(format!(

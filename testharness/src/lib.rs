@@ -25,6 +25,7 @@
 
 pub mod baseline;
 pub mod bootstrap;
+pub mod calltimes;
 pub mod cli;
 pub mod coll;
 pub mod cputime;

@@ -342,3 +342,99 @@ fn another_plugin_that_answers_retry_later_carries_both_modes() {
         );
     }
 }
+
+/// `call_times` of one row: per rank, `kind` → (calls per iteration, mean µs), kinds with calls.
+fn call_times(row: &Value) -> Vec<Value> {
+    row["call_times"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no call_times in {row}"))
+        .clone()
+}
+
+#[test]
+fn call_times_count_every_plugin_call_by_what_it_did() {
+    // verbsnet: in a ping-pong each rank starts one send per round trip and tests exactly one
+    // send and one receive to completion (the sends are drained inside the timed part).
+    let mut c = perf(&[
+        "latency",
+        "-b",
+        "8",
+        "-e",
+        "8",
+        "-n",
+        "200",
+        "-w",
+        "20",
+        "--call-times",
+    ]);
+    let (o, v) = run_json(&mut c);
+    assert_clean(&o, &v, "latency", &[8], 200);
+    let ranks = call_times(&v["rows"][0]);
+    assert_eq!(ranks.len(), 2, "{}", show(&o));
+    for t in &ranks {
+        assert_eq!(u(t, "iterations"), 200, "{t}");
+        assert_eq!(f(&t["isend"], "per_iter"), 1.0, "{t}");
+        assert_eq!(f(&t["test_done"], "per_iter"), 2.0, "{t}");
+        for k in ["isend", "irecv", "test_done"] {
+            assert!(f(&t[k], "us") > 0.0, "{k} took no time? {t}");
+        }
+        let parts: f64 = [
+            "isend",
+            "isend_retry",
+            "irecv",
+            "irecv_retry",
+            "test_done",
+            "test_pending",
+        ]
+        .iter()
+        .filter(|k| !t[**k].is_null())
+        .map(|k| f(&t[*k], "per_iter") * f(&t[*k], "us"))
+        .sum();
+        let total = f(t, "plugin_us_per_iter");
+        assert!(
+            (parts - total).abs() <= 1e-6 * total.max(1.0),
+            "{parts} vs {total}: {t}"
+        );
+    }
+    // Without the flag the rows carry none.
+    let (o, v) = run_json(&mut perf(&[
+        "latency", "-b", "8", "-e", "8", "-n", "20", "-w", "2",
+    ]));
+    assert!(v["rows"][0]["call_times"].is_null(), "{}", show(&o));
+
+    // The fixture plugin answers 40% of isend/irecv calls "retry later": those are counted
+    // apart. One way, the sender only sends and the receiver only receives.
+    let mut c = perf(&[
+        "stream",
+        "-b",
+        "64",
+        "-e",
+        "64",
+        "-n",
+        "300",
+        "-w",
+        "10",
+        "--call-times",
+    ]);
+    c.env("NCCL_NET_PLUGIN", env!("FIXTURE_NET_SO"));
+    let (o, v) = run_json(&mut c);
+    assert_clean(&o, &v, "stream", &[64], 300);
+    let ranks = call_times(&v["rows"][0]);
+    let (tx, rx) = (&ranks[0], &ranks[1]);
+    assert_eq!(f(&tx["isend"], "per_iter"), 1.0, "{tx}");
+    assert!(
+        f(&tx["isend_retry"], "per_iter") > 0.0,
+        "no refused isend? {tx}"
+    );
+    assert!(tx["irecv"].is_null() && rx["isend"].is_null(), "{tx} {rx}");
+    assert!(
+        f(&rx["irecv_retry"], "per_iter") > 0.0,
+        "no refused irecv? {rx}"
+    );
+    assert_eq!(f(&rx["test_done"], "per_iter"), 1.0, "{rx}");
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        !stdout.contains("#  plugin calls"),
+        "--json prints no text lines: {stdout}"
+    );
+}

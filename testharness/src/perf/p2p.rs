@@ -23,6 +23,7 @@ use serde_json::{json, Value};
 
 use super::{gather_logs, warn_summary, Result, Session, EXIT_WRONG};
 use crate::bootstrap::Bootstrap;
+use crate::calltimes::CallTimes;
 use crate::cli::{Collective, MAX_REQUESTS};
 use crate::cputime::{self, CpuUse};
 use crate::deviations;
@@ -383,6 +384,8 @@ pub(super) fn run(
     } else {
         Vec::new()
     };
+    // After the idle test, which must not pay for the clock reads.
+    s.net.set_call_timing(args.call_times);
 
     let root = rank == 0;
     let out = std::io::stdout();
@@ -455,10 +458,12 @@ pub(super) fn run(
         let row = if mode == Collective::Stream {
             ep.stream(warm, size, Phase::Stamped)?;
             boot.barrier()?;
+            s.net.take_call_times();
             let start = Instant::now();
             let (timed, used) = cputime::measure(|| ep.stream(iters, size, Phase::Stamped));
             timed?;
             let secs = start.elapsed().as_secs_f64();
+            let calls = s.net.take_call_times();
             ep.stream(check, size, Phase::Checked)?;
             let wrong = ep.stats().wrong - wrong_before;
             let cpu = used.map(|u| CpuUse::per_iter(u, u32::try_from(iters).unwrap_or(u32::MAX)));
@@ -477,11 +482,19 @@ pub(super) fn run(
                 writeln!(o, "{}", format_stream_row(&r))?;
                 o.flush()?;
             }
-            r.to_json()
+            with_call_times(
+                r.to_json(),
+                args.call_times,
+                &calls,
+                iters,
+                boot,
+                root && !args.json,
+            )?
         } else {
             ping_pong(&mut ep, rank, warm, size, Phase::Stamped, None)?;
             boot.barrier()?;
             let mut samples = Vec::with_capacity(if root { iters as usize } else { 0 });
+            s.net.take_call_times();
             let (timed, used) = cputime::measure(|| {
                 ping_pong(
                     &mut ep,
@@ -493,6 +506,7 @@ pub(super) fn run(
                 )
             });
             timed?;
+            let calls = s.net.take_call_times();
             ping_pong(&mut ep, rank, check, size, Phase::Checked, None)?;
             let wrong = ep.stats().wrong - wrong_before;
             let cpu = used.map(|u| CpuUse::per_iter(u, u32::try_from(iters).unwrap_or(u32::MAX)));
@@ -506,7 +520,14 @@ pub(super) fn run(
                 writeln!(o, "{}", format_latency_row(&r))?;
                 o.flush()?;
             }
-            r.to_json()
+            with_call_times(
+                r.to_json(),
+                args.call_times,
+                &calls,
+                iters,
+                boot,
+                root && !args.json,
+            )?
         };
         rows.push(row);
     }
@@ -577,6 +598,47 @@ pub(super) fn run(
     } else {
         0
     })
+}
+
+/// With `--call-times` (`on`): gathers every rank's [`CallTimes`] of the timed `iters`
+/// iterations (stream: messages per direction; latency: round trips), prints one line per
+/// rank after the size's row when `print`, and adds them to the row's JSON as `call_times`
+/// (one object per rank, in rank order). Returns `row`, unchanged when off.
+///
+/// # Errors
+/// Rendezvous failures, or a rank that sent a malformed record.
+fn with_call_times(
+    mut row: Value,
+    on: bool,
+    mine: &CallTimes,
+    iters: u64,
+    boot: &mut Bootstrap,
+    print: bool,
+) -> Result<Value> {
+    if !on {
+        return Ok(row);
+    }
+    let all = boot.allgather(mine.to_json(iters).to_string().as_bytes())?;
+    let mut per_rank = Vec::with_capacity(all.len());
+    for (r, b) in all.iter().enumerate() {
+        let v: Value =
+            serde_json::from_slice(b).map_err(|e| format!("rank {r}'s call times: {e}"))?;
+        let (n, t) =
+            CallTimes::from_json(&v).ok_or(format!("rank {r} sent malformed call times"))?;
+        if print {
+            let unit = if row.get("t_typical_us").is_some() {
+                "round trip"
+            } else {
+                "message per direction"
+            };
+            let mut o = std::io::stdout().lock();
+            writeln!(o, "#  plugin calls, rank {r}, per {unit}: {}", t.line(n))?;
+            o.flush()?;
+        }
+        per_rank.push(v);
+    }
+    row["call_times"] = Value::Array(per_rank);
+    Ok(row)
 }
 
 /// `k` round trips of `size` bytes: rank 0 sends and waits for the answer (recording half of
