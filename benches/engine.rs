@@ -18,6 +18,18 @@ fn bench(c: &mut Criterion) {
             b.iter(|| p.round(&data[..size]))
         });
     }
+    // A window in flight, as a stream keeps it (verbsnet-perf stream's default is 32): the
+    // receive side's matching scans the posted receives.
+    for (name, w, sends_first) in [
+        ("window32_recvs_first_64B", 32, false),
+        ("window16_sends_first_64B", 16, true),
+    ] {
+        let mut p = Pair::new(bench_cfg(true), Knobs::default());
+        g.throughput(Throughput::Elements(w as u64));
+        g.bench_function(BenchmarkId::new(name, 64), |b| {
+            b.iter(|| p.window_round(&data[..64], w, sends_first))
+        });
+    }
     g.finish();
 }
 

@@ -938,6 +938,35 @@ impl Pair {
         self.wait_send(s).expect("send");
     }
 
+    /// A window of the engine benchmarks: `w` one-buffer receives and `w` sends of `data`
+    /// (each on its own 16 KiB slot of the 1 MiB user regions: `data` and `w` at most 16 KiB
+    /// and 64), sends first when `sends_first` (their eager copies wait
+    /// unexpected until their receive is posted), then all driven to completion.
+    pub fn window_round(&mut self, data: &[u8], w: usize, sends_first: bool) {
+        const SLOT: u64 = 16384;
+        let slot = |k: usize| k as u64 * SLOT;
+        let (mut rs, mut ss) = (Vec::with_capacity(w), Vec::with_capacity(w));
+        if sends_first {
+            for k in 0..w {
+                ss.push(self.isend(slot(k), data, 0).expect("isend"));
+            }
+        }
+        for k in 0..w {
+            rs.push(self.irecv(&[(slot(k), SLOT, 0)]).expect("irecv"));
+        }
+        if !sends_first {
+            for k in 0..w {
+                ss.push(self.isend(slot(k), data, 0).expect("isend"));
+            }
+        }
+        for r in rs {
+            self.wait_recv(r).expect("recv");
+        }
+        for s in ss {
+            self.wait_send(s).expect("send");
+        }
+    }
+
     /// The receive user region bytes at `off`.
     pub fn received(&self, off: u64, len: usize) -> Vec<u8> {
         self.rmem.get(R_USER + off, len)
