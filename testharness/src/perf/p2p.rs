@@ -455,7 +455,7 @@ pub(super) fn run(
     for &bytes in &sizes {
         let size = usize::try_from(bytes)?;
         let wrong_before = ep.stats().wrong;
-        let row = if mode == Collective::Stream {
+        let (line, row, calls) = if mode == Collective::Stream {
             ep.stream(warm, size, Phase::Stamped)?;
             boot.barrier()?;
             s.net.take_call_times();
@@ -477,19 +477,7 @@ pub(super) fn run(
                 cpu,
             };
             total_wrong += wrong;
-            if root && !args.json {
-                let mut o = out.lock();
-                writeln!(o, "{}", format_stream_row(&r))?;
-                o.flush()?;
-            }
-            with_call_times(
-                r.to_json(),
-                args.call_times,
-                &calls,
-                iters,
-                boot,
-                root && !args.json,
-            )?
+            (format_stream_row(&r), r.to_json(), calls)
         } else {
             ping_pong(&mut ep, rank, warm, size, Phase::Stamped, None)?;
             boot.barrier()?;
@@ -515,21 +503,22 @@ pub(super) fn run(
             r.wrong = wrong;
             r.cpu = cpu;
             total_wrong += wrong;
-            if root && !args.json {
-                let mut o = out.lock();
-                writeln!(o, "{}", format_latency_row(&r))?;
-                o.flush()?;
-            }
-            with_call_times(
-                r.to_json(),
-                args.call_times,
-                &calls,
-                iters,
-                boot,
-                root && !args.json,
-            )?
+            (format_latency_row(&r), r.to_json(), calls)
         };
-        rows.push(row);
+        let print = root && !args.json;
+        if print {
+            let mut o = out.lock();
+            writeln!(o, "{line}")?;
+            o.flush()?;
+        }
+        rows.push(with_call_times(
+            row,
+            args.call_times,
+            &calls,
+            iters,
+            boot,
+            print,
+        )?);
     }
 
     let end = ep.stats();
