@@ -12,6 +12,9 @@
 //!   (perftest's "typical"), mean, standard deviation, 99 % and 99.9 % percentiles. Before
 //!   the first message each rank times `test` of a pending receive (the call a proxy's idle
 //!   pass makes) and the header prints its CPU cost per call (`idle_test_ns` in `--json`).
+//! - `--call-times` (both modes): the wall time of every `isend`, `irecv` and `test` of the
+//!   timed messages, by what the call did ([`crate::calltimes`]), one line per rank after each
+//!   size's row (`call_times` in the row's JSON).
 //!
 //! After the timed messages each size moves `-c` fully checked messages (every byte); the
 //! timed ones check their 8-byte stamps. `#wrong`: messages whose bytes were wrong.
@@ -511,9 +514,14 @@ pub(super) fn run(
             writeln!(o, "{line}")?;
             o.flush()?;
         }
+        let unit = if mode == Collective::Stream {
+            "message per direction"
+        } else {
+            "round trip"
+        };
         rows.push(with_call_times(
             row,
-            args.call_times,
+            (args.call_times, unit),
             &calls,
             iters,
             boot,
@@ -590,7 +598,7 @@ pub(super) fn run(
 }
 
 /// With `--call-times` (`on`): gathers every rank's [`CallTimes`] of the timed `iters`
-/// iterations (stream: messages per direction; latency: round trips), prints one line per
+/// iterations (`unit`: stream, a message per direction; latency, a round trip), prints one line per
 /// rank after the size's row when `print`, and adds them to the row's JSON as `call_times`
 /// (one object per rank, in rank order). Returns `row`, unchanged when off.
 ///
@@ -598,7 +606,7 @@ pub(super) fn run(
 /// Rendezvous failures, or a rank that sent a malformed record.
 fn with_call_times(
     mut row: Value,
-    on: bool,
+    (on, unit): (bool, &str),
     mine: &CallTimes,
     iters: u64,
     boot: &mut Bootstrap,
@@ -615,11 +623,6 @@ fn with_call_times(
         let (n, t) =
             CallTimes::from_json(&v).ok_or(format!("rank {r} sent malformed call times"))?;
         if print {
-            let unit = if row.get("t_typical_us").is_some() {
-                "round trip"
-            } else {
-                "message per direction"
-            };
             let mut o = std::io::stdout().lock();
             writeln!(o, "#  plugin calls, rank {r}, per {unit}: {}", t.line(n))?;
             o.flush()?;
