@@ -562,12 +562,7 @@ impl Net {
         // untouched by Rust while the slot is busy; `comm` is a live send comm; the profiler
         // handle lives in the FIFO.
         let req = unsafe { table.isend(comm.ptr, data, len, tag, fifo.mhandle, ph) }?;
-        let kind = if req.is_null() {
-            CallKind::IsendRefused
-        } else {
-            CallKind::IsendStarted
-        };
-        self.call_end(start, kind);
+        self.call_end(start, CallKind::isend(!req.is_null()));
         Ok(fifo.track(slot, req))
     }
 
@@ -657,12 +652,7 @@ impl Net {
                 &mut req,
             )
         }?;
-        let kind = if req.is_null() {
-            CallKind::IrecvRefused
-        } else {
-            CallKind::IrecvStarted
-        };
-        self.call_end(start, kind);
+        self.call_end(start, CallKind::irecv(!req.is_null()));
         if req == optional {
             return Err(Error::Contract(
                 "irecv left *request at NCCL_NET_OPTIONAL_RECV_COMPLETION (0x1); it must be a \
@@ -745,12 +735,7 @@ impl Net {
         // SAFETY: `req.ptr` is a live request (never tested to completion before); `sizes` has
         // at least as many entries as the request has buffers.
         let done = unsafe { table.test(req.ptr, &mut sizes) }?;
-        let kind = if done {
-            CallKind::TestDone
-        } else {
-            CallKind::TestPending
-        };
-        self.call_end(start, kind);
+        self.call_end(start, CallKind::test(done));
         if !done {
             return Ok(false);
         }
