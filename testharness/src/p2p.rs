@@ -26,10 +26,10 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use crate::coll::{check_size, Idle, CONNECT_TIMEOUT, STALL_TIMEOUT};
+use crate::plugin::{Fifo, Handle, ListenComm, Net, RecvComm, Request, SendComm};
 
 /// How long [`Endpoint::idle_test_ns`] retries an `irecv` the plugin answers "retry later".
 const IDLE_POST_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
-use crate::plugin::{Fifo, Handle, ListenComm, Net, RecvComm, Request, SendComm};
 
 /// Errors of the point-to-point proxy.
 pub type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
