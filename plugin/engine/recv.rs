@@ -348,7 +348,8 @@ impl RecvEngine {
         };
         let (stage, cts_id, signaled) = self.ctrl_slot(WrKind::Cts).expect("checked above");
         let len = self.p.cts_entry_len();
-        // One buffer on one device: the 64-byte compact entry (wire::CTS_COMPACT_LEN).
+        // `len` bytes, or the 64-byte compact entry for one buffer on one device
+        // (wire::CTS_COMPACT_LEN): the WRITE carries what `encode` gave.
         let bytes = entry.encode(len);
         let written = bytes.len() as u32;
         self.actions.push(Action::Stage { addr: stage, bytes });
