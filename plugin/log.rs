@@ -20,15 +20,20 @@
 //! Fields of the spans the event is inside follow the event's own fields, outermost first,
 //! except a span's `label` field: it names what the event is about (a comm's span carries
 //! `label = "send comm <local> -> <peer> (<dev>)"`, see `comm/mod.rs`) and is written
-//! first, as `<label>: <message> ...`, so the label leads the line NCCL prints.
+//! first, as `<label>: <message> ...`, so the label leads the line NCCL prints. A [`Label`]
+//! entered on the thread does the same for the data path's calls, where a span costs too much
+//! (see [`Label`]); its text comes before the spans' labels.
 //! The level ([`DebugLevel`], from `VERBSNET_DEBUG`) is applied per callsite
 //! (`register_callsite` answers always/never and `max_level_hint` is exact), so a disabled
 //! `trace!` costs one comparison against a global maximum.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::ffi::{CStr, CString};
 use std::fmt::{self, Write as _};
 use std::io::Write as _;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 
 use tracing::field::{Field, Visit};
@@ -78,6 +83,107 @@ pub const INIT_TARGET: &str = "verbsnet::init";
 
 /// What every line sent to NCCL starts with (NCCL's own transports print `NET/IB : `).
 pub const NCCL_PREFIX: &str = "NET/verbsnet : ";
+
+/// The text of each live [`Label`], by its id (written when a comm is made, renamed or dropped;
+/// read only when a line is formatted).
+static LABELS: OnceLock<RwLock<HashMap<u64, Arc<str>>>> = OnceLock::new();
+
+/// The id of the next [`Label`] (0 means none).
+static NEXT_LABEL: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    /// The [`Label`] entered on this thread (0: none).
+    static CURRENT_LABEL: Cell<u64> = const { Cell::new(0) };
+}
+
+fn labels() -> &'static RwLock<HashMap<u64, Arc<str>>> {
+    LABELS.get_or_init(Default::default)
+}
+
+/// What a line is about (a comm's `send comm <local> -> <peer> (<dev>)`), written first on
+/// every line logged on a thread while the label is [`Label::enter`]ed, as a span's `label`
+/// field is (module docs), before the labels of the spans the event is inside.
+///
+/// The comms' data-path calls (`isend`, `irecv`, `test`) use this instead of entering a
+/// `tracing` span: entering and leaving a span cost about 175 instructions and two atomic
+/// reference-count updates of the registry per call (callgrind on soft-RoCE,
+/// docs/performance.md, "Instructions per call"), where NCCL IB's whole `test` is about
+/// 130; entering a label is a store to a thread-local. The text is looked up only when a
+/// line is formatted, and only by this module's layer: a host's own `tracing` subscriber
+/// (the plugin linked as an rlib into a program that installed one) does not see it.
+#[derive(Debug)]
+pub struct Label {
+    id: u64,
+}
+
+impl Label {
+    /// A label with `text`; it leads the lines logged while it is entered.
+    pub fn new(text: &str) -> Label {
+        let id = NEXT_LABEL.fetch_add(1, Ordering::Relaxed);
+        labels()
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(id, Arc::from(text));
+        Label { id }
+    }
+
+    /// Replaces the text (from the next line on).
+    pub fn set(&self, text: &str) {
+        labels()
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(self.id, Arc::from(text));
+    }
+
+    /// Makes this the thread's label until the guard drops (the label entered before comes
+    /// back then, so calls nest).
+    #[inline]
+    pub fn enter(&self) -> LabelGuard {
+        let prev = CURRENT_LABEL.with(|c| c.replace(self.id));
+        LabelGuard {
+            prev,
+            _thread: PhantomData,
+        }
+    }
+}
+
+impl Drop for Label {
+    fn drop(&mut self) {
+        labels()
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.id);
+    }
+}
+
+/// While alive, its [`Label`] leads this thread's lines ([`Label::enter`]). Not `Send`: it
+/// restores the thread's previous label on the thread that entered.
+#[must_use = "the label is left when the guard drops"]
+#[derive(Debug)]
+pub struct LabelGuard {
+    prev: u64,
+    _thread: PhantomData<*const ()>,
+}
+
+impl Drop for LabelGuard {
+    #[inline]
+    fn drop(&mut self) {
+        CURRENT_LABEL.with(|c| c.set(self.prev));
+    }
+}
+
+/// The text of the label entered on this thread, if any.
+fn current_label() -> Option<Arc<str>> {
+    let id = CURRENT_LABEL.with(Cell::get);
+    if id == 0 {
+        return None;
+    }
+    labels()
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(&id)
+        .cloned()
+}
 
 /// Installs the plugin's logging, once per process.
 ///
@@ -342,6 +448,10 @@ where
         let mut fields = Fields::default();
         event.record(&mut fields);
         let mut labels = String::new();
+        if let Some(l) = current_label() {
+            labels.push_str(&l);
+            labels.push_str(": ");
+        }
         let mut span_text = String::new();
         if let Some(scope) = ctx.event_scope(event) {
             for span in scope.from_root() {
@@ -561,6 +671,44 @@ mod tests {
             info!("x");
         });
         assert_eq!(text(&lines[0]), "NET/verbsnet : outer: inner: x n=1");
+    }
+
+    #[test]
+    fn an_entered_label_leads_the_line_before_span_labels_and_nests() {
+        let comm = Label::new("recv comm 1.2.3.4:5 <- 6.7.8.9:10 (lo)");
+        let lines = capture(DebugLevel::Warn, || {
+            warn!("before");
+            {
+                let _c = comm.enter();
+                let inner = tracing::error_span!("conn", label = "qp 3", n = 1);
+                let _i = inner.enter();
+                warn!(slot = 2, "stalled");
+                let other = Label::new("send comm x -> y (lo)");
+                {
+                    let _o = other.enter();
+                    warn!("inner call");
+                }
+                warn!("back");
+                comm.set("recv comm renamed");
+                warn!("renamed");
+            }
+            warn!("after");
+        });
+        let got: Vec<&str> = lines.iter().map(text).collect();
+        assert_eq!(
+            got,
+            [
+                "NET/verbsnet : before",
+                "NET/verbsnet : recv comm 1.2.3.4:5 <- 6.7.8.9:10 (lo): qp 3: stalled slot=2 n=1",
+                "NET/verbsnet : send comm x -> y (lo): qp 3: inner call n=1",
+                "NET/verbsnet : recv comm 1.2.3.4:5 <- 6.7.8.9:10 (lo): qp 3: back n=1",
+                "NET/verbsnet : recv comm renamed: qp 3: renamed n=1",
+                "NET/verbsnet : after",
+            ]
+        );
+        let id = comm.id;
+        drop(comm);
+        assert!(!labels().read().unwrap().contains_key(&id));
     }
 
     #[test]

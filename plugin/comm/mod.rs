@@ -48,6 +48,7 @@ use self::core::Core;
 use crate::config::Config;
 use crate::engine::wire::MAX_RECVS;
 use crate::engine::{RecvBuf, RecvEngine, RecvParams, ReqError, ReqId, SendEngine, SendParams};
+use crate::log::Label;
 use crate::mem::Region;
 use crate::transport::{Device, QueuePair};
 
@@ -113,14 +114,15 @@ impl Error {
 /// request id or "retry later", and `test` on each request until done (both ends); `progress`
 /// may be called at any time; `close` last, after which no request of the comm may be used.
 /// Each entry first makes progress (CQ poll, peer writes, the engine's actions, watchdog)
-/// inside the comm's `comm` tracing span, whose `label` every log line of the comm starts with.
+/// with the comm's [`Label`] entered: its `label` starts every log line of the call.
 pub struct Comm<R: Role> {
     core: Mutex<Core<R>>,
     /// The devices its QPs run on: one, or a virtual device's physical ones (QP `q` on
     /// `devs[q % len]`); NCCL's buffers are registered on all of them.
     devs: Vec<Arc<dyn Device>>,
     label: String,
-    span: tracing::Span,
+    /// `label`, as the log lines of the comm's calls start with it.
+    log_label: Label,
     cfg: Config,
     /// The NCCL communicator (ncclNet v11+ `commId`) this comm belongs to, for the stats.
     comm_id: Option<u64>,
@@ -130,12 +132,6 @@ pub struct Comm<R: Role> {
 pub type SendComm = Comm<SendSide>;
 /// The receiving end (from `accept`): `irecv`, `iflush`, `test`.
 pub type RecvComm = Comm<RecvSide>;
-
-/// The comm's span: every event inside starts with `label` (see [`crate::log`]). At `ERROR`
-/// level so it is enabled whenever any line is.
-fn comm_span(label: &str) -> tracing::Span {
-    tracing::error_span!("comm", label = label)
-}
 
 impl<R: Role> Comm<R> {
     /// Request slots of a comm of this end: the most requests in flight at once, and the range
@@ -152,7 +148,7 @@ impl<R: Role> Comm<R> {
         Comm {
             core: Mutex::new(Core::new(&devs[0], qps, side, cfg)),
             devs,
-            span: comm_span(&label),
+            log_label: Label::new(&label),
             label,
             cfg: cfg.clone(),
             comm_id: None,
@@ -164,7 +160,7 @@ impl<R: Role> Comm<R> {
     pub(crate) fn set_comm_id(&mut self, comm_id: Option<u64>) {
         if let Some(id) = comm_id {
             self.label = format!("{} [commId {id:#x}]", self.label);
-            self.span = comm_span(&self.label);
+            self.log_label.set(&self.label);
         }
         self.comm_id = comm_id;
     }
@@ -210,7 +206,7 @@ impl<R: Role> Comm<R> {
 
     /// `test`: `Ok(Some(sizes))` when done (one size for a send, n for a grouped receive).
     pub fn test(&self, id: ReqId) -> Result<Option<Vec<u64>>, Error> {
-        let _span = self.span.enter();
+        let _label = self.log_label.enter();
         let mut g = self.lock()?;
         g.sticky_call(|g| {
             // A request an earlier call completed (its actions carried out) is reported
@@ -233,7 +229,7 @@ impl<R: Role> Comm<R> {
     /// the engine queued). The plugin calls this inside every entry; tests use it to pump one
     /// side of a pair.
     pub fn progress(&self) -> Result<(), Error> {
-        let _span = self.span.enter();
+        let _label = self.log_label.enter();
         let mut g = self.lock()?;
         g.sticky_call(|g| g.progress(now_ns()))
     }
@@ -311,7 +307,7 @@ impl SendComm {
 
     /// `isend` of `size` bytes at `data` (inside `mr`) with `tag`: `Ok(None)` = retry later.
     pub fn isend(&self, data: u64, size: u64, tag: i32, mr: &Mr) -> Result<Option<ReqId>, Error> {
-        let _span = self.span.enter();
+        let _label = self.log_label.enter();
         mr.sub(Op::Isend, data, size)?;
         self.check_keys(Op::Isend, mr)?;
         let mut g = self.lock()?;
@@ -389,7 +385,7 @@ impl RecvComm {
         &self,
         bufs: &[(u64, u64, i32, &M)],
     ) -> Result<Option<ReqId>, Error> {
-        let _span = self.span.enter();
+        let _label = self.log_label.enter();
         if bufs.is_empty() || bufs.len() > MAX_RECVS {
             return Err(Error::new(
                 Op::Irecv,
