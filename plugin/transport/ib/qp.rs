@@ -456,10 +456,9 @@ impl QueuePair for IbQueuePair {
             return Ok(());
         }
         // 1. all SGEs (zero-length ones dropped: they carry nothing and need no key)
+        // (no other allocation per post: the two vectors keep their capacity between posts)
         self.send_sges.clear();
-        let mut ranges = Vec::with_capacity(wrs.len());
         for wr in wrs {
-            let start = self.send_sges.len();
             for s in wr.sges().iter().filter(|s| s.length > 0) {
                 self.send_sges.push(ibv_sge {
                     addr: s.addr,
@@ -467,12 +466,14 @@ impl QueuePair for IbQueuePair {
                     lkey: s.lkey,
                 });
             }
-            ranges.push((start, self.send_sges.len() - start));
         }
         // 2. the WRs pointing into them, 3. the chain (vectors no longer grow from here on)
         self.send_wrs.clear();
         let sge_base = self.send_sges.as_mut_ptr();
-        for (wr, &(start, n)) in wrs.iter().zip(&ranges) {
+        let mut next_sge = 0;
+        for wr in wrs {
+            let (start, n) = (next_sge, wr.sges().iter().filter(|s| s.length > 0).count());
+            next_sge += n;
             // SAFETY: ibv_send_wr is plain data (unions of integers/pointers); all-zero is valid.
             let mut w: ibv_send_wr = unsafe { std::mem::zeroed() };
             w.wr_id = wr.wr_id;
