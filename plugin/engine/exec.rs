@@ -150,6 +150,7 @@ impl Executor {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::StageBytes;
     use crate::transport::{SendOpcode, Sge};
 
     /// Records every call, failing the `fail_at`-th one.
@@ -225,12 +226,12 @@ mod tests {
         vec![
             Action::Stage {
                 addr: 0x10,
-                bytes: vec![1; 8],
+                bytes: StageBytes::from(&[1u8; 8][..]),
             },
             send(1),
             Action::Stage {
                 addr: 0x20,
-                bytes: vec![2; 8],
+                bytes: StageBytes::from(&[2u8; 8][..]),
             },
             send(2),
             recv(3),

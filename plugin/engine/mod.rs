@@ -128,6 +128,70 @@ pub trait BounceSource {
     fn take(&mut self, k: u32) -> Vec<(u64, u32)>;
 }
 
+/// The bytes an [`Action::Stage`] writes: up to [`StageBytes::INLINE`] bytes (every staged write
+/// of a one-buffer message: the compact CTS entry, an eager header, a credit or record word)
+/// are kept in the action itself, so staging allocates nothing; longer ones (the CTS entry
+/// of a grouped or multi-device receive) on the heap. Reads as a `&[u8]`.
+#[derive(Clone)]
+pub struct StageBytes(StageRepr);
+
+#[derive(Clone)]
+enum StageRepr {
+    Inline {
+        len: u8,
+        b: [u8; StageBytes::INLINE],
+    },
+    Heap(Vec<u8>),
+}
+
+impl StageBytes {
+    /// The most bytes kept inline: [`wire::CTS_COMPACT_LEN`].
+    pub const INLINE: usize = wire::CTS_COMPACT_LEN;
+
+    /// `len` bytes written by `fill` (which gets them zeroed).
+    pub fn filled(len: usize, fill: impl FnOnce(&mut [u8])) -> StageBytes {
+        if len <= Self::INLINE {
+            let mut b = [0u8; Self::INLINE];
+            fill(&mut b[..len]);
+            StageBytes(StageRepr::Inline { len: len as u8, b })
+        } else {
+            let mut v = vec![0u8; len];
+            fill(&mut v);
+            StageBytes(StageRepr::Heap(v))
+        }
+    }
+}
+
+impl From<&[u8]> for StageBytes {
+    fn from(bytes: &[u8]) -> StageBytes {
+        StageBytes::filled(bytes.len(), |b| b.copy_from_slice(bytes))
+    }
+}
+
+impl std::ops::Deref for StageBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match &self.0 {
+            StageRepr::Inline { len, b } => &b[..usize::from(*len)],
+            StageRepr::Heap(v) => v,
+        }
+    }
+}
+
+impl PartialEq for StageBytes {
+    fn eq(&self, other: &StageBytes) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for StageBytes {}
+
+impl std::fmt::Debug for StageBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        (**self).fmt(f)
+    }
+}
+
 /// What the comm driver must do, in order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
@@ -136,7 +200,7 @@ pub enum Action {
         /// Destination address inside a plugin-owned registered buffer.
         addr: u64,
         /// The bytes.
-        bytes: Vec<u8>,
+        bytes: StageBytes,
     },
     /// Post one send WR on the connection's first QP (QP 0), which carries every WR that
     /// consumes a receive WR, the CTS and credit writes.

@@ -8,7 +8,7 @@ use super::wire::{
     self, CtsBuf, CtsEntry, EagerHeader, Keys, EAGER_HDR_LEN, MAX_RECVS, REC_SLOTS, REC_TOO_BIG,
 };
 use super::{
-    wc_error, wr_parse, Action, MemRead, ReqError, ReqId, Slots, Stall, Stats, WrKind,
+    wc_error, wr_parse, Action, MemRead, ReqError, ReqId, Slots, StageBytes, Stall, Stats, WrKind,
     CTRL_STAGE_SLOTS, CTS_RING_ENTRIES, MAX_RECV_REQUESTS,
 };
 use crate::transport::{SendOpcode, SendWr, Sge, Wc, WcOpcode, WcStatus};
@@ -350,7 +350,7 @@ impl RecvEngine {
         let len = self.p.cts_entry_len();
         // `len` bytes, or the 64-byte compact entry for one buffer on one device
         // (wire::CTS_COMPACT_LEN): the WRITE carries what `encode` gave.
-        let bytes = entry.encode(len);
+        let bytes = StageBytes::filled(entry.encoded_len(len), |b| entry.encode_into(b));
         let written = bytes.len() as u32;
         self.actions.push(Action::Stage { addr: stage, bytes });
         self.actions.push(Action::PostSend(SendWr {

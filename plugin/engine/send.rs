@@ -8,7 +8,8 @@ use super::wire::{
 };
 use super::{
     piece_index, piece_parse, wc_error, wr_id, wr_parse, Action, MemRead, ReqError, ReqId, Slots,
-    Stall, Stats, WrKind, CTS_RING_ENTRIES, MAX_SEND_REQUESTS, MAX_SPECULATIVE, SPLIT_ALIGN,
+    StageBytes, Stall, Stats, WrKind, CTS_RING_ENTRIES, MAX_SEND_REQUESTS, MAX_SPECULATIVE,
+    SPLIT_ALIGN,
 };
 use crate::transport::{SendOpcode, SendWr, Sge, Wc, WcStatus};
 
@@ -450,14 +451,15 @@ impl SendEngine {
                 let hdr_addr = self.p.hdr_stage.0 + u64::from(id.slot) * EAGER_HDR_LEN as u64;
                 self.actions.push(Action::Stage {
                     addr: hdr_addr,
-                    bytes: EagerHeader {
-                        tag,
-                        seq: s,
-                        size,
-                        starved,
-                    }
-                    .encode()
-                    .to_vec(),
+                    bytes: StageBytes::from(
+                        &EagerHeader {
+                            tag,
+                            seq: s,
+                            size,
+                            starved,
+                        }
+                        .encode()[..],
+                    ),
                 });
                 self.actions.push(Action::PostSend(SendWr {
                     wr_id: wr_id(WrKind::Eager, id.gen, id.slot),
@@ -570,7 +572,7 @@ impl SendEngine {
         let slot = (r % REC_SLOTS as u64) as usize * MAX_RECVS + buf_idx;
         self.actions.push(Action::Stage {
             addr: stage,
-            bytes: value.to_le_bytes().to_vec(),
+            bytes: StageBytes::from(&value.to_le_bytes()[..]),
         });
         self.actions.push(Action::PostSend(SendWr {
             wr_id: wr_id(WrKind::ErrNotify, id.gen, id.slot),

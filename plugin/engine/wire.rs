@@ -312,15 +312,38 @@ impl CtsEntry {
     /// them, or [`CTS_COMPACT_LEN`] for one buffer with one rkey (sequence words flagged
     /// [`CTS_COMPACT`]).
     pub fn encode(&self, len: usize) -> Vec<u8> {
+        let mut b = vec![0u8; self.encoded_len(len)];
+        self.encode_into(&mut b);
+        b
+    }
+
+    /// How many bytes [`CtsEntry::encode`] gives for a ring of stride `len`: `len`, or
+    /// [`CTS_COMPACT_LEN`] for one buffer with one rkey.
+    #[must_use]
+    pub fn encoded_len(&self, len: usize) -> usize {
+        if self.is_compact() {
+            CTS_COMPACT_LEN
+        } else {
+            len
+        }
+    }
+
+    fn is_compact(&self) -> bool {
+        self.n == 1 && self.bufs[0].rkeys.len() == 1
+    }
+
+    /// [`CtsEntry::encode`] into `b` (zeroed, [`CtsEntry::encoded_len`] bytes long), without
+    /// allocating.
+    pub fn encode_into(&self, b: &mut [u8]) {
         let d = self.bufs[0].rkeys.len();
         // A compact entry is the full one's first 56 bytes (header and buffer 0) and its tail.
-        let compact = self.n == 1 && d == 1;
-        let (len, bufs) = if compact {
-            (CTS_COMPACT_LEN, &self.bufs[..1])
+        let compact = self.is_compact();
+        let len = b.len();
+        let bufs = if compact {
+            &self.bufs[..1]
         } else {
-            (len, &self.bufs[..])
+            &self.bufs[..]
         };
-        let mut b = vec![0u8; len];
         let seq = seq_word(self.r, compact);
         b[0..8].copy_from_slice(&seq.to_le_bytes());
         b[8..16].copy_from_slice(&self.credits.to_le_bytes());
@@ -344,7 +367,6 @@ impl CtsEntry {
             b[224] = d;
         }
         b[len - 8..len].copy_from_slice(&seq.to_le_bytes());
-        b
     }
 
     /// The head sequence word of a raw entry (`r + 1` once written, 0 before; flagged

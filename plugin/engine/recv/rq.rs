@@ -6,8 +6,8 @@
 use super::RecvEngine;
 use crate::engine::wire;
 use crate::engine::{
-    wr_id, Action, BounceSource, WrKind, CTRL_SIGNAL_EVERY, CTRL_STAGE_SLOTS, MAX_SPECULATIVE,
-    MAX_ZERO_WRS, ZERO_BATCH,
+    wr_id, Action, BounceSource, StageBytes, WrKind, CTRL_SIGNAL_EVERY, CTRL_STAGE_SLOTS,
+    MAX_SPECULATIVE, MAX_ZERO_WRS, ZERO_BATCH,
 };
 use crate::transport::{RecvWr, SendOpcode, SendWr, Sge};
 
@@ -362,9 +362,7 @@ impl RecvEngine {
         };
         self.actions.push(Action::Stage {
             addr: stage,
-            bytes: wire::credit_word(self.granted, self.z_end)
-                .to_le_bytes()
-                .to_vec(),
+            bytes: StageBytes::from(&wire::credit_word(self.granted, self.z_end).to_le_bytes()[..]),
         });
         self.actions.push(Action::PostSend(SendWr {
             wr_id: id,

@@ -165,7 +165,7 @@ fn too_large_send_fails_and_notifies_receiver() {
         acts[0],
         Action::Stage {
             addr: 0x20_0000,
-            bytes: (REC_TOO_BIG | 1000).to_le_bytes().to_vec()
+            bytes: StageBytes::from(&(REC_TOO_BIG | 1000).to_le_bytes()[..])
         }
     );
     assert_eq!(e.in_flight(), 0);
