@@ -308,12 +308,26 @@ impl RecvEngine {
         self.next_base = base.wrapping_add(u64::from(n));
 
         // Eager messages held for want of a buffer with their tag, in arrival order: only this
-        // receive can have one for them (every older one had none when they arrived).
+        // receive can have one for them. Every older receive had no unmatched buffer with a
+        // held message's tag when the message arrived, or when the older receive was posted and
+        // offered the held messages, and buffers are never unmatched again; so `find_buf`
+        // would find this receive's first unmatched buffer with the tag, and that is what is
+        // looked up here (without scanning the older receives once per held message: a
+        // stream of speculative eager sends holds up to 32 of them). Stops once every buffer
+        // of this receive is matched.
+        let full = ((1u16 << n) - 1) as u8;
         let mut k = 0;
         while k < self.unexpected.len() && self.failed.is_none() {
+            let Some(req) = self.reqs.get(id) else { break };
+            if req.used & full == full {
+                break;
+            }
             let u = self.unexpected[k];
-            match self.find_buf(u.tag) {
-                Some((id, i)) => {
+            let free =
+                (0..n as usize).find(|&i| req.used & (1 << i) == 0 && req.bufs[i].tag == u.tag);
+            debug_assert_eq!(free.map(|i| (id, i)), self.find_buf(u.tag));
+            match free {
+                Some(i) => {
                     self.unexpected.remove(k);
                     self.deliver_eager(now, id, i, u);
                 }

@@ -201,6 +201,62 @@ fn grouped_receive_assigns_by_tag_mixed_eager_and_rendezvous() {
     p.wait_send(s9).unwrap();
 }
 
+/// Eager sends that arrive before any receive is posted are held; each later `irecv` takes
+/// the held messages its buffers match, oldest first, buffer by buffer in tag order, as the
+/// matching rule says (the oldest receive with an unmatched buffer of the tag, its first such
+/// buffer). Receives posted one by one after seven held messages of three tags.
+#[test]
+fn held_eager_messages_fill_later_receives_by_the_matching_rule() {
+    let mut p = Pair::new(PairCfg::default(), Knobs::default());
+    let tags = [1, 2, 1, 3, 2, 1, 3];
+    let sends: Vec<ReqId> = tags
+        .iter()
+        .enumerate()
+        .map(|(m, &t)| p.isend(m as u64 * 64, &pattern(m as u64, 40), t).unwrap())
+        .collect();
+    p.drive_until(10_000, |p| p.rcv.stats().unexpected >= tags.len() as u64);
+    assert_eq!(
+        p.rcv.stats().unexpected,
+        7,
+        "all seven held before any receive"
+    );
+    // Receive buffers at 4 KiB apart; (receive, buffer) -> the message it must hold.
+    let at = |k: u64| k * 4096;
+    let r0 = p.irecv(&[(at(0), 64, 2), (at(1), 64, 1)]).unwrap();
+    let r1 = p.irecv(&[(at(2), 64, 3)]).unwrap();
+    let r2 = p
+        .irecv(&[(at(3), 64, 1), (at(4), 64, 1), (at(5), 64, 2)])
+        .unwrap();
+    let r3 = p.irecv(&[(at(6), 64, 3), (at(7), 64, 1)]).unwrap();
+    // m7 (tag 1) is sent after every receive is posted: it takes r3's second buffer.
+    let s7 = p.isend(7 * 64, &pattern(7, 40), 1).unwrap();
+    for r in [r0, r1, r2, r3] {
+        assert_eq!(p.wait_recv(r).unwrap().iter().sum::<u64>() % 40, 0);
+    }
+    // m0 t1 -> r0.1, m1 t2 -> r0.0, m2 t1 -> r2.0, m3 t3 -> r1.0, m4 t2 -> r2.2, m5 t1 -> r2.1,
+    // m6 t3 -> r3.0, m7 t1 -> r3.1.
+    let expect = [
+        (1, 0),
+        (0, 1),
+        (3, 2),
+        (2, 3),
+        (5, 4),
+        (4, 5),
+        (6, 6),
+        (7, 7),
+    ];
+    for (buf, m) in expect {
+        assert_eq!(
+            p.received(at(buf), 40),
+            pattern(m, 40),
+            "buffer {buf} holds m{m}"
+        );
+    }
+    for s in sends.into_iter().chain([s7]) {
+        assert_eq!(p.wait_send(s).unwrap(), 40);
+    }
+}
+
 #[test]
 fn oversize_send_fails_on_both_ends_without_writing() {
     for size in [200usize, 5000] {
