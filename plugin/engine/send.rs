@@ -649,6 +649,12 @@ impl SendEngine {
             bufs: e.bufs,
             used: 0,
         });
+        // Only this new group can take a waiting send: each had no unmatched buffer with its
+        // tag in any older group when it was sent (it is sent speculatively only while no group
+        // is known) or when an older group's CTS was fed here, and buffers are never unmatched
+        // again; so `find_any` would find this group's first unmatched buffer with the tag, and
+        // that is what is looked up here (without scanning every group once per waiting send:
+        // a stream holds up to 16 of them). Stops once every buffer of the group is matched.
         let mut k = 0;
         while k < self.unassigned.len() {
             let id = self.unassigned[k];
@@ -657,7 +663,14 @@ impl SendEngine {
                 continue;
             };
             let (tag, size) = (req.tag, req.size);
-            let Some((g, i)) = self.find_any(tag) else {
+            // The new group is the last (`take` pops only full groups from the front).
+            let Some(newest) = self.groups.back().filter(|g| !g.full()) else {
+                break;
+            };
+            let g = self.groups.len() - 1;
+            let found = newest.find(tag).map(|i| (g, i));
+            debug_assert_eq!(found, self.find_any(tag));
+            let Some((g, i)) = found else {
                 k += 1;
                 continue;
             };
