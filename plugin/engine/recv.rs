@@ -129,6 +129,12 @@ pub struct RecvEngine {
     p: RecvParams,
     reqs: Slots<RecvReq>,
     order: VecDeque<ReqId>,
+    /// Buffers of the receives in `order` not matched to a send yet (what
+    /// `cover_posted_receives` must cover), kept as they change instead of summed per call.
+    unmatched: u32,
+    /// How many receives at the front of `order` have every buffer matched: `find_buf` starts
+    /// after them (in a stream, the receives waiting for their `test` pile up there).
+    matched_prefix: usize,
     next_r: u64,
     next_base: u64,
     next_arrival: u64,
@@ -176,6 +182,8 @@ impl RecvEngine {
         let mut e = RecvEngine {
             reqs: Slots::new(MAX_RECV_REQUESTS),
             order: VecDeque::new(),
+            unmatched: 0,
+            matched_prefix: 0,
             next_r: p.first_seq,
             next_base: p.first_seq,
             next_arrival: p.first_seq,
@@ -304,6 +312,7 @@ impl RecvEngine {
         };
         let id = self.reqs.insert(req).expect("slot checked");
         self.order.push_back(id);
+        self.unmatched += n;
         self.next_r = r.wrapping_add(1);
         self.next_base = base.wrapping_add(u64::from(n));
 
@@ -392,13 +401,40 @@ impl RecvEngine {
     /// The buffer the next send tagged `tag` takes: the first unmatched buffer with that tag in
     /// the oldest posted receive that has one. The sender applies the same rule (see
     /// [`crate::engine::SendEngine::isend`]), so both sides agree without extra messages.
-    fn find_buf(&self, tag: i32) -> Option<(ReqId, usize)> {
-        self.order.iter().find_map(|&id| {
-            let r = self.reqs.get(id)?;
-            (0..r.n as usize)
-                .find(|&i| r.used & (1 << i) == 0 && r.bufs[i].tag == tag)
-                .map(|i| (id, i))
-        })
+    fn find_buf(&mut self, tag: i32) -> Option<(ReqId, usize)> {
+        // Buffers are never unmatched again: the prefix only grows, until `remove_order`.
+        while let Some(r) = self
+            .order
+            .get(self.matched_prefix)
+            .and_then(|&id| self.reqs.get(id))
+        {
+            if r.used.count_ones() < r.n {
+                break;
+            }
+            self.matched_prefix += 1;
+        }
+        let from = |start: usize| {
+            self.order.range(start..).find_map(|&id| {
+                let r = self.reqs.get(id)?;
+                (0..r.n as usize)
+                    .find(|&i| r.used & (1 << i) == 0 && r.bufs[i].tag == tag)
+                    .map(|i| (id, i))
+            })
+        };
+        let found = from(self.matched_prefix);
+        debug_assert_eq!(found, from(0), "matched_prefix {}", self.matched_prefix);
+        found
+    }
+
+    /// Takes `id` out of `order` (its `test` reported it), keeping `matched_prefix` on the
+    /// same receives.
+    fn remove_order(&mut self, id: ReqId) {
+        if let Some(p) = self.order.iter().position(|&o| o == id) {
+            self.order.remove(p);
+            if p < self.matched_prefix {
+                self.matched_prefix -= 1;
+            }
+        }
     }
 
     fn free_bounce(&mut self, b: u32) {
@@ -417,6 +453,9 @@ impl RecvEngine {
             return;
         };
         req.progress_ns = now;
+        if req.used & (1 << i) == 0 {
+            self.unmatched -= 1;
+        }
         req.used |= 1 << i;
         req.done |= 1 << i;
         req.arrived += 1;
@@ -622,6 +661,9 @@ impl RecvEngine {
         let rec_ring = self.p.rec_ring;
         let req = self.reqs.get_mut(id).expect("found above");
         req.progress_ns = now;
+        if req.used & (1 << i) == 0 {
+            self.unmatched -= 1;
+        }
         req.used |= 1 << i;
         if !imm.record {
             self.stats.rendezvous += 1;
@@ -801,8 +843,9 @@ impl RecvEngine {
         if let Some(e) = req.error.clone() {
             // The comm failed (a usage error leaves the send/receive pairing undefined): every
             // later call returns the error too.
+            self.unmatched -= req.n - req.used.count_ones();
             self.reqs.remove(id);
-            self.order.retain(|&o| o != id);
+            self.remove_order(id);
             self.fail(e.clone());
             return Err(e);
         }
@@ -810,8 +853,9 @@ impl RecvEngine {
             return Ok(None);
         }
         let sizes = req.sizes[..req.n as usize].to_vec();
+        self.unmatched -= req.n - req.used.count_ones();
         self.reqs.remove(id);
-        self.order.retain(|&o| o != id);
+        self.remove_order(id);
         self.stats.ops += 1;
         self.stats.bytes += sizes.iter().sum::<u64>();
         Ok(Some(sizes))

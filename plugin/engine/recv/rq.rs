@@ -223,13 +223,15 @@ impl RecvEngine {
         if !self.p.credits {
             return 0;
         }
-        let unmatched: u32 = self
-            .order
-            .iter()
-            .filter_map(|&id| self.reqs.get(id))
-            .map(|r| r.n - r.used.count_ones())
-            .sum();
-        let need = unmatched + self.posted_b.min(MAX_SPECULATIVE as u32);
+        debug_assert_eq!(
+            self.unmatched,
+            self.order
+                .iter()
+                .filter_map(|&id| self.reqs.get(id))
+                .map(|r| r.n - r.used.count_ones())
+                .sum::<u32>()
+        );
+        let need = self.unmatched + self.posted_b.min(MAX_SPECULATIVE as u32);
         let k = need.saturating_sub(self.posted_b + self.posted_z);
         if k == 0 {
             return 0;
