@@ -224,6 +224,10 @@ impl SendEngine {
             let (mut head, mut tail) = ([0u8; 8], [0u8; 8]);
             let head_read = mem.read(at, &mut head);
             let head = u64::from_le_bytes(head);
+            if head_read && CtsEntry::head_pending(head, r) {
+                // Nothing of this entry yet: one read, not two.
+                break;
+            }
             let end = CtsEntry::tail_at(head, len) + 8;
             let words = head_read && mem.read(at + end as u64 - 8, &mut tail);
             match CtsEntry::landed(head, u64::from_le_bytes(tail), r) {

@@ -401,12 +401,8 @@ impl CtsEntry {
         if head == want_head && tail == want_head {
             return Ok(true);
         }
-        // An older lap's entry (or nothing yet): not ready. Anything else is corrupt. (The
-        // sequence is counted modulo 2^63, below the compact flag.)
-        let stale = |v: u64| {
-            let v = v & !CTS_COMPACT;
-            v == 0 || want.wrapping_sub(v) & !CTS_COMPACT < (1 << 62)
-        };
+        // An older lap's entry (or nothing yet): not ready. Anything else is corrupt.
+        let stale = |v: u64| stale_seq(v, want);
         if (stale(head) && stale(tail)) || head == want_head {
             // (head == want: the tail has not landed yet)
             return Ok(false);
@@ -414,6 +410,16 @@ impl CtsEntry {
         Err(format!(
             "CTS slot holds sequence {head}/{tail}, expected {want}"
         ))
+    }
+
+    /// Whether a slot whose head sequence word is `head` holds nothing of receive `expect_r`'s
+    /// entry yet: nothing at all, or an older lap's entry. A reader that sees this needs not
+    /// read the tail (where [`CtsEntry::landed`] would also catch a corrupt tail word: the
+    /// entry is checked whole once its head names it).
+    #[must_use]
+    pub fn head_pending(head: u64, expect_r: u64) -> bool {
+        let want = seq_word(expect_r, false);
+        head & !CTS_COMPACT != want && stale_seq(head, want)
     }
 
     /// Parses an entry that should hold receive `expect_r`, all of `b` (its length is the
@@ -490,6 +496,13 @@ pub fn seq_word(r: u64, compact: bool) -> u64 {
     } else {
         seq
     }
+}
+
+/// Whether the sequence word `v` (compact flag ignored) is 0 or an older lap's than `want`
+/// (sequences count modulo 2^63, below the compact flag).
+fn stale_seq(v: u64, want: u64) -> bool {
+    let v = v & !CTS_COMPACT;
+    v == 0 || want.wrapping_sub(v) & !CTS_COMPACT < (1 << 62)
 }
 
 /// Offset of buffer `k`'s rkey of device `j` (1 ≤ j < [`MAX_DEVS`]) in a striped CTS entry.
@@ -644,6 +657,20 @@ mod tests {
         }
         let (head, tail) = words(&b);
         assert!(CtsEntry::landed(head, tail, 30).is_err(), "overrun");
+        // The head alone says "nothing yet" for an empty slot or an older lap's entry, and
+        // never for the entry itself (torn or whole, compact or not) or a newer one.
+        assert!(CtsEntry::head_pending(0, 0));
+        assert!(CtsEntry::head_pending(head, 41 + 512));
+        assert!(!CtsEntry::head_pending(head, 41));
+        assert!(!CtsEntry::head_pending(head | CTS_COMPACT, 41));
+        assert!(
+            !CtsEntry::head_pending(head, 30),
+            "overrun: checked with the tail"
+        );
+        for (entry, r) in [(vec![0u8; CTS_ENTRY_LEN], 0), (b.clone(), 41 + 512)] {
+            let (head, tail) = words(&entry);
+            assert_eq!(CtsEntry::landed(head, tail, r), Ok(false), "pending agrees");
+        }
     }
 
     /// A receiver on a virtual device of `d` devices announces `d` rkeys per buffer in a
