@@ -161,6 +161,11 @@ pub struct RecvEngine {
     target: u32,
     /// Buffers asked for and not answered yet.
     wanted: u32,
+    /// `after_poll` ran and nothing changed since that its work depends on: set at its end,
+    /// cleared by every other call that changes the engine (`irecv`, `handle_wc`, `test`,
+    /// `fail`, `flush_credits`, `release_all`). A settled engine's next `after_poll` only
+    /// checks the clock (the shrink timer) and the pool (buffers asked for).
+    settled: bool,
     /// When the RQ last ran dry (or the depth last changed).
     pressure_ns: u64,
     granted: u64,
@@ -198,6 +203,7 @@ impl RecvEngine {
             owned: p.rq_min,
             target: p.rq_min,
             wanted: 0,
+            settled: false,
             pressure_ns: 0,
             granted: 0,
             consumed: 0,
@@ -267,6 +273,7 @@ impl RecvEngine {
     /// QP, `cover_data_qps` in `rq.rs`), then sends the clear-to-send, so that the sends
     /// matching this receive need nothing more from this comm.
     pub fn irecv(&mut self, now: u64, bufs: &[RecvBuf]) -> Result<Option<ReqId>, ReqError> {
+        self.settled = false;
         if let Some(e) = &self.failed {
             return Err(e.clone());
         }
@@ -495,6 +502,7 @@ impl RecvEngine {
     /// for a data QP's receive WR which QP). `mem` reads bounce headers and records.
     /// Re-posting what it frees waits for [`RecvEngine::after_poll`].
     pub fn handle_wc(&mut self, now: u64, wc: &Wc, mem: &dyn MemRead) {
+        self.settled = false;
         let Some((kind, _, index)) = wr_parse(wc.wr_id) else {
             self.fail(ReqError::Local(format!(
                 "completion with unknown wr_id {:#x}",
@@ -822,6 +830,7 @@ impl RecvEngine {
 
     /// Marks the comm failed; every outstanding request reports `e`.
     pub fn fail(&mut self, e: ReqError) {
+        self.settled = false;
         if self.failed.is_none() {
             self.failed = Some(e.clone());
         }
@@ -835,6 +844,7 @@ impl RecvEngine {
     /// Polls request `id`: `Ok(Some(sizes))` once every buffer received its send (the slot is
     /// then free; `sizes[i]` = bytes received into buffer `i`), `Ok(None)` while in progress.
     pub fn test(&mut self, id: ReqId) -> Result<Option<Vec<u64>>, ReqError> {
+        self.settled = false;
         let Some(req) = self.reqs.get(id) else {
             return Err(ReqError::Local(format!(
                 "test of an unknown or finished receive request {id:?}"

@@ -90,6 +90,7 @@ impl RecvEngine {
     /// Every pool buffer the comm holds (posted or not), for the driver to give back once the
     /// QP is destroyed (a closed comm's posted WRs can no longer be written).
     pub fn release_all(&mut self) -> Vec<(u64, u32)> {
+        self.settled = false;
         self.free_bufs.retain(|&id| id < self.p.rq_min);
         self.spare.clear();
         self.owned = self.owned.min(self.p.rq_min);
@@ -121,10 +122,14 @@ impl RecvEngine {
     /// depth go back to the pool as they come free; posted ones cannot be taken back (a verbs
     /// RQ has no "unpost"), so credits stay exact: a consumed WR beyond the depth is simply
     /// not re-posted, and not granted again.
-    fn maybe_shrink(&mut self, now: u64) {
-        if self.target > self.p.rq_min
+    /// Whether the queue has been idle above its minimum for `shrink_after_ns`.
+    fn shrink_due(&self, now: u64) -> bool {
+        self.target > self.p.rq_min
             && now.saturating_sub(self.pressure_ns) >= self.p.shrink_after_ns
-        {
+    }
+
+    fn maybe_shrink(&mut self, now: u64) {
+        if self.shrink_due(now) {
             self.target -= self.batch().min(self.target - self.p.rq_min);
             self.pressure_ns = now;
             self.stats.rq_shrinks += 1;
@@ -328,7 +333,15 @@ impl RecvEngine {
     ///
     /// The growth finishes inside this call: its posts follow the refill's and the credit
     /// write, and their credits go with the next CTS or credit write.
+    ///
+    /// Repeated with nothing changed in between, it has nothing to do (what it posts, returns
+    /// and shrinks leaves nothing for a second pass), unless the shrink timer ran out or
+    /// buffers asked of the pool are still missing: a settled engine returns after checking
+    /// those two (most polls find the CQ empty).
     pub fn after_poll(&mut self, now: u64, pool: &mut dyn BounceSource) {
+        if self.settled && self.wanted == 0 && !self.shrink_due(now) {
+            return;
+        }
         if self.failed.is_none() {
             self.refill(Some(now));
         }
@@ -338,10 +351,12 @@ impl RecvEngine {
             let got = pool.take(asked);
             self.add_bounce(asked, &got);
         }
+        self.settled = true;
     }
 
     /// Sends an explicit credit update when the sender may be short of credits.
     pub fn flush_credits(&mut self) {
+        self.settled = false;
         if !self.p.credits || self.failed.is_some() {
             return;
         }
