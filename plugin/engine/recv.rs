@@ -162,8 +162,8 @@ pub struct RecvEngine {
     /// Buffers asked for and not answered yet.
     wanted: u32,
     /// `after_poll` ran and nothing changed since that its work depends on: set at its end,
-    /// cleared by every other call that changes the engine (`irecv`, `handle_wc`, `test`,
-    /// `fail`, `flush_credits`, `release_all`). A settled engine's next `after_poll` only
+    /// cleared by every other call that changes what it reads (`irecv`, `handle_wc`, `fail`,
+    /// `flush_credits`, `release_all`; not `test`, which only hands requests back). A settled engine's next `after_poll` only
     /// checks the clock (the shrink timer) and the pool (buffers asked for).
     settled: bool,
     /// When the RQ last ran dry (or the depth last changed).
@@ -844,7 +844,8 @@ impl RecvEngine {
     /// Polls request `id`: `Ok(Some(sizes))` once every buffer received its send (the slot is
     /// then free; `sizes[i]` = bytes received into buffer `i`), `Ok(None)` while in progress.
     pub fn test(&mut self, id: ReqId) -> Result<Option<Vec<u64>>, ReqError> {
-        self.settled = false;
+        // (Leaves `settled` alone: what `after_poll` does depends on the receive queue and the
+        // credits, never on the requests `test` hands back.)
         let Some(req) = self.reqs.get(id) else {
             return Err(ReqError::Local(format!(
                 "test of an unknown or finished receive request {id:?}"
