@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Instructions per plugin call, for any NCCL net plugin: runs `verbsnet-perf latency` (8 B
-# ping-pong) or `stream` (64 B) under callgrind and prints, per rank, how many `isend`, `irecv`
-# and `test` calls the proxy made and the user-space instructions each took on average
+# ping-pong), `stream` (64 B) or `all_reduce` (2 ranks, 8 B-4 KiB) under callgrind and
+# prints, per rank, how many `isend`, `irecv` and `test` calls the proxy made and the
+# user-space instructions each took on average
 # (inclusive: the plugin and the verbs provider below it, e.g. librxe; the kernel's work in a
 # system call is not counted). Counted where the harness calls the plugin's table
 # (testharness/src/plugin/table.rs), so two plugins are measured the same way.
@@ -12,10 +13,11 @@
 #   testharness/softroce/run-in-vm.sh -w $SHARP -- testharness/softroce/calls-cg.sh \
 #       verbsnet=$PWD/target/release/libnccl_net_verbsnet.so nccl-ib=$SHARP/lib/libnccl-net.so
 #
-# usage: calls-cg.sh [-m latency|stream] [-n ITERS] [-k] NAME=PLUGIN.so ...
-#   -m  the mode (default latency: -b 8 -e 8; stream: -b 64 -e 64)
-#   -n  timed iterations (default 400 for latency, 2000 for stream; callgrind runs ~50x slower)
-#   -k  keep the callgrind files (in a temporary directory, printed)
+# usage: calls-cg.sh [-m latency|stream|all_reduce] [-n ITERS] [-k] NAME=PLUGIN.so ...
+#   -m  the mode (default latency: -b 8 -e 8; stream: -b 64 -e 64; all_reduce: -b 8 -e 4K -f 8)
+#   -n  timed iterations (default 400 for latency, 2000 for stream, 100 per size for
+#       all_reduce; callgrind runs ~50x slower)
+#   -k  keep the callgrind files (in a directory under $TMPDIR, default /tmp, printed)
 # Other transports: set VERBSNET_TRANSPORT etc. as for any run (tcp works on the host).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -26,7 +28,7 @@ while getopts "m:n:k" o; do
         m) mode=$OPTARG ;;
         n) iters=$OPTARG ;;
         k) keep=1 ;;
-        *) sed -n '2,20p' "$0"; exit 2 ;;
+        *) sed -n '2,21p' "$0"; exit 2 ;;
     esac
 done
 shift $((OPTIND - 1))
@@ -38,15 +40,16 @@ perf=target/release/verbsnet-perf
 case $mode in
     latency) args=(latency -b 8 -e 8 -n "${iters:-400}" -w 20) ;;
     stream) args=(stream -b 64 -e 64 -n "${iters:-2000}" -w 20) ;;
-    *) echo "calls-cg: mode latency or stream, not $mode" >&2; exit 2 ;;
+    all_reduce) args=(all_reduce -b 8 -e 4K -f 8 -n "${iters:-100}" -w 10) ;;
+    *) echo "calls-cg: mode latency, stream or all_reduce, not $mode" >&2; exit 2 ;;
 esac
 
-out=$(mktemp -d /tmp/calls-cg.XXXXXX)
+out=$(mktemp -d "${TMPDIR:-/tmp}/calls-cg.XXXXXX")
 for kv in "$@"; do
     name=${kv%%=*}; so=${kv#*=}
     [ -f "$so" ] || { echo "calls-cg: $so: no such plugin" >&2; exit 2; }
     mkdir -p "$out/$name"
-    NCCL_NET_PLUGIN=$so valgrind --tool=callgrind --trace-children=yes \
+    NCCL_NET_PLUGIN=$so valgrind --tool=callgrind --vgdb=no --trace-children=yes \
         --callgrind-out-file="$out/$name/cg.%p" $perf "${args[@]}" --ranks 2 >"$out/$name/log" 2>&1 ||
         { echo "calls-cg: $name: verbsnet-perf failed; see $out/$name/log" >&2; tail -5 "$out/$name/log" >&2; exit 1; }
     python3 - "$name" "$mode" "$out/$name"/cg.* <<'EOF'
