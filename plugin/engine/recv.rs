@@ -161,10 +161,10 @@ pub struct RecvEngine {
     target: u32,
     /// Buffers asked for and not answered yet.
     wanted: u32,
-    /// `after_poll` ran and nothing changed since that its work depends on: set at its end,
-    /// cleared by every other call that changes what it reads (`irecv`, `handle_wc`, `fail`,
-    /// `flush_credits`, `release_all`; not `test`, which only hands requests back). A settled engine's next `after_poll` only
-    /// checks the clock (the shrink timer) and the pool (buffers asked for).
+    /// `after_poll` ran and nothing it reads changed since: set at its end, cleared by every
+    /// other call that changes what it reads (`irecv`, `handle_wc`, `fail`, `flush_credits`,
+    /// `release_all`; not `test`, which only hands requests back). A settled engine's next
+    /// `after_poll` only checks the clock (the shrink timer) and the pool (buffers asked for).
     settled: bool,
     /// When the RQ last ran dry (or the depth last changed).
     pressure_ns: u64,
@@ -329,8 +329,8 @@ impl RecvEngine {
         // offered the held messages, and buffers are never unmatched again; so `find_buf`
         // would find this receive's first unmatched buffer with the tag, and that is what is
         // looked up here (without scanning the older receives once per held message: a
-        // stream of speculative eager sends holds up to 32 of them). Stops once every buffer
-        // of this receive is matched.
+        // stream's speculative eager sends leave up to MAX_SPECULATIVE held). Stops once every
+        // buffer of this receive is matched.
         let full = ((1u16 << n) - 1) as u8;
         let mut k = 0;
         while k < self.unexpected.len() && self.failed.is_none() {
