@@ -118,16 +118,16 @@ impl RecvEngine {
         }
     }
 
-    /// Idle long enough: shrink the depth by a batch (down to `rq_min`). Buffers above the
-    /// depth go back to the pool as they come free; posted ones cannot be taken back (a verbs
-    /// RQ has no "unpost"), so credits stay exact: a consumed WR beyond the depth is simply
-    /// not re-posted, and not granted again.
     /// Whether the queue has been idle above its minimum for `shrink_after_ns`.
     fn shrink_due(&self, now: u64) -> bool {
         self.target > self.p.rq_min
             && now.saturating_sub(self.pressure_ns) >= self.p.shrink_after_ns
     }
 
+    /// Idle long enough: shrink the depth by a batch (down to `rq_min`). Buffers above the
+    /// depth go back to the pool as they come free; posted ones cannot be taken back (a verbs
+    /// RQ has no "unpost"), so credits stay exact: a consumed WR beyond the depth is simply
+    /// not re-posted, and not granted again.
     fn maybe_shrink(&mut self, now: u64) {
         if self.shrink_due(now) {
             self.target -= self.batch().min(self.target - self.p.rq_min);
