@@ -114,6 +114,30 @@ struct RecvReq {
     stall_reported: bool,
 }
 
+impl RecvReq {
+    /// The first unmatched buffer tagged `tag` (the matching rule within one receive).
+    fn free_buf(&self, tag: i32) -> Option<usize> {
+        (0..self.n as usize).find(|&i| self.used & (1 << i) == 0 && self.bufs[i].tag == tag)
+    }
+
+    /// Buffers not matched yet.
+    fn unmatched(&self) -> u32 {
+        self.n - self.used.count_ones()
+    }
+
+    /// Whether every buffer is matched.
+    fn all_matched(&self) -> bool {
+        self.unmatched() == 0
+    }
+
+    /// Marks buffer `i` matched; true if it was not yet (one unmatched buffer fewer).
+    fn match_buf(&mut self, i: usize) -> bool {
+        let newly = self.used & (1 << i) == 0;
+        self.used |= 1 << i;
+        newly
+    }
+}
+
 /// An eager message that arrived before its receive was posted.
 #[derive(Clone, Copy, Debug)]
 struct Unexpected {
@@ -162,9 +186,9 @@ pub struct RecvEngine {
     /// Buffers asked for and not answered yet.
     wanted: u32,
     /// `after_poll` ran and nothing it reads changed since: set at its end, cleared by every
-    /// other call that changes what it reads (`irecv`, `handle_wc`, `fail`, `flush_credits`,
-    /// `release_all`; not `test`, which only hands requests back). A settled engine's next
-    /// `after_poll` only checks the clock (the shrink timer) and the pool (buffers asked for).
+    /// other call that changes what it reads (`irecv`, `handle_wc`, `fail`, `release_all`;
+    /// not `test`, which only hands requests back). A settled engine's next `after_poll` only
+    /// checks the clock (the shrink timer) and the pool (buffers asked for).
     settled: bool,
     /// When the RQ last ran dry (or the depth last changed).
     pressure_ns: u64,
@@ -331,16 +355,14 @@ impl RecvEngine {
         // looked up here (without scanning the older receives once per held message: a
         // stream's speculative eager sends leave up to MAX_SPECULATIVE held). Stops once every
         // buffer of this receive is matched.
-        let full = ((1u16 << n) - 1) as u8;
         let mut k = 0;
         while k < self.unexpected.len() && self.failed.is_none() {
             let Some(req) = self.reqs.get(id) else { break };
-            if req.used & full == full {
+            if req.all_matched() {
                 break;
             }
             let u = self.unexpected[k];
-            let free =
-                (0..n as usize).find(|&i| req.used & (1 << i) == 0 && req.bufs[i].tag == u.tag);
+            let free = req.free_buf(u.tag);
             debug_assert_eq!(free.map(|i| (id, i)), self.find_buf(u.tag));
             match free {
                 Some(i) => {
@@ -409,33 +431,34 @@ impl RecvEngine {
     /// the oldest posted receive that has one. The sender applies the same rule (see
     /// [`crate::engine::SendEngine::isend`]), so both sides agree without extra messages.
     fn find_buf(&mut self, tag: i32) -> Option<(ReqId, usize)> {
-        // Buffers are never unmatched again: the prefix only grows, until `remove_order`.
+        // Buffers are never unmatched again: the prefix only grows, until `retire`.
         while let Some(r) = self
             .order
             .get(self.matched_prefix)
             .and_then(|&id| self.reqs.get(id))
         {
-            if r.used.count_ones() < r.n {
+            if !r.all_matched() {
                 break;
             }
             self.matched_prefix += 1;
         }
         let from = |start: usize| {
-            self.order.range(start..).find_map(|&id| {
-                let r = self.reqs.get(id)?;
-                (0..r.n as usize)
-                    .find(|&i| r.used & (1 << i) == 0 && r.bufs[i].tag == tag)
-                    .map(|i| (id, i))
-            })
+            self.order
+                .range(start..)
+                .find_map(|&id| Some((id, self.reqs.get(id)?.free_buf(tag)?)))
         };
         let found = from(self.matched_prefix);
         debug_assert_eq!(found, from(0), "matched_prefix {}", self.matched_prefix);
         found
     }
 
-    /// Takes `id` out of `order` (its `test` reported it), keeping `matched_prefix` on the
-    /// same receives.
-    fn remove_order(&mut self, id: ReqId) {
+    /// Frees request `id` (its `test` reported it): out of its slot, its unmatched buffers out
+    /// of `unmatched`, out of `order` with `matched_prefix` kept on the same receives.
+    fn retire(&mut self, id: ReqId) {
+        if let Some(r) = self.reqs.get(id) {
+            self.unmatched -= r.unmatched();
+        }
+        self.reqs.remove(id);
         if let Some(p) = self.order.iter().position(|&o| o == id) {
             self.order.remove(p);
             if p < self.matched_prefix {
@@ -460,10 +483,7 @@ impl RecvEngine {
             return;
         };
         req.progress_ns = now;
-        if req.used & (1 << i) == 0 {
-            self.unmatched -= 1;
-        }
-        req.used |= 1 << i;
+        self.unmatched -= u32::from(req.match_buf(i));
         req.done |= 1 << i;
         req.arrived += 1;
         if req.seen[i] != 0 {
@@ -669,10 +689,7 @@ impl RecvEngine {
         let rec_ring = self.p.rec_ring;
         let req = self.reqs.get_mut(id).expect("found above");
         req.progress_ns = now;
-        if req.used & (1 << i) == 0 {
-            self.unmatched -= 1;
-        }
-        req.used |= 1 << i;
+        self.unmatched -= u32::from(req.match_buf(i));
         if !imm.record {
             self.stats.rendezvous += 1;
             self.add_arrival(id, i, 0, wc.byte_len);
@@ -854,9 +871,7 @@ impl RecvEngine {
         if let Some(e) = req.error.clone() {
             // The comm failed (a usage error leaves the send/receive pairing undefined): every
             // later call returns the error too.
-            self.unmatched -= req.n - req.used.count_ones();
-            self.reqs.remove(id);
-            self.remove_order(id);
+            self.retire(id);
             self.fail(e.clone());
             return Err(e);
         }
@@ -864,9 +879,7 @@ impl RecvEngine {
             return Ok(None);
         }
         let sizes = req.sizes[..req.n as usize].to_vec();
-        self.unmatched -= req.n - req.used.count_ones();
-        self.reqs.remove(id);
-        self.remove_order(id);
+        self.retire(id);
         self.stats.ops += 1;
         self.stats.bytes += sizes.iter().sum::<u64>();
         Ok(Some(sizes))

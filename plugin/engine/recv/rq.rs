@@ -233,7 +233,7 @@ impl RecvEngine {
             self.order
                 .iter()
                 .filter_map(|&id| self.reqs.get(id))
-                .map(|r| r.n - r.used.count_ones())
+                .map(|r| r.unmatched())
                 .sum::<u32>()
         );
         let need = self.unmatched + self.posted_b.min(MAX_SPECULATIVE as u32);
@@ -356,7 +356,6 @@ impl RecvEngine {
 
     /// Sends an explicit credit update when the sender may be short of credits.
     pub fn flush_credits(&mut self) {
-        self.settled = false;
         if !self.p.credits || self.failed.is_some() {
             return;
         }
