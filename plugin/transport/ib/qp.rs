@@ -455,11 +455,11 @@ impl QueuePair for IbQueuePair {
         if wrs.is_empty() {
             return Ok(());
         }
-        // 1. all SGEs (zero-length ones dropped: they carry nothing and need no key)
+        // 1. all SGEs that carry bytes (`carried`)
         // (no other allocation per post: the two vectors keep their capacity between posts)
         self.send_sges.clear();
         for wr in wrs {
-            for s in wr.sges().iter().filter(|s| s.length > 0) {
+            for s in carried(wr) {
                 self.send_sges.push(ibv_sge {
                     addr: s.addr,
                     length: s.length,
@@ -472,7 +472,7 @@ impl QueuePair for IbQueuePair {
         let sge_base = self.send_sges.as_mut_ptr();
         let mut next_sge = 0;
         for wr in wrs {
-            let (start, n) = (next_sge, wr.sges().iter().filter(|s| s.length > 0).count());
+            let (start, n) = (next_sge, carried(wr).count());
             next_sge += n;
             // SAFETY: ibv_send_wr is plain data (unions of integers/pointers); all-zero is valid.
             let mut w: ibv_send_wr = unsafe { std::mem::zeroed() };
@@ -714,6 +714,12 @@ fn link_layer_name(ll: u8) -> &'static str {
     } else {
         "InfiniBand"
     }
+}
+
+/// The SGEs of `wr` that carry bytes (zero-length ones are not posted: they carry nothing and
+/// need no key).
+fn carried(wr: &SendWr) -> impl Iterator<Item = &crate::transport::Sge> {
+    wr.sges().iter().filter(|s| s.length > 0)
 }
 
 /// Position of `bad` in the chain starting at `base` (= WRs posted before the failure).
