@@ -119,12 +119,11 @@ pub struct Label {
 impl Label {
     /// A label with `text`; it leads the lines logged while it is entered.
     pub fn new(text: &str) -> Label {
-        let id = NEXT_LABEL.fetch_add(1, Ordering::Relaxed);
-        labels()
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(id, Arc::from(text));
-        Label { id }
+        let label = Label {
+            id: NEXT_LABEL.fetch_add(1, Ordering::Relaxed),
+        };
+        label.set(text);
+        label
     }
 
     /// Replaces the text (from the next line on).
