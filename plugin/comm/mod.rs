@@ -73,6 +73,29 @@ pub fn now_ns() -> u64 {
     }
 }
 
+/// The coarse clock's resolution in nanoseconds (`clock_getres(2)` of
+/// `CLOCK_MONOTONIC_COARSE`: the kernel's tick, 4 ms at `HZ=250`), or 0 where [`now_ns`] uses
+/// [`Instant`].
+pub fn clock_res_ns() -> u64 {
+    static RES: OnceLock<u64> = OnceLock::new();
+    *RES.get_or_init(|| {
+        nix::time::clock_getres(nix::time::ClockId::CLOCK_MONOTONIC_COARSE)
+            .ok()
+            .map_or(0, |t| {
+                (t.tv_sec() as u64).saturating_mul(1_000_000_000) + t.tv_nsec() as u64
+            })
+    })
+}
+
+/// Whether more than `limit` nanoseconds have surely passed between two [`now_ns`] readings
+/// `since` and `now`. Each reading may lag the true time by up to one tick
+/// ([`clock_res_ns`]), so their difference can exceed the true interval by almost a tick: a
+/// deadline checked this way fires up to a tick late, never early (a connect timeout of 1.5 s
+/// never fails a connect after 1.497 s).
+pub fn past(now: u64, since: u64, limit: u64) -> bool {
+    now.saturating_sub(since) > limit.saturating_add(clock_res_ns())
+}
+
 /// The comm operation that failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
@@ -436,6 +459,21 @@ mod tests {
     enum Above {
         Conn,
         Api,
+    }
+
+    #[test]
+    fn a_deadline_in_coarse_ticks_fires_a_tick_late_never_early() {
+        let res = clock_res_ns();
+        // Linux reports the coarse clock's resolution as its tick (1 to 10 ms).
+        assert!(res > 0 && res <= 10_000_000, "{res}");
+        let (since, limit) = (5_000_000_000, 1_500_000_000);
+        assert!(!past(since + limit, since, limit));
+        assert!(!past(since + limit + res, since, limit));
+        assert!(past(since + limit + res + 1, since, limit));
+        assert!(
+            !past(0, since, limit),
+            "a reading before `since` is not past"
+        );
     }
 
     fn enomem() -> TransportError {

@@ -208,7 +208,7 @@ impl Connecting {
     /// Past its deadline at `now` (`VERBSNET_CONNECT_TIMEOUT` since it started).
     fn expired(&self, now: u64) -> bool {
         self.timeout
-            .is_some_and(|t| now.saturating_sub(self.started) > t.as_nanos() as u64)
+            .is_some_and(|t| crate::comm::past(now, self.started, t.as_nanos() as u64))
     }
 
     /// The error of this connect once past its deadline `t` at `now`: the address, the time
@@ -272,7 +272,7 @@ impl Connecting {
             return r;
         }
         if let Some(t) = cfg.connect_timeout {
-            if now.saturating_sub(self.started) > t.as_nanos() as u64 {
+            if crate::comm::past(now, self.started, t.as_nanos() as u64) {
                 return Err(self.timed_out(now, t));
             }
         }

@@ -270,17 +270,16 @@ impl Listen {
         let mut i = 0;
         while i < self.pending.len() {
             let a = &self.pending[i];
-            let age = now.saturating_sub(a.since);
             let late = if a.authenticated() {
-                full_deadline.is_some_and(|d| age > d)
+                full_deadline.is_some_and(|d| crate::comm::past(now, a.since, d))
             } else {
-                age > hello_deadline
+                crate::comm::past(now, a.since, hello_deadline)
             };
             if late {
                 let a = self.pending.swap_remove(i);
                 let detail = format!(
                     "no progress in {:.1} s, stage reached: {} (VERBSNET_CONNECT_TIMEOUT)",
-                    age as f64 / 1e9,
+                    now.saturating_sub(a.since) as f64 / 1e9,
                     a.stage_name()
                 );
                 self.refusals.refuse(at, a.peer, Refusal::Deadline, &detail);
@@ -327,7 +326,7 @@ impl Listen {
             }
         };
         if let Some(t) = self.cfg.connect_timeout {
-            if waited > t.as_nanos() as u64 {
+            if crate::comm::past(now, since, t.as_nanos() as u64) {
                 self.waiting_since = None;
                 return Err(Error::new(
                     Stage::Accept,
