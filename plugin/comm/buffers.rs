@@ -180,4 +180,18 @@ impl MemRead for Regions<'_> {
                     .is_ok()
             })
     }
+
+    /// One atomic load for an aligned word (the CTS slots' head words and the credit word
+    /// are), a copy otherwise.
+    fn read_u64(&self, addr: u64) -> Option<u64> {
+        let o = self.0.iter().find(|o| o.region.contains(addr, 8))?;
+        let off = (addr - o.region.addr()) as usize;
+        o.region.load_u64(off).ok().or_else(|| {
+            let mut w = [0u8; 8];
+            o.region
+                .read(off, &mut w)
+                .ok()
+                .map(|()| u64::from_le_bytes(w))
+        })
+    }
 }

@@ -116,6 +116,14 @@ const _: () = assert!(
 pub trait MemRead {
     /// Fills `out` from `addr`; false if the range is not readable.
     fn read(&self, addr: u64, out: &mut [u8]) -> bool;
+
+    /// The little-endian word at `addr`, or `None` if it is not readable: what a poll reads
+    /// most (a CTS slot's head word, the credit word). Implementations may answer an aligned
+    /// word with one atomic load instead of a copy.
+    fn read_u64(&self, addr: u64) -> Option<u64> {
+        let mut w = [0u8; 8];
+        self.read(addr, &mut w).then(|| u64::from_le_bytes(w))
+    }
 }
 
 /// Where a receive engine gets more bounce buffers when its queue grows: the driver's shared

@@ -101,14 +101,12 @@ struct SendReq {
     npieces: u8,
 }
 
-/// A receive group whose clear-to-send we have read and which is not fully matched.
+/// A receive group whose clear-to-send we have read and which is not fully matched: its
+/// entry (buffer `i`'s global index is `e.base + i`, round robin QP) and which buffers are
+/// matched.
 #[derive(Debug)]
 struct Group {
-    r: u64,
-    /// The CTS entry's `base`: buffer `i`'s global index is `base + i` (round robin QP).
-    base: u64,
-    n: u32,
-    bufs: [CtsBuf; MAX_RECVS],
+    e: CtsEntry,
     /// Bit `i`: buffer `i` is matched to a send.
     used: u8,
 }
@@ -116,11 +114,11 @@ struct Group {
 impl Group {
     /// The first unmatched buffer tagged `tag`.
     fn find(&self, tag: i32) -> Option<usize> {
-        (0..self.n as usize).find(|&i| self.used & (1 << i) == 0 && self.bufs[i].tag == tag)
+        (0..self.e.n as usize).find(|&i| self.used & (1 << i) == 0 && self.e.bufs[i].tag == tag)
     }
 
     fn full(&self) -> bool {
-        self.used.count_ones() == self.n
+        self.used.count_ones() == self.e.n
     }
 }
 
@@ -210,36 +208,27 @@ impl SendEngine {
     /// or out-of-sequence one fails the comm. Returns whether a CTS arrived.
     pub fn poll_peer_writes(&mut self, now: u64, mem: &dyn MemRead) -> bool {
         let mut got = false;
-        let mut w = [0u8; 8];
-        let word = mem
-            .read(self.p.credit_word, &mut w)
-            .then(|| u64::from_le_bytes(w));
+        let word = mem.read_u64(self.p.credit_word);
         let len = wire::cts_entry_len(self.p.rkeys);
         while self.failed.is_none() {
             let r = self.next_r;
             let at = self.p.cts_ring + (r % CTS_RING_ENTRIES as u64) * len as u64;
-            // The two sequence words first: most polls find no new entry, and then the rest
-            // needs no copy. The head says where the tail is, so where the entry's bytes end (a
-            // compact entry's at 64, a full one's at the slot's end).
-            let (mut head, mut tail) = ([0u8; 8], [0u8; 8]);
-            let head_read = mem.read(at, &mut head);
-            let head = u64::from_le_bytes(head);
-            if head_read && CtsEntry::head_pending(head, r) {
-                // Nothing of this entry yet: one read, not two.
+            // The head sequence word first: most polls find no new entry, and then the rest
+            // needs no copy. Once it names the entry, the entry is copied once, up to where its
+            // tail word ends (a compact entry's at 64, a full one's at the slot's end), and
+            // `decode` checks both words of the copy: a tail not landed yet leaves the entry
+            // for a later poll.
+            let Some(head) = mem.read_u64(at) else {
+                self.fail(ReqError::Local(format!(
+                    "CTS ring slot at {at:#x} is not readable"
+                )));
+                break;
+            };
+            if CtsEntry::head_pending(head, r) {
                 break;
             }
             let end = CtsEntry::tail_at(head, len) + 8;
-            let words = head_read && mem.read(at + end as u64 - 8, &mut tail);
-            match CtsEntry::landed(head, u64::from_le_bytes(tail), r) {
-                _ if !words => {}
-                Ok(true) => {}
-                Ok(false) => break,
-                Err(m) => {
-                    self.fail(ReqError::Protocol(m));
-                    break;
-                }
-            }
-            // Zeroed only once an entry landed: most polls stop above. Past a compact
+            // Zeroed only once an entry's head landed: most polls stop above. Past a compact
             // entry's end the slot holds an older lap's bytes, not read.
             let mut whole = [0u8; CTS_ENTRY_LEN_STRIPED];
             let b = &mut whole[..len];
@@ -249,15 +238,26 @@ impl SendEngine {
                 )));
                 break;
             }
-            match CtsEntry::decode(b, r) {
-                Ok(Some(e)) => {
+            // Decoded where it is kept, the newest known group (no copy of the entry); taken
+            // out again unless it landed whole and valid.
+            self.groups.push_back(Group {
+                e: CtsEntry::BLANK,
+                used: 0,
+            });
+            let newest = &mut self.groups.back_mut().expect("just pushed").e;
+            match CtsEntry::decode_into(b, r, newest) {
+                Ok(true) => {
                     got = true;
-                    if self.handle_cts(now, e).is_err() {
+                    if self.adopt_newest(now).is_err() {
                         break;
                     }
                 }
-                Ok(None) => break,
+                Ok(false) => {
+                    self.groups.pop_back();
+                    break;
+                }
                 Err(m) => {
+                    self.groups.pop_back();
                     self.fail(ReqError::Protocol(m));
                     break;
                 }
@@ -605,7 +605,7 @@ impl SendEngine {
         let grp = &mut self.groups[g];
         debug_assert!(grp.used & (1 << i) == 0);
         grp.used |= 1 << i;
-        let out = (grp.r, i, grp.base.wrapping_add(i as u64), grp.bufs[i]);
+        let out = (grp.e.r, i, grp.e.base.wrapping_add(i as u64), grp.e.bufs[i]);
         while self.groups.front().is_some_and(Group::full) {
             self.groups.pop_front();
         }
@@ -617,42 +617,47 @@ impl SendEngine {
     /// k-th buffer with tag `t`, as the receiver matches them). Errors: the entry is out of
     /// sequence (a protocol violation; the comm fails).
     pub fn handle_cts(&mut self, now: u64, e: CtsEntry) -> Result<(), ReqError> {
-        if e.r != self.next_r || e.base != self.next_base {
-            let err = ReqError::Protocol(format!(
+        self.groups.push_back(Group { e, used: 0 });
+        self.adopt_newest(now)
+    }
+
+    /// [`SendEngine::handle_cts`] of the entry just pushed as the newest group (taken out
+    /// again if it is out of sequence).
+    fn adopt_newest(&mut self, now: u64) -> Result<(), ReqError> {
+        let e = &self.groups.back().expect("the caller pushed it").e;
+        let wrong = if e.r != self.next_r || e.base != self.next_base {
+            Some(format!(
                 "CTS for receive {} with base {} arrived, expected receive {} with base {}",
                 e.r, e.base, self.next_r, self.next_base
-            ));
-            self.fail(err.clone());
-            return Err(err);
-        }
-        if e.bufs[0].rkeys.len() != self.p.rkeys {
-            let err = ReqError::Protocol(format!(
+            ))
+        } else if e.bufs[0].rkeys.len() != self.p.rkeys {
+            Some(format!(
                 "CTS for receive {} carries {} rkeys per buffer, expected {} (the receiver's \
                  devices, from its listen handle)",
                 e.r,
                 e.bufs[0].rkeys.len(),
                 self.p.rkeys
-            ));
+            ))
+        } else {
+            None
+        };
+        if let Some(m) = wrong {
+            self.groups.pop_back();
+            let err = ReqError::Protocol(m);
             self.fail(err.clone());
             return Err(err);
         }
+        let (n, credits, zeros) = (e.n, e.credits, e.zeros);
         self.stats.cts += 1;
         self.next_r = self.next_r.wrapping_add(1);
-        self.next_base = self.next_base.wrapping_add(u64::from(e.n));
-        self.credits_granted = self.credits_granted.max(e.credits);
-        if e.zeros > 0 {
+        self.next_base = self.next_base.wrapping_add(u64::from(n));
+        self.credits_granted = self.credits_granted.max(credits);
+        if zeros > 0 {
             // This irecv's zero-length WRs are the last `zeros` of `credits`.
-            let start = e.credits.saturating_sub(u64::from(e.zeros));
-            self.zeros.push_back((start, e.credits));
+            let start = credits.saturating_sub(u64::from(zeros));
+            self.zeros.push_back((start, credits));
         }
-        self.exact_below = self.exact_below.max(e.credits);
-        self.groups.push_back(Group {
-            r: e.r,
-            base: e.base,
-            n: e.n,
-            bufs: e.bufs,
-            used: 0,
-        });
+        self.exact_below = self.exact_below.max(credits);
         // Only this new group can take a waiting send: each had no unmatched buffer with its
         // tag in any older group when it was sent (it is sent speculatively only while no group
         // is known) or when an older group's CTS was fed here, and buffers are never unmatched

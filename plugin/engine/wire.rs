@@ -288,6 +288,16 @@ pub struct CtsBuf {
     pub tag: i32,
 }
 
+impl CtsBuf {
+    /// [`CtsBuf::default`] as a constant: zero address, capacity and tag, one rkey 0.
+    pub const BLANK: CtsBuf = CtsBuf {
+        addr: 0,
+        cap: 0,
+        rkeys: Keys::one(0),
+        tag: 0,
+    };
+}
+
 /// A clear-to-send entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CtsEntry {
@@ -427,18 +437,38 @@ impl CtsEntry {
     /// `Ok(None)`: not (fully) written yet. `Err`: a complete entry that is not the expected
     /// one or is malformed (an rkey count `d` outside what its length holds).
     pub fn decode(b: &[u8], expect_r: u64) -> Result<Option<CtsEntry>, String> {
+        let mut e = CtsEntry::BLANK;
+        Ok(CtsEntry::decode_into(b, expect_r, &mut e)?.then_some(e))
+    }
+
+    /// An entry with no buffer filled in (every field 0, every buffer's rkeys one key 0): what
+    /// [`CtsEntry::decode_into`] writes over.
+    pub const BLANK: CtsEntry = CtsEntry {
+        r: 0,
+        credits: 0,
+        base: 0,
+        n: 0,
+        zeros: 0,
+        bufs: [CtsBuf::BLANK; MAX_RECVS],
+    };
+
+    /// [`CtsEntry::decode`] into `out`, where the reader keeps it (the sender decodes into
+    /// its newest known group, with no copy of the entry): `Ok(true)` the entry landed and
+    /// `out` holds it (buffers past `out.n` are left as they were), `Ok(false)` not (fully)
+    /// written yet, `out` untouched. `Err` as `decode`; `out` may be partly written.
+    pub fn decode_into(b: &[u8], expect_r: u64, out: &mut CtsEntry) -> Result<bool, String> {
         let len = b.len();
         if len != CTS_ENTRY_LEN && len != CTS_ENTRY_LEN_STRIPED {
             return Err(format!("CTS entry of {len} bytes"));
         }
-        let head = u64::from_le_bytes(b[0..8].try_into().unwrap_or_default());
-        let at = CtsEntry::tail_at(head, len);
-        let tail = u64::from_le_bytes(b[at..at + 8].try_into().unwrap_or_default());
-        if !CtsEntry::landed(head, tail, expect_r)? {
-            return Ok(None);
+        let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap_or_default());
+        let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap_or_default());
+        let head = u64_at(0);
+        if !CtsEntry::landed(head, u64_at(CtsEntry::tail_at(head, len)), expect_r)? {
+            return Ok(false);
         }
         let compact = head & CTS_COMPACT != 0;
-        let n = u32::from_le_bytes(b[24..28].try_into().unwrap_or_default());
+        let n = u32_at(24);
         if n == 0 || n as usize > MAX_RECVS || (compact && n != 1) {
             return Err(format!(
                 "CTS for receive {expect_r} announces {n} buffers ({})",
@@ -459,30 +489,31 @@ impl CtsEntry {
                  (1..={most})"
             ));
         }
-        let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap_or_default());
-        let mut bufs = [CtsBuf::default(); MAX_RECVS];
-        for (k, buf) in bufs.iter_mut().enumerate().take(n as usize) {
+        for (k, buf) in out.bufs.iter_mut().enumerate().take(n as usize) {
             let o = 32 + 24 * k;
-            let mut rk = [0u32; MAX_DEVS];
-            rk[0] = u32_at(o + 16);
-            for (j, r) in rk.iter_mut().enumerate().take(d).skip(1) {
-                *r = u32_at(ext_rkey(k, j));
-            }
+            let rkeys = if d == 1 {
+                Keys::one(u32_at(o + 16))
+            } else {
+                let mut rk = [0u32; MAX_DEVS];
+                rk[0] = u32_at(o + 16);
+                for (j, r) in rk.iter_mut().enumerate().take(d).skip(1) {
+                    *r = u32_at(ext_rkey(k, j));
+                }
+                Keys::new(&rk[..d]).unwrap_or_default()
+            };
             *buf = CtsBuf {
-                addr: u64::from_le_bytes(b[o..o + 8].try_into().unwrap_or_default()),
-                cap: u64::from_le_bytes(b[o + 8..o + 16].try_into().unwrap_or_default()),
-                rkeys: Keys::new(&rk[..d]).unwrap_or_default(),
-                tag: i32::from_le_bytes(b[o + 20..o + 24].try_into().unwrap_or_default()),
+                addr: u64_at(o),
+                cap: u64_at(o + 8),
+                rkeys,
+                tag: u32_at(o + 20) as i32,
             };
         }
-        Ok(Some(CtsEntry {
-            r: expect_r,
-            credits: u64::from_le_bytes(b[8..16].try_into().unwrap_or_default()),
-            base: u64::from_le_bytes(b[16..24].try_into().unwrap_or_default()),
-            n,
-            zeros: u32::from_le_bytes(b[28..32].try_into().unwrap_or_default()),
-            bufs,
-        }))
+        out.r = expect_r;
+        out.credits = u64_at(8);
+        out.base = u64_at(16);
+        out.n = n;
+        out.zeros = u32_at(28);
+        Ok(true)
     }
 }
 
