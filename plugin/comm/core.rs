@@ -228,9 +228,11 @@ impl<R: Role> Core<R> {
 
     /// Polls every QP's CQ once (QP 0 first) and feeds the completions, the CTS ring and
     /// the credit word to the engine (the `wr_id` says what each completion is, whichever QP
-    /// it came from); returns how many completions it polled. Makes no system call of its own
-    /// (the verbs poll is a read of mapped memory; the tcp transport reads its data streams).
-    fn poll_and_feed(&mut self, now: u64) -> usize {
+    /// it came from); returns how many completions it polled, and whether it fed anything
+    /// that can have changed what `test` answers (a completion, a CTS, a failed poll). Makes
+    /// no system call of its own (the verbs poll is a read of mapped memory; the tcp transport
+    /// reads its data streams).
+    fn poll_and_feed(&mut self, now: u64) -> (usize, bool) {
         let mut wcs = std::mem::take(&mut self.wcs);
         wcs.clear();
         let mut polled = Ok(0);
@@ -249,32 +251,35 @@ impl<R: Role> Core<R> {
             }
             self.side.handle_wc(now, wc);
         }
-        self.side.after_poll(now);
+        let cts = self.side.after_poll(now);
         self.wcs = wcs;
         if let Err(e) = polled {
             let err = ReqError::Remote(format!("polling the completion queue failed: {e}"));
             self.side.fail(err);
-            return 0;
+            return (0, true);
         }
-        n
+        (n, n > 0 || cts)
     }
 
     /// Polls the CQ, reads the CTS ring and credit word, feeds the engine, executes actions,
-    /// and runs the watchdog.
-    pub(super) fn progress(&mut self, now: u64) -> Result<(), Error> {
-        self.poll_and_feed(now);
+    /// and runs the watchdog. `Ok(false)`: nothing it did can have changed what `test`
+    /// answers for any request (no completion, no CTS, no failure), so a caller that asked
+    /// the engine just before needs not ask again.
+    pub(super) fn progress(&mut self, now: u64) -> Result<bool, Error> {
+        let (_, mut changed) = self.poll_and_feed(now);
         if self.watch.peer_check_due(now) && self.qps[0].peer_closed() {
             // Completions the CQ holds already are delivered before the close is reported.
             for _ in 0..MAX_DRAIN_POLLS {
-                if self.poll_and_feed(now) == 0 {
+                if self.poll_and_feed(now).0 == 0 {
                     break;
                 }
             }
             self.report_peer_gone();
+            changed = true;
         }
         self.execute()?;
         self.watchdog(now);
-        Ok(())
+        Ok(changed || self.side.failure().is_some())
     }
 
     /// Carries out the engine's actions in order ([`Executor`]); a failure

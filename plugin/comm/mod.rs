@@ -235,15 +235,21 @@ impl<R: Role> Comm<R> {
             // A request an earlier call completed (its actions carried out) is reported
             // without polling again, as NCCL IB's `ncclIbTest` returns at once for a request
             // with no events left (`src/transport/net_ib/p2p.cc`): the next call polls.
-            if !g.side.has_actions() {
+            let asked = !g.side.has_actions();
+            if asked {
                 match g.side.test(id) {
                     Ok(None) => {}
                     r => return r.map_err(|e| Error::req(Op::Test, e)),
                 }
             }
-            let progressed = g.progress(now_ns());
+            // A poll that fed nothing leaves the answer just given (most calls of a caller
+            // spinning on `test`).
+            let changed = g.progress(now_ns());
+            if asked && matches!(changed, Ok(false)) {
+                return Ok(None);
+            }
             let r = g.side.test(id);
-            progressed?;
+            changed?;
             r.map_err(|e| Error::req(Op::Test, e))
         })
     }
@@ -254,7 +260,7 @@ impl<R: Role> Comm<R> {
     pub fn progress(&self) -> Result<(), Error> {
         let _label = self.log_label.enter();
         let mut g = self.lock()?;
-        g.sticky_call(|g| g.progress(now_ns()))
+        g.sticky_call(|g| g.progress(now_ns()).map(|_| ()))
     }
 
     /// The error every call of this comm returns from now on, once a call returned a usage or

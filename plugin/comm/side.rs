@@ -52,8 +52,10 @@ pub(super) mod sealed {
         /// Feeds one completion to the engine.
         fn handle_wc(&mut self, now: u64, wc: &Wc);
         /// After a CQ poll: the sender reads the CTS ring and credit word, the receiver
-        /// re-posts, grows from the pool and returns the credits it owes.
-        fn after_poll(&mut self, now: u64);
+        /// re-posts, grows from the pool and returns the credits it owes. True when what it
+        /// read can have changed what `test` answers (the sender read a CTS, which matches
+        /// speculative sends); the receiver's requests move only on completions.
+        fn after_poll(&mut self, now: u64) -> bool;
         /// Carries out the engine's actions with `exec` on the connection's `qps` (QP 0
         /// first) and this side's buffers.
         fn execute(
@@ -158,9 +160,9 @@ impl sealed::Side for SendSide {
     fn handle_wc(&mut self, now: u64, wc: &Wc) {
         self.engine.handle_wc(now, wc)
     }
-    fn after_poll(&mut self, now: u64) {
+    fn after_poll(&mut self, now: u64) -> bool {
         let written = [&self.bufs.cts_ring, &self.bufs.credit_word];
-        self.engine.poll_peer_writes(now, &Regions(&written));
+        self.engine.poll_peer_writes(now, &Regions(&written))
     }
     fn execute(
         &mut self,
@@ -214,9 +216,10 @@ impl sealed::Side for RecvSide {
     fn handle_wc(&mut self, now: u64, wc: &Wc) {
         self.engine.handle_wc(now, wc, &RecvMem(&self.bufs))
     }
-    fn after_poll(&mut self, now: u64) {
+    fn after_poll(&mut self, now: u64) -> bool {
         self.engine
             .after_poll(now, &mut PoolSource(&self.bufs.pool));
+        false
     }
     fn execute(
         &mut self,
