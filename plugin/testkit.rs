@@ -203,7 +203,7 @@ pub fn wait_with<R: Role>(
 ) -> Result<Vec<u64>, Error> {
     for _ in 0..max_polls {
         if let Some(s) = comm.test(id).map_err(|e| e.lift(Op::Test))? {
-            return Ok(s);
+            return Ok(s.to_vec());
         }
         pump();
     }
@@ -214,7 +214,7 @@ pub fn wait_with<R: Role>(
 pub fn wait<R: Role>(comm: &Comm<R>, id: ReqId, max_polls: u64) -> Result<Vec<u64>, Error> {
     for _ in 0..max_polls {
         if let Some(s) = comm.test(id).map_err(|e| e.lift(Op::Test))? {
-            return Ok(s);
+            return Ok(s.to_vec());
         }
     }
     Err(not_done(max_polls))

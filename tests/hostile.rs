@@ -594,7 +594,7 @@ fn poll_req<R: Role>(c: &Comm<R>, req: Result<nccl_net_verbsnet::engine::ReqId, 
         Err(e) => Some(Err(e)),
         Ok(id) => match c.test(id) {
             Ok(None) => None,
-            other => Some(other.map(|v| v.unwrap())),
+            other => Some(other.map(|v| v.unwrap().to_vec())),
         },
     }
 }
@@ -744,7 +744,7 @@ fn completions_in_the_cq_are_delivered_before_the_peer_close_is_reported() {
         }
         assert_eq!(
             got,
-            Some(Ok(Some(vec![64; GROUP]))),
+            Some(Ok(Some(nccl_net_verbsnet::engine::Sizes::of(&[64; GROUP])))),
             "receive {i} of {RECVS}: its data was sent before the close"
         );
     }

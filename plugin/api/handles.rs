@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 
 use super::{Context, Error, Op, MAX_P2P_BYTES};
 use crate::comm::{self, Class, Mr};
-use crate::engine::ReqId;
+use crate::engine::{ReqId, Sizes};
 use crate::mem::Region;
 
 /// A send comm (from [`super::connect`]): `isend`, and `test` of its requests.
@@ -311,7 +311,7 @@ impl RecvComm {
 
 /// `test(request)` on the comm the request belongs to (the handle holds it): `Ok(Some(sizes))`
 /// when done (one size for a send, n for a grouped receive).
-pub fn test(req: &ReqHandle) -> Result<Option<Vec<u64>>, Error> {
+pub fn test(req: &ReqHandle) -> Result<Option<Sizes>, Error> {
     let id = req.id();
     match &req.owner {
         Owner::Send(c) => c.test(id),

@@ -47,7 +47,9 @@ pub use self::side::{RecvSide, Role, SendSide};
 use self::core::Core;
 use crate::config::Config;
 use crate::engine::wire::MAX_RECVS;
-use crate::engine::{RecvBuf, RecvEngine, RecvParams, ReqError, ReqId, SendEngine, SendParams};
+use crate::engine::{
+    RecvBuf, RecvEngine, RecvParams, ReqError, ReqId, SendEngine, SendParams, Sizes,
+};
 use crate::log::Label;
 use crate::mem::Region;
 use crate::transport::{Device, QueuePair};
@@ -228,7 +230,7 @@ impl<R: Role> Comm<R> {
     }
 
     /// `test`: `Ok(Some(sizes))` when done (one size for a send, n for a grouped receive).
-    pub fn test(&self, id: ReqId) -> Result<Option<Vec<u64>>, Error> {
+    pub fn test(&self, id: ReqId) -> Result<Option<Sizes>, Error> {
         let _label = self.log_label.enter();
         let mut g = self.lock()?;
         g.sticky_call(|g| {

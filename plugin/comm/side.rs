@@ -15,8 +15,8 @@ use super::pool::BouncePool;
 use super::{Class, Error, Op};
 use crate::engine::wire::{Keys, MAX_RECVS};
 use crate::engine::{
-    ActionSink, BounceSource, Executor, RecvBuf, RecvEngine, ReqError, ReqId, SendEngine, Stall,
-    Stats, MAX_RECV_REQUESTS, MAX_SEND_REQUESTS,
+    ActionSink, BounceSource, Executor, RecvBuf, RecvEngine, ReqError, ReqId, SendEngine, Sizes,
+    Stall, Stats, MAX_RECV_REQUESTS, MAX_SEND_REQUESTS,
 };
 use crate::mem::Region;
 use crate::transport::{QueuePair, RecvWr, SendWr, Wc};
@@ -25,7 +25,7 @@ pub(super) mod sealed {
     use std::sync::Arc;
 
     use super::super::pool::BouncePool;
-    use super::{Error, Executor, QueuePair, ReqError, ReqId, Stall, Stats, Wc};
+    use super::{Error, Executor, QueuePair, ReqError, ReqId, Sizes, Stall, Stats, Wc};
 
     /// Pool bounce buffers (addr, lkey) a dropped comm gives back to their pool.
     pub type Held = (Arc<BouncePool>, Vec<(u64, u32)>);
@@ -66,7 +66,7 @@ pub(super) mod sealed {
         /// Extra `name=value` words for a stall report.
         fn stall_counters(&self, _out: &mut Vec<String>) {}
         /// `test`: the sizes when done.
-        fn test(&mut self, id: ReqId) -> Result<Option<Vec<u64>>, ReqError>;
+        fn test(&mut self, id: ReqId) -> Result<Option<Sizes>, ReqError>;
         /// On drop: the pool buffers the engine still holds, to give back after the QP.
         fn release(&mut self) -> Option<Held>;
     }
@@ -184,8 +184,8 @@ impl sealed::Side for SendSide {
             self.engine.credits_available()
         ));
     }
-    fn test(&mut self, id: ReqId) -> Result<Option<Vec<u64>>, ReqError> {
-        self.engine.test(id).map(|o| o.map(|s| vec![s]))
+    fn test(&mut self, id: ReqId) -> Result<Option<Sizes>, ReqError> {
+        self.engine.test(id).map(|o| o.map(|s| Sizes::of(&[s])))
     }
     fn release(&mut self) -> Option<sealed::Held> {
         None
@@ -235,7 +235,7 @@ impl sealed::Side for RecvSide {
         };
         exec.execute(&mut self.engine, sink)
     }
-    fn test(&mut self, id: ReqId) -> Result<Option<Vec<u64>>, ReqError> {
+    fn test(&mut self, id: ReqId) -> Result<Option<Sizes>, ReqError> {
         let r = self.engine.test(id);
         if !matches!(r, Ok(None)) {
             if let Some(d) = self.dst.get_mut(id.slot as usize) {

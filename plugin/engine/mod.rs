@@ -69,6 +69,45 @@ pub use recv::{RecvBuf, RecvEngine, RecvParams};
 pub use send::{SendEngine, SendParams};
 pub use wire::Keys;
 
+/// The sizes a completed request reports: one for a send, one per buffer (`1..=`
+/// [`wire::MAX_RECVS`]) for a grouped receive, in bytes. Kept inline (no allocation per
+/// completed `test`); reads as a `&[u64]`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Sizes {
+    n: u8,
+    v: [u64; wire::MAX_RECVS],
+}
+
+impl Sizes {
+    /// The first `min(sizes.len(), MAX_RECVS)` of `sizes`.
+    #[must_use]
+    pub fn of(sizes: &[u64]) -> Sizes {
+        let n = sizes.len().min(wire::MAX_RECVS);
+        let mut v = [0; wire::MAX_RECVS];
+        v[..n].copy_from_slice(&sizes[..n]);
+        Sizes { n: n as u8, v }
+    }
+}
+
+impl std::ops::Deref for Sizes {
+    type Target = [u64];
+    fn deref(&self) -> &[u64] {
+        &self.v[..usize::from(self.n)]
+    }
+}
+
+impl fmt::Debug for Sizes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+impl PartialEq<Vec<u64>> for Sizes {
+    fn eq(&self, other: &Vec<u64>) -> bool {
+        **self == **other
+    }
+}
+
 /// Send request slots per send comm: NCCL may keep `NCCL_NET_MAX_REQUESTS` (32) requests per
 /// comm, times `maxRecvs` (8) on the send side (ext-net README).
 pub const MAX_SEND_REQUESTS: usize = 256;

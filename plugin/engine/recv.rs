@@ -8,8 +8,8 @@ use super::wire::{
     self, CtsBuf, CtsEntry, EagerHeader, Keys, EAGER_HDR_LEN, MAX_RECVS, REC_SLOTS, REC_TOO_BIG,
 };
 use super::{
-    wc_error, wr_parse, Action, MemRead, ReqError, ReqId, Slots, StageBytes, Stall, Stats, WrKind,
-    CTRL_STAGE_SLOTS, CTS_RING_ENTRIES, MAX_RECV_REQUESTS,
+    wc_error, wr_parse, Action, MemRead, ReqError, ReqId, Sizes, Slots, StageBytes, Stall, Stats,
+    WrKind, CTRL_STAGE_SLOTS, CTS_RING_ENTRIES, MAX_RECV_REQUESTS,
 };
 use crate::transport::{SendOpcode, SendWr, Sge, Wc, WcOpcode, WcStatus};
 
@@ -860,7 +860,7 @@ impl RecvEngine {
 
     /// Polls request `id`: `Ok(Some(sizes))` once every buffer received its send (the slot is
     /// then free; `sizes[i]` = bytes received into buffer `i`), `Ok(None)` while in progress.
-    pub fn test(&mut self, id: ReqId) -> Result<Option<Vec<u64>>, ReqError> {
+    pub fn test(&mut self, id: ReqId) -> Result<Option<Sizes>, ReqError> {
         // (Leaves `settled` alone: what `after_poll` does depends on the receive queue and the
         // credits, never on the requests `test` hands back.)
         let Some(req) = self.reqs.get(id) else {
@@ -878,7 +878,7 @@ impl RecvEngine {
         if req.arrived < req.n {
             return Ok(None);
         }
-        let sizes = req.sizes[..req.n as usize].to_vec();
+        let sizes = Sizes::of(&req.sizes[..req.n as usize]);
         self.retire(id);
         self.stats.ops += 1;
         self.stats.bytes += sizes.iter().sum::<u64>();

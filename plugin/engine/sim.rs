@@ -894,7 +894,9 @@ impl Pair {
     /// Drives until receive `id` finishes. When its contents were given ([`Pair::expect`]),
     /// checks them at the moment `test` reports it complete (before any further step).
     pub fn wait_recv(&mut self, id: ReqId) -> Result<Vec<u64>, ReqError> {
-        let r = self.wait(|p| p.rcv.test(id));
+        let r = self
+            .wait(|p| p.rcv.test(id))
+            .map(|s: super::Sizes| s.to_vec());
         if let Ok(sizes) = &r {
             self.check_expected(id, Some(sizes));
         }

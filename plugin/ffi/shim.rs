@@ -501,7 +501,7 @@ entry! {
         if let (Some(v), false) = (&r, sizes.is_null()) {
             // NCCL passes room for the request's sizes: 1 for a send, n for a grouped receive.
             let out = array!(mut sizes, v.len(), "sizes");
-            for (o, &s) in out.iter_mut().zip(v) {
+            for (o, &s) in out.iter_mut().zip(v.iter()) {
                 // Sizes never exceed maxP2pBytes (1 GiB), so they fit an int.
                 *o = c_int::try_from(s).map_err(|_| {
                     Error::new(OP, Class::Internal, format!("completed size {s} exceeds int"))

@@ -193,7 +193,7 @@ fn with_several_qps_a_buffer_completes_once_every_qp_it_uses_reported() {
     e.handle_wc(1, &on_qp(1, 0, 1, 0), &NoMem);
     assert_eq!(e.test(a), Ok(None), "QP 2 has not reported buffer 1");
     e.handle_wc(1, &on_qp(2, 0, 1, 0), &NoMem);
-    assert_eq!(e.test(a), Ok(Some(vec![64, 7])));
+    assert_eq!(e.test(a), Ok(Some(Sizes::of(&[64, 7]))));
     assert_eq!(e.stats().rendezvous, 2);
 
     // Round robin over 3 QPs: buffer g on QP g % 3 (and QP 0); buffer 0 needs QP 0 alone.
@@ -206,7 +206,7 @@ fn with_several_qps_a_buffer_completes_once_every_qp_it_uses_reported() {
     e.handle_wc(1, &arrival(0, 2, false, 0), &NoMem);
     assert_eq!(e.test(a), Ok(None), "buffer 1's payload is still on QP 1");
     e.handle_wc(1, &on_qp(1, 0, 1, 9), &NoMem);
-    assert_eq!(e.test(a), Ok(Some(vec![3, 9, 50])));
+    assert_eq!(e.test(a), Ok(Some(Sizes::of(&[3, 9, 50]))));
 }
 
 #[test]
