@@ -612,6 +612,17 @@ mod tests {
     }
 
     #[test]
+    fn sizes_read_as_the_slice_given_up_to_max_recvs() {
+        let s = Sizes::of(&[64, 7, 0]);
+        assert_eq!(&*s, &[64, 7, 0]);
+        assert_eq!(s, vec![64, 7, 0]);
+        assert_eq!(format!("{s:?}"), "[64, 7, 0]");
+        let all: Vec<u64> = (1..=10).collect();
+        assert_eq!(&*Sizes::of(&all), &all[..wire::MAX_RECVS]);
+        assert!(Sizes::of(&[]).is_empty());
+    }
+
+    #[test]
     fn slots_detect_stale_handles_and_refill() {
         let mut s: Slots<u8> = Slots::new(2);
         let a = s.insert(1).unwrap();
