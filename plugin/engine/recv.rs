@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 
 use super::wire::{
-    self, CtsBuf, CtsEntry, EagerHeader, Keys, EAGER_HDR_LEN, MAX_RECVS, REC_SLOTS, REC_TOO_BIG,
+    self, CtsBuf, CtsEntry, EagerHeader, EAGER_HDR_LEN, MAX_RECVS, REC_SLOTS, REC_TOO_BIG,
 };
 use super::{
     wc_error, wr_parse, Action, MemRead, ReqError, ReqId, Sizes, Slots, StageBytes, Stall, Stats,
@@ -76,19 +76,11 @@ impl RecvParams {
     }
 }
 
-/// One buffer of a (grouped) receive.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RecvBuf {
-    /// Virtual address of the user buffer.
-    pub addr: u64,
-    /// Capacity in bytes.
-    pub cap: u64,
-    /// Remote keys the sender may write with, one per device of this end
-    /// ([`RecvParams::rkeys`]).
-    pub rkeys: Keys,
-    /// Tag expected for this buffer.
-    pub tag: i32,
-}
+/// One buffer of a (grouped) receive: the user buffer's address, its capacity in bytes, the
+/// remote keys the sender may write with (one per device of this end, [`RecvParams::rkeys`])
+/// and the tag it expects. The buffer its CTS entry announces, field for field, so `irecv`
+/// encodes the entry from the buffers it was given.
+pub type RecvBuf = CtsBuf;
 
 #[derive(Debug)]
 struct RecvReq {
@@ -381,28 +373,14 @@ impl RecvEngine {
         let zeros = self.cover_posted_receives();
         self.cover_data_qps();
 
-        let mut cb = [CtsBuf::default(); MAX_RECVS];
-        for (c, u) in cb.iter_mut().zip(bufs) {
-            *c = CtsBuf {
-                addr: u.addr,
-                cap: u.cap,
-                rkeys: u.rkeys,
-                tag: u.tag,
-            };
-        }
-        let entry = CtsEntry {
-            r,
-            credits: self.granted,
-            base,
-            n,
-            zeros,
-            bufs: cb,
-        };
         let (stage, cts_id, signaled) = self.ctrl_slot(WrKind::Cts).expect("checked above");
-        let len = self.p.cts_entry_len();
         // `len` bytes, or the 64-byte compact entry for one buffer on one device
-        // (wire::CTS_COMPACT_LEN): the WRITE carries what `encode` gave.
-        let bytes = StageBytes::filled(entry.encoded_len(len), |b| entry.encode_into(b));
+        // (wire::CTS_COMPACT_LEN): the WRITE carries what `encode_parts` gave.
+        let len = self.p.cts_entry_len();
+        let granted = self.granted;
+        let bytes = StageBytes::filled(CtsEntry::len_of(bufs, len), |b| {
+            CtsEntry::encode_parts(r, granted, base, zeros, bufs, b)
+        });
         let written = bytes.len() as u32;
         self.actions.push(Action::Stage { addr: stage, bytes });
         self.actions.push(Action::PostSend(SendWr {

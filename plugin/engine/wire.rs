@@ -331,35 +331,58 @@ impl CtsEntry {
     /// [`CTS_COMPACT_LEN`] for one buffer with one rkey.
     #[must_use]
     pub fn encoded_len(&self, len: usize) -> usize {
-        if self.is_compact() {
+        CtsEntry::len_of(self.announced(), len)
+    }
+
+    /// The buffers the entry announces (`bufs[..n]`).
+    fn announced(&self) -> &[CtsBuf] {
+        &self.bufs[..(self.n as usize).min(MAX_RECVS)]
+    }
+
+    /// [`CtsEntry::encoded_len`] of an entry announcing `bufs`.
+    #[must_use]
+    pub fn len_of(bufs: &[CtsBuf], len: usize) -> usize {
+        if CtsEntry::compact(bufs) {
             CTS_COMPACT_LEN
         } else {
             len
         }
     }
 
-    fn is_compact(&self) -> bool {
-        self.n == 1 && self.bufs[0].rkeys.len() == 1
+    /// One buffer with one rkey: the 64-byte compact form.
+    fn compact(bufs: &[CtsBuf]) -> bool {
+        bufs.len() == 1 && bufs[0].rkeys.len() == 1
     }
 
     /// [`CtsEntry::encode`] into `b` (zeroed, [`CtsEntry::encoded_len`] bytes long), without
     /// allocating.
     pub fn encode_into(&self, b: &mut [u8]) {
-        let d = self.bufs[0].rkeys.len();
+        let e = self;
+        CtsEntry::encode_parts(e.r, e.credits, e.base, e.zeros, e.announced(), b);
+    }
+
+    /// [`CtsEntry::encode_into`] of the entry of receive `r` with these fields and buffers
+    /// (`1..=MAX_RECVS`, each with the same number of rkeys), without building the entry: what
+    /// the receiver's `irecv` stages. `b` is zeroed and [`CtsEntry::len_of`] bytes long; the
+    /// slots of a full entry past the last buffer stay zero, as a default buffer encodes.
+    pub fn encode_parts(
+        r: u64,
+        credits: u64,
+        base: u64,
+        zeros: u32,
+        bufs: &[CtsBuf],
+        b: &mut [u8],
+    ) {
+        let d = bufs.first().map_or(1, |b| b.rkeys.len());
         // A compact entry is the full one's first 56 bytes (header and buffer 0) and its tail.
-        let compact = self.is_compact();
+        let compact = CtsEntry::compact(bufs);
         let len = b.len();
-        let bufs = if compact {
-            &self.bufs[..1]
-        } else {
-            &self.bufs[..]
-        };
-        let seq = seq_word(self.r, compact);
+        let seq = seq_word(r, compact);
         b[0..8].copy_from_slice(&seq.to_le_bytes());
-        b[8..16].copy_from_slice(&self.credits.to_le_bytes());
-        b[16..24].copy_from_slice(&self.base.to_le_bytes());
-        b[24..28].copy_from_slice(&self.n.to_le_bytes());
-        b[28..32].copy_from_slice(&self.zeros.to_le_bytes());
+        b[8..16].copy_from_slice(&credits.to_le_bytes());
+        b[16..24].copy_from_slice(&base.to_le_bytes());
+        b[24..28].copy_from_slice(&(bufs.len() as u32).to_le_bytes());
+        b[28..32].copy_from_slice(&zeros.to_le_bytes());
         for (k, buf) in bufs.iter().enumerate() {
             let o = 32 + 24 * k;
             b[o..o + 8].copy_from_slice(&buf.addr.to_le_bytes());

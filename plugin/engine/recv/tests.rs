@@ -1,6 +1,7 @@
 //! Unit tests of the receive engine (`super`), fed by hand.
 
 use super::*;
+use crate::engine::wire::Keys;
 
 fn params() -> RecvParams {
     RecvParams {

@@ -369,7 +369,11 @@ fn peer_writes_are_read_in_order_and_a_torn_entry_waits() {
     assert!(e.poll_peer_writes(1, &w));
     assert_eq!(e.expected_cts(), 1, "the torn entry is left for later");
     // (it is decoded into a new group, which goes again: only entry 0's group is known)
-    assert!(e.debug_state().contains(" groups=1 "), "{}", e.debug_state());
+    assert!(
+        e.debug_state().contains(" groups=1 "),
+        "{}",
+        e.debug_state()
+    );
     w.ring[CTS_ENTRY_LEN..CTS_ENTRY_LEN + one.len()].copy_from_slice(&one);
     assert!(e.poll_peer_writes(2, &w));
     assert_eq!(e.expected_cts(), 2);
@@ -384,7 +388,11 @@ fn peer_writes_are_read_in_order_and_a_torn_entry_waits() {
         "{:?}",
         e.failure()
     );
-    assert!(e.debug_state().contains(" groups=2 "), "{}", e.debug_state());
+    assert!(
+        e.debug_state().contains(" groups=2 "),
+        "{}",
+        e.debug_state()
+    );
 }
 
 fn mqp_params(qps: u8, split: bool) -> SendParams {
