@@ -29,6 +29,9 @@
 # log names rxe0, the automatic GID (index 1, this host's ::ffff:192.0.2.x, never fe80::), the
 # path MTU, and the out-of-band address on eth0 (never the decoy). One PASS/FAIL line per step
 # (printed by vm-a), then "twohost-suite: N passed, M failed"; exit 0 only when all passed.
+# After a failed step vm-a checks that vm-b still answers on the wire; if not (the emulated
+# wire broke: "WIRE" line), both stop and the host boots them again once (exit 3 if it breaks
+# again).
 # Logs: $TWOHOST_LOGS/<step>.rank<R>.log. ~2-3 min on 2 cores (boot ~15 s, steps 5-20 s each).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -45,12 +48,22 @@ if [ "${1:-}" = --guest ]; then
     [ "$role" = a ] && other=b
     passed=0; failed=0; failures=()
     secs() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f s", b - a }'; }
-    # barrier NAME: both hosts reach NAME (files in the shared log directory), 180 s at most
+    # wire_up: whether the other host answers on the wire. A TCP connect to a port nobody
+    # listens on (9) is refused by a live peer at once; a broken wire gives "No route to host"
+    # (ARP failed) or no answer. Needs nothing but bash (the guest has no ping).
+    wire_up() {
+        local out
+        out=$(timeout 5 bash -c "exec 3<>/dev/tcp/$TWOVM_PEER/9" 2>&1)
+        [[ $out == *"Connection refused"* ]]
+    }
+    # barrier NAME: both hosts reach NAME (files in the shared log directory), 180 s at most;
+    # exit 3 once the other host found the wire down
     barrier() {
         : > "$logs/.barrier.$1.$role"
         local i
         for i in $(seq 1800); do
             [ -e "$logs/.barrier.$1.$other" ] && return 0
+            [ -e "$logs/.wire_down" ] && exit 3
             sleep 0.1
         done
         # the other VM is gone or stuck: every later step would wait as long
@@ -131,6 +144,15 @@ if [ "${1:-}" = --guest ]; then
             for l in "$logs/$name".rank*.log; do
                 echo "---- last lines of $l"; tail -n 15 "$l" | sed 's/^/    /'
             done
+            # A dead virtual wire (QEMU's socket netdev between the VMs; seen once mid-step,
+            # both VMs alive) fails this step and every later one: say so and stop.
+            if ! wire_up; then
+                echo "twohost-suite: WIRE  vm-b ($TWOVM_PEER) no longer answers on the wire (a TCP" \
+                    "connect to it was not refused): the emulated network between the VMs failed" \
+                    "during $name, not necessarily the plugin; stopping"
+                : > "$logs/.wire_down"
+                exit 3
+            fi
         fi
     }
 
@@ -183,12 +205,20 @@ echo "twohost-suite: booting vm-a and vm-b (logs: ${logs#"$ROOT"/})" >&2
 share=(-w "$ROOT")
 case "$logs" in "$ROOT"/*) ;; *) share+=(-w "$logs") ;; esac
 set +e
-SOFTROCE_DECOYS="docker0=172.17.0.1/16" "$HERE/run-two-vms.sh" "${share[@]}" \
-    -T "${TWOHOST_TIMEOUT:-600}" -- bash "$HERE/twohost-suite.sh" --guest "$logs"
-rc=$?
+for attempt in 1 2; do
+    rm -f "$logs"/.barrier.* "$logs"/.result.* "$logs"/.wire_down
+    SOFTROCE_DECOYS="docker0=172.17.0.1/16" "$HERE/run-two-vms.sh" "${share[@]}" \
+        -T "${TWOHOST_TIMEOUT:-600}" -- bash "$HERE/twohost-suite.sh" --guest "$logs"
+    rc=$?
+    # 3: vm-a found the wire between the VMs dead after a failed step (WIRE line above).
+    # Boot both again once: a second dead wire fails the suite.
+    [ "$rc" = 3 ] && [ "$attempt" = 1 ] || break
+    echo "twohost-suite: the virtual wire failed; booting both VMs again (once)" >&2
+done
 set -e
 case $rc in
     0) ;;
+    3) echo "twohost-suite: FAIL (the virtual wire between the VMs failed twice)" >&2 ;;
     124) echo "twohost-suite: FAIL (the VMs timed out after ${TWOHOST_TIMEOUT:-600} s)" >&2 ;;
     255) echo "twohost-suite: FAIL (a VM or its rxe setup failed)" >&2 ;;
 esac
