@@ -67,7 +67,7 @@ pub fn now_ns() -> u64 {
     let coarse = || {
         nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC_COARSE)
             .ok()
-            .map(|t| (t.tv_sec() as u64).saturating_mul(1_000_000_000) + t.tv_nsec() as u64)
+            .map(timespec_ns)
     };
     match BASE.get_or_init(coarse) {
         Some(base) => coarse().map_or(0, |t| t.saturating_sub(*base)),
@@ -83,10 +83,13 @@ pub fn clock_res_ns() -> u64 {
     *RES.get_or_init(|| {
         nix::time::clock_getres(nix::time::ClockId::CLOCK_MONOTONIC_COARSE)
             .ok()
-            .map_or(0, |t| {
-                (t.tv_sec() as u64).saturating_mul(1_000_000_000) + t.tv_nsec() as u64
-            })
+            .map_or(0, timespec_ns)
     })
+}
+
+/// A `timespec` (of `clock_gettime` or `clock_getres`) in nanoseconds.
+fn timespec_ns(t: nix::sys::time::TimeSpec) -> u64 {
+    (t.tv_sec() as u64).saturating_mul(1_000_000_000) + t.tv_nsec() as u64
 }
 
 /// Whether more than `limit` nanoseconds have surely passed between two [`now_ns`] readings
