@@ -275,7 +275,7 @@ impl EagerHeader {
 }
 
 /// One receive buffer announced in a CTS.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CtsBuf {
     /// Receiver virtual address.
     pub addr: u64,
@@ -289,13 +289,20 @@ pub struct CtsBuf {
 }
 
 impl CtsBuf {
-    /// [`CtsBuf::default`] as a constant: zero address, capacity and tag, one rkey 0.
+    /// Zero address, capacity and tag, one rkey 0 (also [`CtsBuf::default`]); a constant, so
+    /// that [`CtsEntry::BLANK`] can repeat it.
     pub const BLANK: CtsBuf = CtsBuf {
         addr: 0,
         cap: 0,
         rkeys: Keys::one(0),
         tag: 0,
     };
+}
+
+impl Default for CtsBuf {
+    fn default() -> CtsBuf {
+        CtsBuf::BLANK
+    }
 }
 
 /// A clear-to-send entry.
