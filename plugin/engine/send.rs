@@ -213,15 +213,15 @@ impl SendEngine {
         while self.failed.is_none() {
             let r = self.next_r;
             let at = self.p.cts_ring + (r % CTS_RING_ENTRIES as u64) * len as u64;
+            let unreadable =
+                || ReqError::Local(format!("CTS ring slot at {at:#x} is not readable"));
             // The head sequence word first: most polls find no new entry, and then the rest
             // needs no copy. Once it names the entry, the entry is copied once, up to where its
             // tail word ends (a compact entry's at 64, a full one's at the slot's end), and
             // `decode` checks both words of the copy: a tail not landed yet leaves the entry
             // for a later poll.
             let Some(head) = mem.read_u64(at) else {
-                self.fail(ReqError::Local(format!(
-                    "CTS ring slot at {at:#x} is not readable"
-                )));
+                self.fail(unreadable());
                 break;
             };
             if CtsEntry::head_pending(head, r) {
@@ -233,9 +233,7 @@ impl SendEngine {
             let mut whole = [0u8; CTS_ENTRY_LEN_STRIPED];
             let b = &mut whole[..len];
             if !mem.read(at, &mut b[..end]) {
-                self.fail(ReqError::Local(format!(
-                    "CTS ring slot at {at:#x} is not readable"
-                )));
+                self.fail(unreadable());
                 break;
             }
             // Decoded where it is kept, the newest known group (no copy of the entry); taken
