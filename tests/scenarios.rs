@@ -1110,6 +1110,118 @@ fn grouped_receive_with_shuffled_tags_fills_the_right_buffers() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// 7a. Work per call (issue 22): NCCL IB's `ncclIbIsend` reads its CTS FIFO and `ncclIbIrecv`
+// posts, neither polls the CQ (net_ib/p2p.cc). A request the engine can start from what it
+// knows costs no poll here either; a "retry later" always comes after one, and `test` polls.
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn a_request_the_engine_can_start_polls_no_cq_and_retry_later_always_polls() {
+    let _g = serial();
+    let Some((dev, kind)) = device("polls") else {
+        return;
+    };
+    // No peer check falls due while the test runs (one makes the next call poll, by design).
+    let cfg = Config {
+        peer_check_interval: Duration::from_secs(3600),
+        ..base_cfg()
+    };
+    let l = link(&dev, kind, &cfg, &cfg);
+    // Above the 8 KiB eager limit: a send of it waits for its clear-to-send.
+    const CAP: usize = 65536;
+    let sb = Buf::new(&dev, 8 * CAP).unwrap();
+    let rb = Buf::new(&dev, 8 * CAP).unwrap();
+    let polls = |c: &dyn Fn() -> u64, f: &mut dyn FnMut()| {
+        let p = c();
+        f();
+        c() - p
+    };
+    let (sp, rp) = (
+        || counter(&l.send, "cq_polls"),
+        || counter(&l.recv, "cq_polls"),
+    );
+    // A watchdog turn (once a second) may fall due inside a block of calls and poll once.
+    let turns = |t: Instant| t.elapsed().as_secs() + 1;
+
+    // A rendezvous send with no receive posted: "retry later", each after one poll.
+    let mut refused = 0;
+    let d = polls(&sp, &mut || {
+        for _ in 0..5 {
+            let r = l.send.isend(sb.addr(0), CAP as u64, 1, &sb.mr).unwrap();
+            assert!(r.is_none(), "a send with no receive posted started");
+            refused += 1;
+        }
+    });
+    assert_eq!(d, refused, "every retry later follows exactly one poll");
+
+    // The receiver posts a group of two buffers (tags 1, 2) and six single receives (tag 3).
+    let t0 = Instant::now();
+    let mut recvs = Vec::new();
+    let d = polls(&rp, &mut || {
+        recvs.push(
+            l.recv
+                .irecv(&[
+                    (rb.addr(0), CAP as u64, 1, &rb.mr),
+                    (rb.addr(CAP), CAP as u64, 2, &rb.mr),
+                ])
+                .unwrap()
+                .expect("receive started"),
+        );
+        for i in 0..6 {
+            let b = (rb.addr((2 + i) * CAP), CAP as u64, 3, &rb.mr);
+            recvs.push(l.recv.irecv(&[b]).unwrap().expect("receive started"));
+        }
+    });
+    assert!(
+        d <= turns(t0),
+        "7 receives the engine could start polled {d} times"
+    );
+
+    // Once the sender has read all 7 clear-to-sends, its 8 sends start without a poll.
+    for k in 0..POLLS {
+        if counter(&l.send, "cts") == 7 {
+            break;
+        }
+        assert!(k + 1 < POLLS, "the clear-to-sends never arrived");
+        l.send.progress().unwrap();
+    }
+    let tags = [1, 2, 3, 3, 3, 3, 3, 3];
+    let sizes = |j: usize| 1000 * j + 1;
+    let t0 = Instant::now();
+    let mut sends = Vec::new();
+    let d = polls(&sp, &mut || {
+        for (j, &tag) in tags.iter().enumerate() {
+            sb.fill(j * CAP, &payload(j as u64, sizes(j)));
+            let r = l.send.isend(sb.addr(j * CAP), sizes(j) as u64, tag, &sb.mr);
+            sends.push(r.unwrap().expect("send started"));
+        }
+    });
+    assert!(
+        d <= turns(t0),
+        "8 sends the engine could start polled {d} times"
+    );
+
+    // `test` polls, once per call.
+    let mut first = None;
+    let d = polls(&rp, &mut || first = l.recv.test(recvs[0]).unwrap());
+    assert_eq!(d, 1, "a test polls once");
+    let first = first.map_or_else(|| wait_on(&l.recv, recvs[0], &l.send), |s| s.to_vec());
+    assert_eq!(first, vec![1, 1001]);
+    assert_eq!(rb.get(CAP, 1001), payload(1, 1001));
+    for (i, &r) in recvs.iter().enumerate().skip(1) {
+        assert_eq!(wait_on(&l.recv, r, &l.send), vec![sizes(i + 1) as u64]);
+        let n = sizes(i + 1);
+        assert_eq!(rb.get((i + 1) * CAP, n), payload((i + 1) as u64, n));
+    }
+    assert_eq!(rb.get(0, 1), payload(0, 1));
+    for s in sends {
+        wait_on(&l.send, s, &l.recv);
+    }
+    assert_eq!(l.send.in_flight() + l.recv.in_flight(), 0);
+    close(vec![l]);
+}
+
+// ---------------------------------------------------------------------------------------------
 // 7b. Shared comm, skewed senders: NCCL_NET_SHARED_COMMS (on by default, with PXN) shares one
 // connection between the local ranks of a node, each sending with its own tag whenever its GPU
 // finishes a step; the receiver posts one grouped receive per step. A sender whose tag is not
@@ -1455,9 +1567,13 @@ fn stats_file_shows_whether_receives_were_ever_missing() {
         let n = 64;
         let mut f = Flow::new(&l, n, n, 256, |_| 256);
         if burst {
-            // The receiver posts nothing until the sender has tried everything once.
+            // The receiver posts nothing until the sender has tried everything once. It polls
+            // meanwhile (NCCL's proxy tests its earlier receives), so it finds the messages
+            // with no receive posted: `unexpected` counts what a poll finds unmatched (an
+            // `irecv` the engine can start at once does not poll first).
             f.pump_sends().unwrap();
             f.pump_sends().unwrap();
+            l.recv.progress().unwrap();
         } else {
             // Ping-pong: each receive is posted before its send, one at a time.
             f.recv_ahead = 1;

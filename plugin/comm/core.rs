@@ -68,6 +68,8 @@ pub(super) struct Core<R: Role> {
     post_errors: u64,
     /// Work completions the CQ polls handed out (counter `wcs_polled`).
     wcs_polled: u64,
+    /// Poll rounds, each polling every QP's CQ once (counter `cq_polls`).
+    cq_polls: u64,
     /// The first usage or remote error a call returned: every later call returns it too.
     sticky: Option<Error>,
     /// For the device RNR counters in watchdog reports.
@@ -102,6 +104,7 @@ impl<R: Role> Core<R> {
             watch: Watch::new(cfg),
             post_errors: 0,
             wcs_polled: 0,
+            cq_polls: 0,
             sticky: None,
             dev_base: dev.rnr_counters(),
             dev: dev.clone(),
@@ -131,6 +134,7 @@ impl<R: Role> Core<R> {
         v.push(("sq_post_calls", self.exec.sq_post_calls()));
         v.push(("sq_wrs_posted", self.exec.sq_wrs_posted()));
         v.push(("wcs_polled", self.wcs_polled));
+        v.push(("cq_polls", self.cq_polls));
         v.push(("rnr_naks_received", q.rnr_naks_received));
         v.push(("rnr_naks_sent", q.rnr_naks_sent));
         // Device-wide counters (every QP of the port), as moved since this comm was created.
@@ -236,6 +240,7 @@ impl<R: Role> Core<R> {
         let mut wcs = std::mem::take(&mut self.wcs);
         wcs.clear();
         let mut polled = Ok(0);
+        self.cq_polls += 1;
         for qp in &mut self.qps {
             let r = qp.poll_cq(&mut wcs, 64);
             if r.is_err() && polled.is_ok() {
@@ -259,6 +264,13 @@ impl<R: Role> Core<R> {
             return (0, true);
         }
         (n, n > 0 || cts)
+    }
+
+    /// Whether an entry whose request the engine can start at once may skip [`Core::progress`]:
+    /// no peer check and no watchdog turn is due (a comm still asks about its peer once per
+    /// `VERBSNET_PEER_CHECK_INTERVAL` at whatever call comes).
+    pub(super) fn may_skip_progress(&self, now: u64) -> bool {
+        self.watch.nothing_due(now)
     }
 
     /// Polls the CQ, reads the CTS ring and credit word, feeds the engine, executes actions,

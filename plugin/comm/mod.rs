@@ -5,8 +5,12 @@
 //! devices of a virtual device), its engine, and the plugin-owned registered buffers the
 //! protocol needs (sender: eager-header and record staging, the CTS ring, the credit word;
 //! receiver: its own bounce buffers, the shared pool's, the record ring, control staging).
-//! Every entry (`isend`, `irecv`, `test`) first makes progress: it polls the CQs, reads the
-//! CTS ring and credit word, feeds the engine, and carries out the engine's actions. Nothing
+//! Every entry makes progress before it answers "not yet": it polls the CQs, reads the CTS
+//! ring and credit word, feeds the engine, and carries out the engine's actions. `test` always
+//! does; `isend` and `irecv` skip it when the engine can start the request from what it knows
+//! already and no peer check or watchdog turn is due (as NCCL IB's `isend` and `irecv` post
+//! without polling), so a "retry later" always follows a poll, the peer is still asked about
+//! once per `VERBSNET_PEER_CHECK_INTERVAL`, and a started request costs no CQ poll. Nothing
 //! blocks. A started request is an engine [`ReqId`]; what NCCL holds a pointer to is the API
 //! layer's (`crate::api`).
 //!
@@ -141,8 +145,9 @@ impl Error {
 /// `crate::conn`); then any number of `isend` (send) or `irecv` (receive), each returning a
 /// request id or "retry later", and `test` on each request until done (both ends); `progress`
 /// may be called at any time; `close` last, after which no request of the comm may be used.
-/// Each entry first makes progress (CQ poll, peer writes, the engine's actions, watchdog)
-/// with the comm's [`Label`] entered: its `label` starts every log line of the call.
+/// Each entry runs with the comm's [`Label`] entered (its `label` starts every log line of the
+/// call) and makes progress (CQ poll, peer writes, the engine's actions, watchdog) unless it
+/// is an `isend` or `irecv` the engine can start at once.
 pub struct Comm<R: Role> {
     core: Mutex<Core<R>>,
     /// The devices its QPs run on: one, or a virtual device's physical ones (QP `q` on
@@ -347,7 +352,9 @@ impl SendComm {
         let mut g = self.lock()?;
         g.sticky_call(|g| {
             let now = now_ns();
-            g.progress(now)?;
+            if !(g.side.can_start(tag) && g.may_skip_progress(now)) {
+                g.progress(now)?;
+            }
             let r = g.side.isend(now, data, mr.lkeys(), size, tag);
             let id = g.after_engine_call(r, Op::Isend)?;
             g.execute()?;
@@ -444,7 +451,9 @@ impl RecvComm {
         let mut g = self.lock()?;
         g.sticky_call(|g| {
             let now = now_ns();
-            g.progress(now)?;
+            if !(g.side.can_start() && g.may_skip_progress(now)) {
+                g.progress(now)?;
+            }
             let r = g.side.irecv(now, rb, regions);
             let id = g.after_engine_call(r, Op::Irecv)?;
             g.execute()?;

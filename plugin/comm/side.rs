@@ -112,6 +112,12 @@ impl SendSide {
     ) -> Result<Option<ReqId>, ReqError> {
         self.engine.isend(now, data, lkeys, size, tag)
     }
+
+    /// Whether `isend` of `tag` can start without a poll first
+    /// ([`SendEngine::can_start_direct`]).
+    pub(super) fn can_start(&self, tag: i32) -> bool {
+        self.engine.can_start_direct(tag)
+    }
 }
 
 impl RecvSide {
@@ -133,6 +139,11 @@ impl RecvSide {
             self.dst[id.slot as usize] = dests;
         }
         r
+    }
+
+    /// Whether `irecv` can start without a poll first ([`RecvEngine::can_start`]).
+    pub(super) fn can_start(&self) -> bool {
+        self.engine.can_start()
     }
 }
 

@@ -52,14 +52,22 @@ impl Watch {
     /// its set-up socket (one non-blocking `recv` per interval); the tcp transport only looks
     /// at its state.
     pub(super) fn peer_check_due(&mut self, now: u64) -> bool {
-        if self.warned_peer {
-            return false;
-        }
-        if now.saturating_sub(self.last_peer_check) < self.peer_check_ns {
+        if !self.peer_check_pending(now) {
             return false;
         }
         self.last_peer_check = now;
         true
+    }
+
+    fn peer_check_pending(&self, now: u64) -> bool {
+        !self.warned_peer && now.saturating_sub(self.last_peer_check) >= self.peer_check_ns
+    }
+
+    /// Whether neither a peer check nor a watchdog turn is due at `now` (asked without taking
+    /// either): an `isend` or `irecv` the engine can start at once may then skip its progress
+    /// without delaying a peer check or a stall report.
+    pub(super) fn nothing_due(&self, now: u64) -> bool {
+        !self.peer_check_pending(now) && !self.turn_pending(now)
     }
 
     /// The comm's failure, as one WARN the first time it is seen.
@@ -74,11 +82,15 @@ impl Watch {
 
     /// Whether a watchdog turn is due (at most one a second); the turn is then taken.
     pub(super) fn turn_due(&mut self, now: u64) -> bool {
-        if now.saturating_sub(self.last_check) < 1_000_000_000 {
+        if !self.turn_pending(now) {
             return false;
         }
         self.last_check = now;
         true
+    }
+
+    fn turn_pending(&self, now: u64) -> bool {
+        now.saturating_sub(self.last_check) >= 1_000_000_000
     }
 
     /// The hang timeout (ns), when the watchdog is on.

@@ -272,6 +272,21 @@ impl RecvEngine {
         !self.actions.is_empty()
     }
 
+    /// Whether [`RecvEngine::irecv`] would start a receive from what this engine knows
+    /// already: a request slot and a control staging slot are free. The comm then starts it
+    /// without polling first, as NCCL IB's `irecv` only posts (`src/transport/net_ib/p2p.cc`,
+    /// `ncclIbIrecv`). `false` says nothing: the comm makes progress and asks `irecv`, which
+    /// decides.
+    pub fn can_start(&self) -> bool {
+        self.failed.is_none() && !self.slots_full()
+    }
+
+    /// No request slot or no control staging slot is free.
+    fn slots_full(&self) -> bool {
+        self.reqs.in_use() == MAX_RECV_REQUESTS
+            || self.ctrl_outstanding() as usize >= CTRL_STAGE_SLOTS
+    }
+
     /// The first fatal error of this comm, if any.
     pub fn failure(&self) -> Option<&ReqError> {
         self.failed.as_ref()
@@ -307,9 +322,7 @@ impl RecvEngine {
                 self.p.rkeys
             )));
         }
-        if self.reqs.in_use() == MAX_RECV_REQUESTS
-            || self.ctrl_outstanding() as usize >= CTRL_STAGE_SLOTS
-        {
+        if self.slots_full() {
             self.stats.slots_full += 1;
             return Ok(None);
         }

@@ -305,6 +305,24 @@ impl SendEngine {
         !self.actions.is_empty()
     }
 
+    /// Whether [`SendEngine::isend`] of `tag` would start a direct send from what this engine
+    /// knows already: a request slot is free, the front group has an unmatched buffer tagged
+    /// `tag`, and a credit is in hand (credit gating on). The comm then starts the send without
+    /// polling first, as NCCL IB's `isend` reads only its CTS FIFO
+    /// (`src/transport/net_ib/p2p.cc`, `ncclIbIsend`). `false` says nothing: the comm makes
+    /// progress and asks `isend`, which decides (and counts a refusal).
+    pub fn can_start_direct(&self, tag: i32) -> bool {
+        self.failed.is_none()
+            && self.reqs.in_use() < MAX_SEND_REQUESTS
+            && self.groups.front().is_some_and(|g| g.find(tag).is_some())
+            && !self.credit_short()
+    }
+
+    /// Credit gating is on and the next send's receive WR is not granted yet.
+    fn credit_short(&self) -> bool {
+        self.p.credits && self.credits_used >= self.credits_granted
+    }
+
     /// The first fatal error of this comm, if any.
     pub fn failure(&self) -> Option<&ReqError> {
         self.failed.as_ref()
@@ -377,7 +395,7 @@ impl SendEngine {
             }
             None => return Ok(self.refuse(now, Refusal::Cts)),
         };
-        if self.p.credits && k >= self.credits_granted {
+        if self.credit_short() {
             return Ok(self.refuse(now, Refusal::Credit));
         }
         self.refusing = None;
