@@ -10,8 +10,9 @@
 //! does; `isend` and `irecv` skip it when the engine can start the request from what it knows
 //! already and no peer check or watchdog turn is due (as NCCL IB's `isend` and `irecv` post
 //! without polling), so a "retry later" always follows a poll, the peer is still asked about
-//! once per `VERBSNET_PEER_CHECK_INTERVAL`, and a started request costs no CQ poll. Nothing
-//! blocks. A started request is an engine [`ReqId`]; what NCCL holds a pointer to is the API
+//! once per `VERBSNET_PEER_CHECK_INTERVAL`, and a request the engine could start at once costs
+//! no CQ poll (a speculative eager send, or one whose clear-to-send has not been read yet,
+//! still polls first). Nothing blocks. A started request is an engine [`ReqId`]; what NCCL holds a pointer to is the API
 //! layer's (`crate::api`).
 //!
 //! Data-path calls on one comm come from one NCCL progress thread; `regMr`/`deregMr` may come
