@@ -11,9 +11,8 @@
 //! already and no peer check or watchdog turn is due (as NCCL IB's `isend` and `irecv` post
 //! without polling), so a "retry later" always follows a poll, the peer is still asked about
 //! once per `VERBSNET_PEER_CHECK_INTERVAL`, and a request the engine could start at once costs
-//! no CQ poll (an `isend` reads the CTS ring first when its clear-to-send may have landed; a
-//! speculative eager send, or one whose clear-to-send has not landed, still polls first).
-//! Nothing blocks. A started request is an engine [`ReqId`]; what NCCL holds a pointer to is the API
+//! no CQ poll (a speculative eager send, or one whose clear-to-send has not been read yet,
+//! still polls first). Nothing blocks. A started request is an engine [`ReqId`]; what NCCL holds a pointer to is the API
 //! layer's (`crate::api`).
 //!
 //! Data-path calls on one comm come from one NCCL progress thread; `regMr`/`deregMr` may come
@@ -354,11 +353,7 @@ impl SendComm {
         let mut g = self.lock()?;
         g.sticky_call(|g| {
             let now = now_ns();
-            // The CTS ring first when the front group has no buffer for it: a landed CTS
-            // needs no CQ poll to be read.
-            let quick = g.may_skip_progress(now)
-                && (g.side.can_start(tag) || (g.side.read_cts(now) && g.side.can_start(tag)));
-            if !quick {
+            if !(g.side.can_start(tag) && g.may_skip_progress(now)) {
                 g.progress(now)?;
             }
             let r = g.side.isend(now, data, mr.lkeys(), size, tag);

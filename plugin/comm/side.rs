@@ -118,13 +118,6 @@ impl SendSide {
     pub(super) fn can_start(&self, tag: i32) -> bool {
         self.engine.can_start_direct(tag)
     }
-
-    /// Reads the CTS ring and the credit word without polling the CQ (the receiver's RDMA
-    /// WRITEs land in our memory without our calls, as in NCCL IB's `ncclIbIsend`, which reads
-    /// its FIFO slot); whether a CTS arrived.
-    pub(super) fn read_cts(&mut self, now: u64) -> bool {
-        sealed::Side::after_poll(self, now)
-    }
 }
 
 impl RecvSide {
