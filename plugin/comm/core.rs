@@ -266,11 +266,19 @@ impl<R: Role> Core<R> {
         (n, n > 0 || cts)
     }
 
-    /// Whether an entry whose request the engine can start at once may skip [`Core::progress`]:
-    /// no peer check and no watchdog turn is due (a comm still asks about its peer once per
-    /// `VERBSNET_PEER_CHECK_INTERVAL` at whatever call comes).
-    pub(super) fn may_skip_progress(&self, now: u64) -> bool {
-        self.watch.nothing_due(now)
+    /// [`Core::progress`] before an `isend` or `irecv`, skipped when the engine can start the
+    /// request at once (`startable`, its `can_start` check) and no peer check or watchdog turn
+    /// is due (a comm still asks about its peer once per `VERBSNET_PEER_CHECK_INTERVAL` at
+    /// whatever call comes).
+    pub(super) fn progress_unless_startable(
+        &mut self,
+        now: u64,
+        startable: bool,
+    ) -> Result<(), Error> {
+        if !(startable && self.watch.nothing_due(now)) {
+            self.progress(now)?;
+        }
+        Ok(())
     }
 
     /// Polls the CQ, reads the CTS ring and credit word, feeds the engine, executes actions,

@@ -12,8 +12,8 @@
 //! without polling), so a "retry later" always follows a poll, the peer is still asked about
 //! once per `VERBSNET_PEER_CHECK_INTERVAL`, and a request the engine could start at once costs
 //! no CQ poll (a speculative eager send, or one whose clear-to-send has not been read yet,
-//! still polls first). Nothing blocks. A started request is an engine [`ReqId`]; what NCCL holds a pointer to is the API
-//! layer's (`crate::api`).
+//! still polls first). Nothing blocks. A started request is an engine [`ReqId`]; what NCCL
+//! holds a pointer to is the API layer's (`crate::api`).
 //!
 //! Data-path calls on one comm come from one NCCL progress thread; `regMr`/`deregMr` may come
 //! from NCCL's service thread at the same time (ext-net README), so the mutable state sits
@@ -353,9 +353,8 @@ impl SendComm {
         let mut g = self.lock()?;
         g.sticky_call(|g| {
             let now = now_ns();
-            if !(g.side.can_start(tag) && g.may_skip_progress(now)) {
-                g.progress(now)?;
-            }
+            let startable = g.side.can_start(tag);
+            g.progress_unless_startable(now, startable)?;
             let r = g.side.isend(now, data, mr.lkeys(), size, tag);
             let id = g.after_engine_call(r, Op::Isend)?;
             g.execute()?;
@@ -452,9 +451,8 @@ impl RecvComm {
         let mut g = self.lock()?;
         g.sticky_call(|g| {
             let now = now_ns();
-            if !(g.side.can_start() && g.may_skip_progress(now)) {
-                g.progress(now)?;
-            }
+            let startable = g.side.can_start();
+            g.progress_unless_startable(now, startable)?;
             let r = g.side.irecv(now, rb, regions);
             let id = g.after_engine_call(r, Op::Irecv)?;
             g.execute()?;

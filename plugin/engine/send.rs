@@ -313,9 +313,14 @@ impl SendEngine {
     /// progress and asks `isend`, which decides (and counts a refusal).
     pub fn can_start_direct(&self, tag: i32) -> bool {
         self.failed.is_none()
-            && self.reqs.in_use() < MAX_SEND_REQUESTS
+            && !self.slots_full()
             && self.groups.front().is_some_and(|g| g.find(tag).is_some())
             && !self.credit_short()
+    }
+
+    /// Every request slot is in use.
+    fn slots_full(&self) -> bool {
+        self.reqs.in_use() == MAX_SEND_REQUESTS
     }
 
     /// Credit gating is on and the next send's receive WR is not granted yet.
@@ -375,7 +380,7 @@ impl SendEngine {
         if let Some(e) = &self.failed {
             return Err(e.clone());
         }
-        if self.reqs.in_use() == MAX_SEND_REQUESTS {
+        if self.slots_full() {
             return Ok(self.refuse(now, Refusal::Slots));
         }
         // The receive WR this send consumes (counted from the connection's first).
