@@ -17,7 +17,7 @@ use super::parse::{show_duration, show_opt_str, Val};
 use super::registry::knobs;
 use super::{
     debug_default, default_rq_batch, default_rq_low_water, default_rq_min_depth, DebugLevel, Kind,
-    TransportChoice, MAX_EAGER_BUF_SIZE, MAX_QPS_PER_CONNECTION, MAX_RQ_DEPTH,
+    TransportChoice, MAX_EAGER_BUF_SIZE, MAX_INLINE_SIZE, MAX_QPS_PER_CONNECTION, MAX_RQ_DEPTH,
 };
 use crate::ifselect::IfList;
 
@@ -211,6 +211,30 @@ knobs! {
         nccl_ib:
             "`NCCL_IB_AR_THRESHOLD` (8192) is the closest size threshold, but it only splits data \
              and immediate, it does not change the protocol",
+    }
+
+    /// `VERBSNET_INLINE_SIZE`: largest direct send posted inline and completed at its post;
+    /// unset or `-1`: the transport's default (`INLINE_SIZE_IB`, `INLINE_SIZE_TCP`).
+    inline_size: Option<u32> {
+        var: "VERBSNET_INLINE_SIZE",
+        group: Eager,
+        kind: Kind::IntOrAuto { lo: 0, hi: MAX_INLINE_SIZE },
+        default: None, "auto",
+        parse: |v| v.int_or_auto()?,
+        show: |n| n.map_or("auto".into(), |n| n.to_string()),
+        doc: "Largest send posted inline once its receiver's CTS is known: the payload is copied \
+             into the send WR when it is posted (`IBV_SEND_INLINE`; the tcp transport copies it \
+             into its frame), so the request completes at once, without waiting a round trip \
+             for the peer's acknowledgement, and the WR is signaled only one time in 16 \
+             (`inline_sends`). Auto (unset or `-1`): 256 on ib (asked of the device at QP \
+             creation; a device that grants less caps it, one that refuses turns it off, with \
+             an INFO line), 4096 on tcp, which copies small payloads into its frames anyway. \
+             `0`: every send completes on its own completion, as NCCL IB's do. A failure of an \
+             inline send after its request completed fails the comm: the next call reports \
+             it. Closing the comm waits (up to 5 s) until the peer acknowledged every inline \
+             send.",
+        nccl_ib: "none for data (NCCL IB signals every data WR and completes the request on its \
+             completion); `NCCL_IB_USE_INLINE` (0) inlines only its CTS writes",
     }
 
     /// `VERBSNET_CREDITS`: credit gating on (1) or off (0, rely on RNR retry as NCCL does).

@@ -103,6 +103,14 @@ pub const MAX_RQ_DEPTH: u32 = 32768;
 pub const MAX_QPS_PER_CONNECTION: u32 = 128;
 /// Largest `VERBSNET_EAGER_BUF_SIZE` (1 MiB).
 pub const MAX_EAGER_BUF_SIZE: u32 = 1 << 20;
+/// Largest `VERBSNET_INLINE_SIZE` (16 KiB: the most the tcp transport copies into a frame).
+pub const MAX_INLINE_SIZE: u32 = 16 << 10;
+/// `VERBSNET_INLINE_SIZE` on ib when unset: what most RDMA NICs take inline in one send WQE
+/// without slowing the post (the device may grant less at QP creation).
+pub const INLINE_SIZE_IB: u32 = 256;
+/// `VERBSNET_INLINE_SIZE` on tcp when unset: the transport copies small payloads into its
+/// frames anyway, so copying them at the post costs nothing more.
+pub const INLINE_SIZE_TCP: u32 = 4096;
 
 /// Default `VERBSNET_RQ_BATCH` at `depth`: the registry's rule `min(16, rq_depth)`.
 fn default_rq_batch(depth: u32) -> u32 {

@@ -318,7 +318,10 @@ impl Connecting {
             };
             let stream: TcpStream = sock.into();
             let _ = stream.set_nodelay(true);
-            let qpc = qp_config(cfg);
+            let mut qpc = qp_config(cfg);
+            if cfg.inline_size.is_none() {
+                qpc.max_inline_data = devs[0].default_max_inline_data();
+            }
             // NCCL IB: `NCCL_IB_QPS_PER_CONNECTION` × the larger device count of both sides
             // (`ncclIbConnect`, `net_ib/connect.cc`).
             let peer_devs = self.handle.devs;

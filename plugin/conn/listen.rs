@@ -435,6 +435,8 @@ impl Listen {
             // (`ncclIbAccept`, `net_ib/connect.cc`): one class on both ends of a connection.
             let mut qpc = qp_config(&self.cfg);
             qpc.traffic_class = h.tc;
+            // The receive comm posts no inline WR (its CTS and credit writes are staged).
+            qpc.max_inline_data = 0;
             qpc.service_level = h.sl;
             // The sender's QP count and split too (NCCL IB takes the larger count of both
             // sides, `ncclIbAccept`, `net_ib/connect.cc`; verbsnet lets the sender decide).

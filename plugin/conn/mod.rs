@@ -116,6 +116,7 @@ pub fn qp_config(cfg: &Config) -> QpConfig {
         max_recv_wr: cfg.rq_depth + crate::engine::MAX_ZERO_WRS,
         max_send_wr: 2 * crate::engine::MAX_SEND_REQUESTS as u32
             + crate::engine::CTRL_STAGE_SLOTS as u32,
+        max_inline_data: cfg.inline_size.unwrap_or(crate::config::INLINE_SIZE_IB),
         min_rnr_timer: cfg.rnr_timer,
         rnr_retry: cfg.rnr_retry,
         timeout: cfg.ib_timeout,
@@ -145,6 +146,8 @@ pub fn data_qp_config(qp0: &QpConfig, sender: bool) -> QpConfig {
         } else {
             1
         },
+        // Only QP 0 carries inline sends (a send of one WR there).
+        max_inline_data: 0,
         ..qp0.clone()
     }
 }

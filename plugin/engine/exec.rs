@@ -206,6 +206,7 @@ mod tests {
             num_sge: 0,
             opcode: SendOpcode::Send,
             signaled: true,
+            inline: false,
         })
     }
 

@@ -412,6 +412,7 @@ impl RecvEngine {
                 rkey: self.p.peer_cts_ring.1,
             },
             signaled,
+            inline: false,
         }));
         self.last_credit_sent = self.granted;
         self.stats.cts += 1;

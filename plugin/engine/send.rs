@@ -467,6 +467,7 @@ impl SendEngine {
                         imm: wire::imm_encode(r, i, false, starved),
                     },
                     signaled: true,
+                    inline: false,
                 }));
                 Ok(Some(id))
             }
@@ -503,6 +504,7 @@ impl SendEngine {
                     num_sge: if size == 0 { 1 } else { 2 },
                     opcode: SendOpcode::Send,
                     signaled: true,
+                    inline: false,
                 }));
                 Ok(Some(id))
             }
@@ -574,6 +576,7 @@ impl SendEngine {
                     imm: wire::imm_encode(r, i, false, starved && qp == 0),
                 },
                 signaled: true,
+                inline: false,
             };
             if qp == 0 {
                 self.actions.push(Action::PostSend(wr));
@@ -616,6 +619,7 @@ impl SendEngine {
                 imm: wire::imm_encode(r, buf_idx, true, starved),
             },
             signaled: false,
+            inline: false,
         }));
     }
 

@@ -136,6 +136,7 @@ pub fn qp_cfg() -> QpConfig {
         traffic_class: 0,
         service_level: 0,
         oob_keepalive: Some(Duration::from_secs(20)),
+        max_inline_data: 256,
     }
 }
 
@@ -216,6 +217,7 @@ pub fn send_wr(wr_id: u64, sges: &[Sge], opcode: SendOpcode, signaled: bool) -> 
         num_sge: sges.len() as u8,
         opcode,
         signaled,
+        inline: false,
     }
 }
 

@@ -88,6 +88,13 @@ pub struct SendWr {
     pub opcode: SendOpcode,
     /// Generate a completion on success (errors always complete).
     pub signaled: bool,
+    /// Post the payload inline (verbs: `IBV_SEND_INLINE`, `ibv_post_send(3)`): the transport
+    /// copies the gathered bytes during [`QueuePair::post_send`], so the memory the SGEs name
+    /// may be reused (or deregistered) as soon as the post returns, and a retransmission
+    /// sends the copy. At most [`QueuePair::max_inline_data`] bytes in all: a longer inline WR
+    /// fails the post (`InvalidArgument`) and nothing of it is sent. The SGEs must still name
+    /// registered memory on tcp (it checks their lkeys at the post); verbs ignores the lkey.
+    pub inline: bool,
 }
 
 impl SendWr {
@@ -253,6 +260,10 @@ pub struct QpConfig {
     pub min_rnr_timer: u8,
     /// RNR retries before `RnrRetryExceeded` (0..=7, 7 = forever).
     pub rnr_retry: u8,
+    /// Largest inline send WR asked for ([`SendWr::inline`]; verbs: `cap.max_inline_data` at
+    /// QP creation). The transport may grant less (the device's limit, or 0 where it refuses
+    /// inline sends): [`QueuePair::max_inline_data`] says what it granted.
+    pub max_inline_data: u32,
     /// IB-encoded local ACK timeout (4.096 us * 2^timeout).
     pub timeout: u8,
     /// Transport retries before `RetryExceeded` (0..=7).
@@ -386,6 +397,13 @@ pub trait Device: Send + Sync {
         "tcp"
     }
 
+    /// The [`QpConfig::max_inline_data`] a send comm asks of this device when
+    /// `VERBSNET_INLINE_SIZE` is unset: ib [`crate::config::INLINE_SIZE_IB`] (the default),
+    /// tcp [`crate::config::INLINE_SIZE_TCP`].
+    fn default_max_inline_data(&self) -> u32 {
+        crate::config::INLINE_SIZE_IB
+    }
+
     /// Device-wide RNR counters, where the device exposes them.
     fn rnr_counters(&self) -> DeviceRnrCounters {
         DeviceRnrCounters::default()
@@ -504,6 +522,13 @@ pub trait QueuePair: Send {
 
     /// Per-QP counters.
     fn counters(&self) -> QpCounters;
+
+    /// The largest [`SendWr::inline`] WR this QP takes, in bytes: what the transport granted of
+    /// [`QpConfig::max_inline_data`] (verbs: the `cap.max_inline_data` `ibv_create_qp` wrote
+    /// back; tcp: the request, capped at the size it copies into its frames). 0: no inline WR.
+    fn max_inline_data(&self) -> u32 {
+        0
+    }
 }
 
 /// Why a comm failed when the keepalive of its connection's socket expired

@@ -230,6 +230,10 @@ impl Device for TcpDevice {
         Ok(Arc::new(TcpMr::register(&self.registry, region)?))
     }
 
+    fn default_max_inline_data(&self) -> u32 {
+        crate::config::INLINE_SIZE_TCP
+    }
+
     /// # Errors
     /// `Resource` when an attribute is out of range: `max_send_wr`/`max_recv_wr` above
     /// 1,048,576, `min_rnr_timer` above 31, `rnr_retry` above 7.

@@ -396,6 +396,7 @@ impl RecvEngine {
                 rkey: self.p.peer_credit_word.1,
             },
             signaled,
+            inline: false,
         }));
         self.last_credit_sent = self.granted;
         self.stats.credit_msgs += 1;

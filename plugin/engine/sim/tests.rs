@@ -1540,6 +1540,7 @@ fn a_hostile_data_qp_arrival_naming_a_complete_buffer_fails_the_receive_comm() {
             imm: wire::imm_encode(0, 0, false, false),
         },
         signaled: false,
+        inline: false,
     });
     match p.wait_recv(r) {
         Err(ReqError::Protocol(m)) => assert!(

@@ -14,6 +14,7 @@ fn established() -> (TcpQp, TcpStream, Region, u32) {
     let cfg = QpConfig {
         max_recv_wr: 16,
         max_send_wr: 16,
+        max_inline_data: 0,
         min_rnr_timer: 1,
         rnr_retry: 7,
         timeout: 14,
@@ -52,6 +53,7 @@ fn send_of(region: &Region, lkey: u32, len: u32) -> SendWr {
         num_sge: 1,
         opcode: SendOpcode::Send,
         signaled: true,
+        inline: false,
     }
 }
 
