@@ -145,6 +145,16 @@ pub const CTRL_STAGE_SLOTS: usize = 64;
 /// `ctrl_slot`); a power of two, and [`CTRL_STAGE_SLOTS`] is a multiple of it. NCCL IB signals one CTS write per
 /// FIFO wrap of 32 (`src/transport/net_ib/p2p.cc`).
 pub const CTRL_SIGNAL_EVERY: u32 = 16;
+
+/// One inline send in this many is signaled (the others complete with it: WRs of a QP
+/// complete in order), as control writes are ([`CTRL_SIGNAL_EVERY`]).
+pub const INLINE_SIGNAL_EVERY: u64 = 16;
+
+/// Most inline sends whose acknowledgement the send engine has not seen yet; past it a direct
+/// send completes on its own completion, as without inline sends. A multiple of
+/// [`INLINE_SIGNAL_EVERY`], so that at the bound a signaled one is in flight. Send-queue
+/// room: [`MAX_SEND_REQUESTS`] requests' WRs plus these.
+pub const MAX_INLINE_UNACKED: u64 = 64;
 const _: () = assert!(
     CTRL_SIGNAL_EVERY.is_power_of_two() && CTRL_STAGE_SLOTS & (CTRL_SIGNAL_EVERY as usize - 1) == 0
 );
@@ -357,6 +367,13 @@ pub(crate) enum WrKind {
     /// A zero-length receive WR on a data QP; the `wr_id`'s index is the QP index (1 and up),
     /// so that its completion says which QP it arrived on.
     DataZero = 10,
+    /// The RDMA WRITE WITH IMM of a direct send posted inline, whose request completed at the
+    /// post; the `wr_id`'s index is the low 32 bits of its inline sequence number.
+    Inline = 11,
+    /// The signaled zero-length RDMA WRITE that a closing send comm posts after unsignaled
+    /// inline sends, so that their acknowledgement shows; the index is the low 32 bits of the
+    /// inline sequence number of the last inline send before it.
+    InlineFlush = 12,
 }
 
 /// The `wr_id` index of a piece of send slot `slot` on QP `qp` (slots are below 2^16).
@@ -384,6 +401,8 @@ pub(crate) fn wr_parse(id: u64) -> Option<(WrKind, u32, u32)> {
         8 => WrKind::Zero,
         9 => WrKind::Piece,
         10 => WrKind::DataZero,
+        11 => WrKind::Inline,
+        12 => WrKind::InlineFlush,
         _ => return None,
     };
     Some((kind, ((id >> 32) & 0x00ff_ffff) as u32, id as u32))
@@ -448,11 +467,15 @@ pub struct Stats {
     /// Zero-length receive WRs posted on the data QPs, which their WRITE WITH IMMs consume
     /// (receiver; several QPs per connection).
     pub data_qp_zero_wrs: u64,
+    /// Direct sends posted inline (`VERBSNET_INLINE_SIZE`; sender): their requests completed at
+    /// the post, and one WR in [`INLINE_SIGNAL_EVERY`] is signaled. Also counted in
+    /// `rendezvous`.
+    pub inline_sends: u64,
 }
 
 impl Stats {
     /// `(name, value)` pairs in a fixed order.
-    pub fn fields(&self) -> [(&'static str, u64); 23] {
+    pub fn fields(&self) -> [(&'static str, u64); 24] {
         [
             ("ops", self.ops),
             ("bytes", self.bytes),
@@ -477,6 +500,7 @@ impl Stats {
             ("zero_wrs", self.zero_wrs),
             ("data_qp_writes", self.data_qp_writes),
             ("data_qp_zero_wrs", self.data_qp_zero_wrs),
+            ("inline_sends", self.inline_sends),
         ]
     }
 }

@@ -8,8 +8,8 @@ use super::wire::{
 };
 use super::{
     piece_index, piece_parse, wc_error, wr_id, wr_parse, Action, MemRead, ReqError, ReqId, Slots,
-    StageBytes, Stall, Stats, WrKind, CTS_RING_ENTRIES, MAX_SEND_REQUESTS, MAX_SPECULATIVE,
-    SPLIT_ALIGN,
+    StageBytes, Stall, Stats, WrKind, CTS_RING_ENTRIES, INLINE_SIGNAL_EVERY, MAX_INLINE_UNACKED,
+    MAX_SEND_REQUESTS, MAX_SPECULATIVE, SPLIT_ALIGN,
 };
 use crate::transport::{SendOpcode, SendWr, Sge, Wc, WcStatus};
 
@@ -19,6 +19,10 @@ pub struct SendParams {
     /// Largest payload sent eagerly: min(our `VERBSNET_EAGER_LIMIT`, the receiver's bounce
     /// buffer size).
     pub eager_limit: u64,
+    /// Largest direct send posted inline, its request completing at the post
+    /// (`VERBSNET_INLINE_SIZE`, capped at what QP 0 granted: `QueuePair::max_inline_data`);
+    /// 0: none.
+    pub inline_max: u64,
     /// Credit gating on.
     pub credits: bool,
     /// QPs of the connection (`1..=MAX_QPS_PER_CONNECTION`, `VERBSNET_IB_QPS_PER_CONNECTION`,
@@ -166,6 +170,16 @@ pub struct SendEngine {
     /// Refused for want of a credit since the last credit-consuming send: the next one tells
     /// the receiver (eager header flag, record bit 62), which grows its queue.
     starved: bool,
+    /// Inline sends posted so far (the next one's inline sequence number).
+    inline_posted: u64,
+    /// Inline sends known acknowledged: every one below this number (a signaled one's
+    /// completion covers those before it).
+    inline_acked: u64,
+    /// `inline_posted` when the last flush write was posted ([`SendEngine::flush_inline`]).
+    inline_flushed: u64,
+    /// When the oldest unacknowledged inline send was posted, and whether its stall was
+    /// reported (hang watchdog).
+    inline_since: Option<(u64, bool)>,
 }
 
 impl SendEngine {
@@ -191,6 +205,10 @@ impl SendEngine {
             },
             refusing: None,
             starved: false,
+            inline_posted: 0,
+            inline_acked: 0,
+            inline_flushed: 0,
+            inline_since: None,
             p,
         }
     }
@@ -450,8 +468,12 @@ impl SendEngine {
                     self.post_pieces(id, g, (addr, lkeys, size), (r, i, buf), starved);
                     return Ok(Some(id));
                 }
+                let inline = self.take_inline(now, id, size);
                 self.actions.push(Action::PostSend(SendWr {
-                    wr_id: wr_id(WrKind::Direct, id.gen, id.slot),
+                    wr_id: match inline {
+                        Some((n, _)) => wr_id(WrKind::Inline, 0, n as u32),
+                        None => wr_id(WrKind::Direct, id.gen, id.slot),
+                    },
                     sgl: [
                         Sge {
                             addr,
@@ -466,8 +488,8 @@ impl SendEngine {
                         rkey: buf.rkeys.at(0),
                         imm: wire::imm_encode(r, i, false, starved),
                     },
-                    signaled: true,
-                    inline: false,
+                    signaled: inline.is_none_or(|(_, signaled)| signaled),
+                    inline: inline.is_some(),
                 }));
                 Ok(Some(id))
             }
@@ -509,6 +531,87 @@ impl SendEngine {
                 Ok(Some(id))
             }
         }
+    }
+
+    /// Posts direct send `id` of `size` bytes inline when it is small enough
+    /// (`SendParams::inline_max`) and fewer than [`MAX_INLINE_UNACKED`] inline sends are
+    /// unacknowledged: the request completes now (the transport copied the payload at the post,
+    /// as `IBV_SEND_INLINE` does, so the caller may reuse its buffer), and its WR is signaled
+    /// one time in [`INLINE_SIGNAL_EVERY`]. Returns its inline sequence number and whether its
+    /// WR is signaled, or `None`: an ordinary direct send, completing on its own completion.
+    ///
+    /// NCCL IB completes every send on its WR's completion (`src/transport/net_ib/p2p.cc`,
+    /// `ncclIbTest`); what NCCL may rely on is only that a completed send's buffer can be
+    /// reused (ext-net README, `test`), which the copy gives a round trip earlier. A failure
+    /// that comes after the request completed fails the comm: the next call reports it.
+    fn take_inline(&mut self, now: u64, id: ReqId, size: u64) -> Option<(u64, bool)> {
+        if self.p.inline_max == 0
+            || size > self.p.inline_max
+            || self.inline_posted - self.inline_acked >= MAX_INLINE_UNACKED
+        {
+            return None;
+        }
+        let n = self.inline_posted;
+        self.inline_posted += 1;
+        self.inline_since.get_or_insert((now, false));
+        self.stats.inline_sends += 1;
+        if let Some(req) = self.reqs.get_mut(id) {
+            req.wc_done = true;
+        }
+        Some((n, (n + 1).is_multiple_of(INLINE_SIGNAL_EVERY)))
+    }
+
+    /// Inline sends whose acknowledgement has not been seen (their requests completed at the
+    /// post; the last of them may be unsignaled, see [`SendEngine::flush_inline`]).
+    pub fn inline_unacked(&self) -> u64 {
+        self.inline_posted - self.inline_acked
+    }
+
+    /// For a comm about to close (and for the watchdog): whether inline sends are not known to
+    /// be acknowledged. When the newest was posted unsignaled and no flush covers it, queues a
+    /// signaled zero-length RDMA WRITE into the receiver's record ring (it writes nothing and
+    /// consumes no receive WR), whose completion shows that every WR before it was
+    /// acknowledged (WRs of a QP complete in order). `false` once the comm failed: nothing
+    /// more will be acknowledged. The tcp transport sends only what is staged before its
+    /// goodbye, and verbs leave posted WRs to the QP's destruction, so a send comm closes only
+    /// after this says `false` (or a bound passed: `Comm::close`).
+    pub fn flush_inline(&mut self) -> bool {
+        if self.failed.is_some() || self.inline_unacked() == 0 {
+            return false;
+        }
+        if !self.inline_covered() {
+            self.inline_flushed = self.inline_posted;
+            let last = self.inline_posted - 1;
+            self.actions.push(Action::PostSend(SendWr {
+                wr_id: wr_id(WrKind::InlineFlush, 0, last as u32),
+                sgl: [Sge::default(); 2],
+                num_sge: 0,
+                opcode: SendOpcode::RdmaWrite {
+                    remote_addr: self.p.peer_rec_ring.0,
+                    rkey: self.p.peer_rec_ring.1,
+                },
+                signaled: true,
+                inline: false,
+            }));
+        }
+        true
+    }
+
+    /// Whether a signaled WR (the newest inline send's own, or a flush) will show the newest
+    /// inline send acknowledged.
+    fn inline_covered(&self) -> bool {
+        self.inline_posted.is_multiple_of(INLINE_SIGNAL_EVERY)
+            || self.inline_flushed == self.inline_posted
+    }
+
+    /// A signaled inline WR (or a flush) with inline sequence number `idx` (low 32 bits)
+    /// completed: it and every inline send before it were acknowledged.
+    fn inline_acked_through(&mut self, now: u64, idx: u32) {
+        // At most MAX_INLINE_UNACKED are outstanding, so the low 32 bits name one.
+        let back = u64::from((self.inline_posted as u32).wrapping_sub(idx));
+        let through = self.inline_posted.saturating_sub(back) + 1;
+        self.inline_acked = self.inline_acked.max(through.min(self.inline_posted));
+        self.inline_since = (self.inline_unacked() > 0).then_some((now, false));
     }
 
     /// Whether receive WR `k` (counted from the connection's first) is known to be
@@ -763,6 +866,10 @@ impl SendEngine {
             WrKind::Piece => piece_parse(index),
             _ => (index, 0),
         };
+        if matches!(kind, WrKind::Inline | WrKind::InlineFlush) && wc.status == WcStatus::Success {
+            self.inline_acked_through(now, index);
+            return;
+        }
         if wc.status != WcStatus::Success {
             self.stats.error_completions += 1;
             let what = match kind {
@@ -770,6 +877,12 @@ impl SendEngine {
                 WrKind::Direct => "RDMA WRITE WITH IMM of the payload".to_string(),
                 WrKind::ErrNotify => "RDMA WRITE WITH IMM of a refusal record".to_string(),
                 WrKind::Piece => format!("RDMA WRITE WITH IMM of a payload piece on QP {qp}"),
+                WrKind::Inline => "RDMA WRITE WITH IMM of an inline send (its request had \
+                                   completed at the post; the peer may lack its data)"
+                    .to_string(),
+                WrKind::InlineFlush => "zero-length RDMA WRITE after inline sends (their \
+                                        requests had completed; the peer may lack their data)"
+                    .to_string(),
                 _ => "send-side WR".to_string(),
             };
             if wc.status != WcStatus::WrFlush || self.failed.is_none() {
@@ -871,6 +984,33 @@ impl SendEngine {
                 idle_ns: now - r.progress_ns,
                 waiting_for,
             });
+        }
+        if let Some((since, reported)) = self.inline_since {
+            if !reported && now.saturating_sub(since) >= timeout_ns {
+                if self.inline_covered() {
+                    self.inline_since = Some((since, true));
+                    out.push(Stall {
+                        req: ReqId {
+                            slot: u32::MAX,
+                            gen: 0,
+                        },
+                        what: format!(
+                            "{} inline sends (completed to the caller at their post)",
+                            self.inline_unacked()
+                        ),
+                        idle_ns: now - since,
+                        waiting_for: "the peer to acknowledge them: it may be dead, or not \
+                                      polling (with credits off it may have no receive posted: \
+                                      see the RNR counters)"
+                            .to_string(),
+                    });
+                } else {
+                    // The newest went unsignaled and nothing followed it: ask for a completion
+                    // instead of reporting a stall no completion could have ended.
+                    self.flush_inline();
+                    self.inline_since = Some((now, false));
+                }
+            }
         }
         if let Some((since, why, reported)) = &mut self.refusing {
             if !*reported && now.saturating_sub(*since) >= timeout_ns {

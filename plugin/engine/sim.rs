@@ -79,11 +79,24 @@ impl MemRead for Mem {
 #[derive(Default)]
 struct Qp {
     sq: VecDeque<SendWr>,
+    /// The payloads of the inline WRs in `sq`, in order, copied when they were posted.
+    inline: VecDeque<Vec<u8>>,
     rq: VecDeque<RecvWr>,
     cq: VecDeque<(u64, Wc)>, // (visible at time, wc)
     rnr_retry_at: Option<u64>,
     rnr_tries: u32,
     error: bool,
+}
+
+impl Qp {
+    /// Takes the head WR off the send queue (with its inline copy).
+    fn pop_front(&mut self) -> Option<SendWr> {
+        let wr = self.sq.pop_front()?;
+        if wr.inline {
+            self.inline.pop_front();
+        }
+        Some(wr)
+    }
 }
 
 /// One side's fake memory and QP as the executor's sink: what the comm does with a transport
@@ -137,6 +150,15 @@ impl ActionSink for SimSink<'_> {
                     matches!(wr.opcode, SendOpcode::RdmaWriteWithImm { .. }),
                     "data QP {qp} got a WR that is not an RDMA WRITE WITH IMM: {wr:?}"
                 );
+            }
+        }
+        for wr in wrs {
+            if wr.inline {
+                let mut copy = Vec::new();
+                for s in wr.sges() {
+                    copy.extend(self.mem.get(s.addr, s.length as usize));
+                }
+                q.inline.push_back(copy);
             }
         }
         q.sq.extend(wrs.iter().copied());
@@ -280,6 +302,9 @@ pub struct PairCfg {
     pub rq_low_water: u32,
     pub eager_buf_size: u64,
     pub eager_limit: u64,
+    /// Largest direct send posted inline (`VERBSNET_INLINE_SIZE`; 0: none). The simulated QP
+    /// copies an inline WR's payload when it is posted, as `IBV_SEND_INLINE` does.
+    pub inline_max: u64,
     pub credits: bool,
     /// Overrides the initial credits announced to the sender ("shrink credits").
     pub initial_credits: Option<u64>,
@@ -309,6 +334,7 @@ impl Default for PairCfg {
             rq_low_water: 12,
             eager_buf_size: 256,
             eager_limit: 256,
+            inline_max: 64,
             credits: true,
             initial_credits: None,
             first_seq: 0,
@@ -434,6 +460,7 @@ impl Pair {
             qps,
             split: c.split,
             eager_limit: c.eager_limit.min(c.eager_buf_size),
+            inline_max: c.inline_max,
             credits: c.credits,
             initial_credits: c.initial_credits.unwrap_or(rcv.granted()),
             hdr_stage: (S_HDR, 3),
@@ -526,7 +553,7 @@ impl Pair {
         };
         let complete = |q: &mut Qp, wc: Wc| q.cq.push_back((now + knobs.wc_delay_ns, wc));
         if from.error {
-            from.sq.pop_front();
+            from.pop_front();
             complete(
                 from,
                 Wc {
@@ -545,7 +572,7 @@ impl Pair {
             }
         }
         let mut data = Vec::new();
-        for s in wr.sges() {
+        for s in wr.sges().iter().filter(|_| !wr.inline) {
             if let Some(k) = fmem.user_key(s.addr, qp) {
                 assert_eq!(
                     s.lkey, k,
@@ -555,6 +582,9 @@ impl Pair {
                 );
             }
             data.extend(fmem.get(s.addr, s.length as usize));
+        }
+        if wr.inline {
+            data.clone_from(from.inline.front().expect("an inline WR's copy"));
         }
         let consumes = !matches!(wr.opcode, SendOpcode::RdmaWrite { .. });
         assert!(
@@ -566,7 +596,7 @@ impl Pair {
             *rnr += 1;
             from.rnr_tries += 1;
             if knobs.rnr_retry != 7 && from.rnr_tries > knobs.rnr_retry {
-                from.sq.pop_front();
+                from.pop_front();
                 from.error = true;
                 from.rnr_retry_at = None;
                 complete(
@@ -660,7 +690,7 @@ impl Pair {
                 true
             }
         };
-        from.sq.pop_front();
+        from.pop_front();
         if !ok {
             from.error = true;
             complete(

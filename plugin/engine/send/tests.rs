@@ -8,6 +8,7 @@ fn params(credits: bool, initial: u64) -> SendParams {
         qps: 1,
         split: false,
         eager_limit: 64,
+        inline_max: 0,
         credits,
         initial_credits: initial,
         hdr_stage: (0x10_0000, 1),
@@ -567,4 +568,148 @@ fn round_robin_sends_go_on_the_buffers_qp_with_a_zero_length_write_on_qp_0() {
             other => panic!("{other:?}"),
         }
     }
+}
+
+fn ok_wc(wr_id: u64) -> Wc {
+    Wc {
+        wr_id,
+        status: WcStatus::Success,
+        opcode: crate::transport::WcOpcode::RdmaWrite,
+        byte_len: 0,
+        imm: None,
+    }
+}
+
+/// The send WRs among `acts`.
+fn posted(acts: Vec<Action>) -> Vec<SendWr> {
+    acts.into_iter()
+        .filter_map(|a| match a {
+            Action::PostSend(wr) => Some(wr),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A send engine with inline sends up to 64 bytes and `n` one-buffer receives of 4 KiB (tag 0)
+/// whose CTS entries were read.
+fn inline_engine(n: u64) -> SendEngine {
+    let mut e = SendEngine::new(SendParams {
+        inline_max: 64,
+        ..params(true, n)
+    });
+    for r in 0..n {
+        e.handle_cts(0, cts(r, r, n, &[(4096, 0)])).unwrap();
+    }
+    e
+}
+
+#[test]
+fn an_inline_send_completes_at_its_post_and_one_in_sixteen_is_signaled() {
+    let mut e = inline_engine(40);
+    for _ in 0..40 {
+        let id = e.isend(1, 0x1000, Keys::one(5), 8, 0).unwrap().unwrap();
+        // Done before any completion: the payload was copied into the WR.
+        assert_eq!(e.test(id).unwrap(), Some(8));
+    }
+    let wrs = posted(e.drain_actions());
+    assert_eq!(wrs.len(), 40);
+    assert!(wrs.iter().all(|w| w.inline && w.byte_len() == 8));
+    let signaled: Vec<usize> = (0..40).filter(|&i| wrs[i].signaled).collect();
+    assert_eq!(signaled, vec![15, 31]);
+    assert_eq!((e.stats().inline_sends, e.stats().rendezvous), (40, 40));
+    assert_eq!(e.inline_unacked(), 40);
+    // WR 31's completion covers the 32 before it (one QP completes in order).
+    e.handle_wc(2, &ok_wc(wrs[31].wr_id));
+    assert_eq!(e.inline_unacked(), 8);
+    // Closing: the newest (39) went unsignaled, so a flush write shows its acknowledgement.
+    assert!(e.flush_inline());
+    let flush = posted(e.drain_actions());
+    assert_eq!(flush.len(), 1, "{flush:?}");
+    assert!(flush[0].signaled && !flush[0].inline && flush[0].num_sge == 0);
+    assert_eq!(
+        flush[0].opcode,
+        SendOpcode::RdmaWrite {
+            remote_addr: 0x30_0000,
+            rkey: 3
+        }
+    );
+    // Asked again before it completed: no second flush.
+    assert!(e.flush_inline());
+    assert!(posted(e.drain_actions()).is_empty());
+    e.handle_wc(3, &ok_wc(flush[0].wr_id));
+    assert_eq!(e.inline_unacked(), 0);
+    assert!(!e.flush_inline());
+}
+
+#[test]
+fn inline_sends_stop_at_the_unacknowledged_bound_and_above_the_size() {
+    let n = MAX_INLINE_UNACKED + 2;
+    let mut e = inline_engine(n);
+    for _ in 0..MAX_INLINE_UNACKED {
+        let id = e.isend(1, 0x1000, Keys::one(5), 64, 0).unwrap().unwrap();
+        assert_eq!(e.test(id).unwrap(), Some(64));
+    }
+    let wrs = posted(e.drain_actions());
+    // At the bound the newest is signaled, so the queue always drains.
+    assert!(wrs.last().unwrap().signaled);
+    // The next send is an ordinary direct one: it completes on its own completion.
+    let id = e.isend(1, 0x1000, Keys::one(5), 64, 0).unwrap().unwrap();
+    let wr = posted(e.drain_actions())[0];
+    assert!(!wr.inline && wr.signaled);
+    assert_eq!(e.test(id).unwrap(), None);
+    e.handle_wc(2, &ok_wc(wr.wr_id));
+    assert_eq!(e.test(id).unwrap(), Some(64));
+    // Once acknowledged, inline again; but never above inline_max.
+    e.handle_wc(2, &ok_wc(wrs.last().unwrap().wr_id));
+    assert_eq!(e.inline_unacked(), 0);
+    let id = e.isend(3, 0x1000, Keys::one(5), 65, 0).unwrap().unwrap();
+    assert!(!posted(e.drain_actions())[0].inline);
+    assert_eq!(e.test(id).unwrap(), None);
+    assert_eq!(e.stats().inline_sends, MAX_INLINE_UNACKED);
+}
+
+#[test]
+fn a_failed_inline_send_fails_the_comm_after_its_request_completed() {
+    let mut e = inline_engine(3);
+    let a = e.isend(1, 0x1000, Keys::one(5), 8, 0).unwrap().unwrap();
+    assert_eq!(e.test(a).unwrap(), Some(8));
+    let wr = posted(e.drain_actions())[0];
+    e.handle_wc(
+        2,
+        &Wc {
+            status: WcStatus::RetryExceeded,
+            ..ok_wc(wr.wr_id)
+        },
+    );
+    let err = e.isend(3, 0x1000, Keys::one(5), 8, 0).unwrap_err();
+    assert!(
+        err.to_string().contains("inline send"),
+        "the error names the inline send: {err}"
+    );
+    assert!(
+        !e.flush_inline(),
+        "a failed comm waits for nothing at close"
+    );
+}
+
+#[test]
+fn an_unsignaled_inline_tail_gets_a_flush_from_the_watchdog_then_a_stall_report() {
+    let mut e = inline_engine(3);
+    for _ in 0..3 {
+        let id = e.isend(0, 0x1000, Keys::one(5), 8, 0).unwrap().unwrap();
+        assert_eq!(e.test(id).unwrap(), Some(8));
+    }
+    assert!(posted(e.drain_actions()).iter().all(|w| !w.signaled));
+    // No completion could ever show these: the watchdog asks for one instead of reporting.
+    let s = 1_000_000_000;
+    assert!(e.stalls(2 * s, s).is_empty());
+    let flush = posted(e.drain_actions());
+    assert_eq!(flush.len(), 1);
+    assert!(flush[0].signaled);
+    // The flush is not acknowledged either (a dead peer): now it is reported.
+    let st = e.stalls(4 * s, s);
+    assert_eq!(st.len(), 1, "{st:?}");
+    assert!(st[0].what.starts_with("3 inline sends"), "{st:?}");
+    e.handle_wc(5 * s, &ok_wc(flush[0].wr_id));
+    assert_eq!(e.inline_unacked(), 0);
 }
