@@ -35,6 +35,8 @@
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
+use tracing::warn;
+
 pub use crate::error::{message, Class, Failure, Source};
 
 mod buffers;
@@ -105,6 +107,10 @@ fn timespec_ns(t: nix::sys::time::TimeSpec) -> u64 {
 pub fn past(now: u64, since: u64, limit: u64) -> bool {
     now.saturating_sub(since) > limit.saturating_add(clock_res_ns())
 }
+
+/// The longest an orderly close waits for the peer to acknowledge sends whose requests
+/// completed already ([`Comm::goodbye`]).
+pub const CLOSE_DRAIN: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The comm operation that failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -301,7 +307,39 @@ impl<R: Role> Comm<R> {
 
     /// Tells the peer this is an orderly close, not a death ([`QueuePair::goodbye`]): a comm
     /// dropped without it, as in a process's death, says nothing.
+    ///
+    /// First it makes progress until the peer acknowledged every send whose request already
+    /// completed (a send comm's inline sends, `VERBSNET_INLINE_SIZE`), for at most
+    /// [`CLOSE_DRAIN`]: the transports drop what is not sent when the QP goes (tcp sends only
+    /// what is staged before its goodbye; verbs leave posted WRs to the QP's destruction), and
+    /// NCCL, which saw those sends complete, may close right after them. A comm that failed,
+    /// or whose peer does not acknowledge within the bound, closes anyway (with a WARN that
+    /// names what may not have arrived).
     pub fn goodbye(&self) {
+        let start = Instant::now();
+        loop {
+            let Ok(mut g) = self.core.lock() else {
+                return;
+            };
+            if !g.side.close_pending() {
+                break;
+            }
+            if start.elapsed() > CLOSE_DRAIN {
+                warn!(
+                    "{}: closing with sends the peer has not acknowledged within {} s (their \
+                     requests completed at the post, VERBSNET_INLINE_SIZE): the peer may not \
+                     have received them",
+                    self.label,
+                    CLOSE_DRAIN.as_secs()
+                );
+                break;
+            }
+            if g.progress(now_ns()).is_err() {
+                break;
+            }
+            drop(g);
+            std::thread::yield_now();
+        }
         if let Ok(mut g) = self.core.lock() {
             g.goodbye();
         }
@@ -331,6 +369,8 @@ impl SendComm {
             qps: u8::try_from(qps.len()).unwrap_or(u8::MAX),
             split,
             eager_limit: u64::from(cfg.eager_limit).min(peer.eager_buf_size),
+            // What QP 0 granted of `VERBSNET_INLINE_SIZE` (`conn::qp_config`).
+            inline_max: u64::from(qps[0].max_inline_data()),
             credits: cfg.credits,
             initial_credits: peer.initial_credits,
             hdr_stage: bufs.hdr.at(),

@@ -69,6 +69,13 @@ pub(super) mod sealed {
         fn test(&mut self, id: ReqId) -> Result<Option<Sizes>, ReqError>;
         /// On drop: the pool buffers the engine still holds, to give back after the QP.
         fn release(&mut self) -> Option<Held>;
+        /// Before an orderly close: whether WRs the peer has not acknowledged back requests
+        /// that completed already (a send comm's inline sends); queues what makes their
+        /// acknowledgement show ([`crate::engine::SendEngine::flush_inline`]). `false` on a
+        /// receive comm.
+        fn close_pending(&mut self) -> bool {
+            false
+        }
     }
 }
 
@@ -150,6 +157,9 @@ impl RecvSide {
 impl sealed::Side for SendSide {
     const NAME: &'static str = "send";
     const MAX_REQUESTS: usize = MAX_SEND_REQUESTS;
+    fn close_pending(&mut self) -> bool {
+        self.engine.flush_inline()
+    }
     fn stats(&self) -> &Stats {
         self.engine.stats()
     }
