@@ -1221,6 +1221,79 @@ fn a_request_the_engine_can_start_polls_no_cq_and_retry_later_always_polls() {
     close(vec![l]);
 }
 
+/// A small send whose clear-to-send is known goes inline (`VERBSNET_INLINE_SIZE`, default on
+/// both transports): its request completes at the post, before the peer acknowledged it, so the
+/// caller may write the next message into the same buffer at once; the receiver still gets the
+/// bytes of each post. A send comm closed right after such sends (the receiver not called in
+/// between) waits for their acknowledgement first, so nothing of them is lost.
+#[test]
+fn inline_sends_complete_at_the_post_and_a_close_right_after_still_delivers_them() {
+    let _g = serial();
+    let Some((dev, kind)) = device("inline") else {
+        return;
+    };
+    let cfg = base_cfg();
+    let l = link(&dev, kind, &cfg, &cfg);
+    const N: usize = 20;
+    const SIZE: usize = 64;
+    let sb = Buf::new(&dev, 4096).unwrap();
+    let rb = Buf::new(&dev, N * 4096).unwrap();
+    let recvs: Vec<ReqId> = (0..N)
+        .map(|i| {
+            l.recv
+                .irecv(&[(rb.addr(i * 4096), 4096, 0, &rb.mr)])
+                .unwrap()
+                .expect("receive started")
+        })
+        .collect();
+    for k in 0..POLLS {
+        if counter(&l.send, "cts") == N as u64 {
+            break;
+        }
+        assert!(k + 1 < POLLS, "the clear-to-sends never arrived");
+        l.send.progress().unwrap();
+    }
+    for j in 0..N {
+        sb.fill(0, &payload(j as u64, SIZE));
+        let id = l
+            .send
+            .isend(sb.addr(0), SIZE as u64, 0, &sb.mr)
+            .unwrap()
+            .expect("send started");
+        // Done at the first test, whatever the peer did meanwhile.
+        let done = l.send.test(id).unwrap();
+        assert_eq!(
+            done.map(|s| s.to_vec()),
+            Some(vec![SIZE as u64]),
+            "send {j}"
+        );
+        sb.fill(0, &[0xee; SIZE]);
+    }
+    assert_eq!(counter(&l.send, "inline_sends"), N as u64);
+    let Link { send, recv, .. } = l;
+    send.close();
+    for (j, &r) in recvs.iter().enumerate() {
+        let mut got = None;
+        for _ in 0..POLLS {
+            got = recv.test(r).unwrap();
+            if got.is_some() {
+                break;
+            }
+        }
+        assert_eq!(
+            got.map(|s| s.to_vec()),
+            Some(vec![SIZE as u64]),
+            "receive {j}"
+        );
+        assert_eq!(
+            rb.get(j * 4096, SIZE),
+            payload(j as u64, SIZE),
+            "receive {j}"
+        );
+    }
+    recv.close();
+}
+
 // ---------------------------------------------------------------------------------------------
 // 7b. Shared comm, skewed senders: NCCL_NET_SHARED_COMMS (on by default, with PXN) shares one
 // connection between the local ranks of a node, each sending with its own tag whenever its GPU
