@@ -1,6 +1,6 @@
 //! What only the ib transport has, against a real verbs device: device properties and the
 //! GUID from sysfs, the `VERBSNET_IB_HCA` filter, the GID choice (automatic and forced) and its
-//! log lines, CQ depths clamped to the device's limits.
+//! log lines, CQ depths clamped to the device's limits, inline data the device refuses.
 //!
 //! Run inside the soft-RoCE VM (`testharness/softroce/vm-suite.sh`), where `rxe0` exists. On a
 //! host without a verbs device (or without libibverbs) every test prints a `SKIP` line and
@@ -164,6 +164,34 @@ fn queue_depths_are_clamped_to_device_limits() {
     drop(qp);
     if hca().starts_with("rxe") {
         assert!(logged(&["WARN", "CQ depth clamped", "limit=32767"]));
+    }
+}
+
+#[test]
+fn inline_data_the_device_refuses_is_turned_off() {
+    let Some(dev) = device("inline_data_the_device_refuses_is_turned_off") else {
+        return;
+    };
+    // 1 MiB inline per WR: more than any device takes (rxe: 400 bytes): the QP is created
+    // again without inline data, and an INFO line says so
+    let cfg = QpConfig {
+        max_inline_data: 1 << 20,
+        ..conformance::qp_cfg()
+    };
+    let qp = dev
+        .create_qp(&cfg)
+        .expect("create_qp without the inline data refused");
+    assert_eq!(qp.max_inline_data(), 0);
+    assert!(logged(&[
+        "INFO",
+        "refused 1048576 bytes of inline data per send WR"
+    ]));
+    drop(qp);
+    // what the device granted of the suite's 256 bytes is what ibv_create_qp wrote back
+    let qp = dev.create_qp(&conformance::qp_cfg()).expect("create_qp");
+    println!("granted max_inline_data {}", qp.max_inline_data());
+    if hca().starts_with("rxe") {
+        assert!(qp.max_inline_data() >= 256, "{}", qp.max_inline_data());
     }
 }
 

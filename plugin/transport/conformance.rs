@@ -1095,6 +1095,152 @@ pub fn large_send_survives_rnr_and_is_resent_from_memory(t: &Transport) {
     assert!(dst.bytes() == src.bytes(), "1 MiB differ");
 }
 
+/// Inline WRs ([`SendWr::inline`]: `IBV_SEND_INLINE`) are copied at the post: a SEND into a
+/// posted receive, an unsignaled and a signaled RDMA WRITE, and a WRITE_WITH_IMM, each of
+/// `min(200, max_inline_data)` bytes, posted in one list, whose source is overwritten as soon
+/// as `post_send` returns, deliver the bytes of the post (`byte_len` the length); only the
+/// signaled WRs complete at the sender. Twice: with the receives posted, and with none
+/// posted until the peer sent an RNR NAK, so that every message is sent again after the
+/// overwrite (go-back-N), from the copy. A QP that granted no inline data skips.
+pub fn inline_send_is_copied_at_post(t: &Transport) {
+    t.each_device_pair(|da, db| {
+        for rnr in [false, true] {
+            let mut p = Pair::new(t, da, db);
+            let granted = p.a.max_inline_data();
+            if granted == 0 {
+                println!(
+                    "SKIP inline_send_is_copied_at_post: {} granted no inline data",
+                    da.props().name
+                );
+                return;
+            }
+            let len = granted.min(200);
+            let n = len as usize;
+            let src = Buf::filled(&**da, 4 * n, 40);
+            let posted = src.bytes();
+            let bounce = Buf::new(&**db, n);
+            let dst = Buf::new(&**db, 3 * n);
+            let recvs = [recv(0xb1, bounce.sge(0, len)), recv(0xb2, Sge::default())];
+            if !rnr {
+                p.b.post_recv(&recvs).expect("post_recv");
+            }
+            let inline = |mut wr: SendWr| {
+                wr.inline = true;
+                wr
+            };
+            p.a.post_send(&[
+                inline(send(1, &[src.sge(0, len)])),
+                inline(write(2, &[src.sge(n, len)], dst.addr(0), dst.rkey(), false)),
+                inline(write(
+                    3,
+                    &[src.sge(2 * n, len)],
+                    dst.addr(n),
+                    dst.rkey(),
+                    true,
+                )),
+                inline(send_wr(
+                    4,
+                    &[src.sge(3 * n, len)],
+                    SendOpcode::RdmaWriteWithImm {
+                        remote_addr: dst.addr(2 * n),
+                        rkey: dst.rkey(),
+                        imm: 0x1a1a_1e1e,
+                    },
+                    true,
+                )),
+            ])
+            .expect("post_send");
+            // Reused at once, as the caller of an inline post may.
+            src.region.write(0, &vec![0x5a; 4 * n]).expect("overwrite");
+            if rnr {
+                p.drive("an RNR NAK", |p| p.rnr().sent >= 1);
+                assert!(p.wa.is_empty() && p.wb.is_empty());
+                p.b.post_recv(&recvs).expect("post_recv");
+            }
+            p.drive_to(3, 2);
+            p.settle();
+            let what = if rnr {
+                "after an RNR NAK"
+            } else {
+                "receives posted"
+            };
+            assert_eq!(
+                p.wa,
+                [
+                    ok(1, WcOpcode::Send, 0, None),
+                    ok(3, WcOpcode::RdmaWrite, 0, None),
+                    ok(4, WcOpcode::RdmaWrite, 0, None)
+                ],
+                "{what}"
+            );
+            assert_eq!(
+                p.wb,
+                [
+                    ok(0xb1, WcOpcode::Recv, len, None),
+                    ok(0xb2, WcOpcode::RecvRdmaWithImm, len, Some(0x1a1a_1e1e))
+                ],
+                "{what}"
+            );
+            assert!(bounce.bytes() == posted[..n], "{what}: the SEND's bytes");
+            assert!(
+                dst.bytes() == posted[n..],
+                "{what}: the WRITEs' bytes (unsignaled, signaled, with immediate)"
+            );
+        }
+    });
+}
+
+/// An inline WR of `max_inline_data() + 1` bytes fails `post_send` (`Resource`, naming the
+/// size and the limit) with the whole list: the valid SEND ahead of it is not posted either,
+/// and nothing arrives. The QP still works: a normal SEND of the same bytes, and (where any
+/// was granted) an inline SEND of exactly `max_inline_data()` bytes, go through.
+pub fn inline_send_longer_than_granted_is_refused(t: &Transport) {
+    let (da, db) = t.one_device();
+    let mut p = Pair::new(t, &da, &db);
+    let granted = p.a.max_inline_data();
+    let n = granted as usize + 1;
+    let src = Buf::filled(&*da, n, 41);
+    let dst = Buf::new(&*db, 2 * n);
+    p.b.post_recv(&[recv(0xb1, dst.sge(0, n as u32))])
+        .expect("post_recv");
+    let mut long = write(2, &[src.sge(0, n as u32)], dst.addr(0), dst.rkey(), true);
+    long.inline = true;
+    match p.a.post_send(&[send(1, &[src.sge(0, 8)]), long]) {
+        Err(TransportError::Resource(m)) => assert!(
+            m.contains(&format!("{n} bytes")) && m.contains(&format!("max_inline_data {granted}")),
+            "the error names the size and the limit: {m}"
+        ),
+        other => panic!("an inline WR over max_inline_data {granted} was not refused: {other:?}"),
+    }
+    p.settle();
+    assert!(
+        p.wa.is_empty() && p.wb.is_empty(),
+        "nothing of a refused post: a={:?} b={:?}",
+        p.wa,
+        p.wb
+    );
+    assert!(dst.bytes().iter().all(|&x| x == 0), "nothing written");
+    p.a.post_send(&[send(3, &[src.sge(0, n as u32)])])
+        .expect("post_send after the refusal");
+    p.drive_to(1, 1);
+    assert_eq!(p.wa, [ok(3, WcOpcode::Send, 0, None)]);
+    assert_eq!(p.wb, [ok(0xb1, WcOpcode::Recv, n as u32, None)]);
+    assert!(dst.bytes()[..n] == src.bytes()[..]);
+    if granted > 0 {
+        p.b.post_recv(&[recv(0xb2, dst.sge(n, granted))])
+            .expect("post_recv");
+        let mut exact = send(4, &[src.sge(0, granted)]);
+        exact.inline = true;
+        p.a.post_send(&[exact])
+            .expect("an inline WR of max_inline_data bytes");
+        p.drive_to(2, 2);
+        p.settle();
+        assert_eq!(p.wa[1..], [ok(4, WcOpcode::Send, 0, None)]);
+        assert_eq!(p.wb[1..], [ok(0xb2, WcOpcode::Recv, granted, None)]);
+        assert!(dst.bytes()[n..2 * n - 1] == src.bytes()[..n - 1]);
+    }
+}
+
 /// A 16 MiB RDMA WRITE completes with every byte in place.
 pub fn sixteen_mib_write_completes_with_the_right_bytes(t: &Transport) {
     let (da, db) = t.one_device();
@@ -1687,6 +1833,8 @@ suite!(
     rnr_then_recv_posted_later_completes,
     rnr_retry_exceeded_then_flush,
     large_send_survives_rnr_and_is_resent_from_memory,
+    inline_send_is_copied_at_post,
+    inline_send_longer_than_granted_is_refused,
     sixteen_mib_write_completes_with_the_right_bytes,
     simultaneous_large_transfers_both_ways,
     a_thousand_small_sends_arrive_in_order,
@@ -1729,6 +1877,8 @@ macro_rules! transport_conformance {
             rnr_then_recv_posted_later_completes,
             rnr_retry_exceeded_then_flush,
             large_send_survives_rnr_and_is_resent_from_memory,
+            inline_send_is_copied_at_post,
+            inline_send_longer_than_granted_is_refused,
             sixteen_mib_write_completes_with_the_right_bytes,
             simultaneous_large_transfers_both_ways,
             a_thousand_small_sends_arrive_in_order,

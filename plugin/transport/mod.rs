@@ -92,8 +92,11 @@ pub struct SendWr {
     /// copies the gathered bytes during [`QueuePair::post_send`], so the memory the SGEs name
     /// may be reused (or deregistered) as soon as the post returns, and a retransmission
     /// sends the copy. At most [`QueuePair::max_inline_data`] bytes in all: a longer inline WR
-    /// fails the post (`InvalidArgument`) and nothing of it is sent. The SGEs must still name
-    /// registered memory on tcp (it checks their lkeys at the post); verbs ignores the lkey.
+    /// fails the whole post ([`TransportError::Resource`], naming the size and the limit)
+    /// before any WR of it is posted, so nothing of it is sent. The SGEs must still name
+    /// registered memory on tcp (it checks their lkeys at the post: an SGE outside every
+    /// registered region completes the WR with [`WcStatus::LocalProtection`]); verbs ignores
+    /// the lkey.
     pub inline: bool,
 }
 
@@ -465,7 +468,10 @@ pub trait QueuePair: Send {
     /// take messages with no further call.
     fn handshake_complete(&mut self) {}
 
-    /// Posts send WRs in order. Errors: the SQ is full, or the QP is in the error state.
+    /// Posts send WRs in order. Errors: the SQ is full, or the QP is in the error state; an
+    /// inline WR ([`SendWr::inline`]) longer than [`QueuePair::max_inline_data`] refuses the
+    /// whole list (`Resource`, nothing posted). An inline WR's bytes are copied before this
+    /// returns.
     fn post_send(&mut self, wrs: &[SendWr]) -> Result<()>;
 
     /// Posts receive WRs in one call (one `ibv_post_recv` with a chain). Legal before

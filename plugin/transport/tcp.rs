@@ -25,7 +25,7 @@
 //!   connection down, because the frame can be neither finished nor cut short.
 //! - **Sending.** `post_send` only queues. Each WR gets the next message sequence number (PSN,
 //!   `u32`, wrapping; the first is random and travels in `local_info`). `poll_cq` resolves its
-//!   SGEs in the registry when it puts the message on the wire (an SGE outside every registered
+//!   SGEs in the registry (an inline WR's: at the post, below) when it puts the message on the wire (an SGE outside every registered
 //!   region: `LocalProtection`; more than 1 GiB in all: `LocalLength`). Payloads up to 16 KiB
 //!   are copied into the out-buffer with their header; a larger one is gathered straight from
 //!   registered memory behind it, so everything ready in one flush (control frames, several
@@ -40,6 +40,15 @@
 //!   polling): a send completes whether or not the peer's owner ever calls again. Inside a caller's batch (`begin_batch` … `end_batch`: one comm entry) those
 //!   ACKs wait for the batch's next `post_send`, and leave in its `sendmsg`, or for the batch's
 //!   end; the thread never services a QP inside its owner's batch.
+//! - **Inline sends.** A WR with `inline` set ([`crate::transport::SendWr::inline`], at most
+//!   [`QueuePair::max_inline_data`] bytes: `QpConfig::max_inline_data` capped at 16 KiB, the
+//!   size copied into the out-buffer anyway) is gathered by `post_send` itself: its SGEs are
+//!   resolved in the registry and their bytes copied into the WR's send-queue entry then (an
+//!   SGE outside every registered region: the WR completes `LocalProtection` in its turn).
+//!   Its frame, first sent and every retransmission after an RNR NAK, carries that copy, so
+//!   the source may be overwritten or deregistered as soon as `post_send` returns, as with
+//!   `IBV_SEND_INLINE`. A longer inline WR refuses the whole post (`Resource`): no WR of that
+//!   post is queued or sent. On the wire an inline message is an ordinary data frame.
 //! - **Receiving.** A SEND or RDMA WRITE with immediate consumes the oldest posted receive WR.
 //!   SEND data goes to the receive WR's buffer (`byte_len` = message length, opcode `Recv`);
 //!   WRITE-with-immediate data goes to `remote_addr` (rkey and bounds checked), and the receive
@@ -55,7 +64,7 @@
 //!   carrying its `min_rnr_timer`, and discards that message and every later one until the
 //!   message comes again (go-back-N). The requester counts `rnr_naks_received`, waits the
 //!   decoded timer (IB table: 0 = 655.36 ms, 1 = 0.01 ms ... 31 = 491.52 ms), then resends from
-//!   that message, re-reading the source memory. A WR NAKed more than `rnr_retry` times (7 =
+//!   that message, re-reading the source memory (an inline WR: its copy from the post). A WR NAKed more than `rnr_retry` times (7 =
 //!   forever) completes `RnrRetryExceeded`.
 //! - **Responder errors.** The responder NAKs and enters the error state, writing nothing:
 //!
@@ -89,7 +98,8 @@
 //!   the error state drops what it reads (it may have lost the stream's framing), so a BYE
 //!   arriving after a failure reads as a plain close.
 //! - **Limits.** `post_send`/`post_recv` refuse a whole batch that would exceed
-//!   `max_send_wr`/`max_recv_wr` (`TransportError::Resource`); `post_send` before
+//!   `max_send_wr`/`max_recv_wr`, or that holds an inline WR over `max_inline_data`
+//!   (`TransportError::Resource`); `post_send` before
 //!   `establish` is refused (`Unavailable`).
 //! - **Not modelled.** `QpConfig::timeout` and `retry_cnt` (an ACK timeout). With the
 //!   device's thread a missing ACK is no longer only a peer that has not polled, but this
@@ -234,6 +244,8 @@ impl Device for TcpDevice {
         crate::config::INLINE_SIZE_TCP
     }
 
+    /// The QP grants `max_inline_data` up to 16 KiB (a larger request is capped, not refused).
+    ///
     /// # Errors
     /// `Resource` when an attribute is out of range: `max_send_wr`/`max_recv_wr` above
     /// 1,048,576, `min_rnr_timer` above 31, `rnr_retry` above 7.

@@ -46,6 +46,9 @@ pub struct IbQueuePair {
     flushed: Cell<bool>,
     /// Our own goodbye was written.
     said_goodbye: bool,
+    /// The inline size `ibv_create_qp` granted (`cap.max_inline_data` as it wrote it back):
+    /// [`QueuePair::max_inline_data`].
+    max_inline_data: u32,
     counters: QpCounters,
     warned_error: bool,
     // scratch space reused by every post/poll (no allocation on the data path)
@@ -116,6 +119,7 @@ impl IbQueuePair {
             goodbye_matched: Cell::new(0),
             flushed: Cell::new(false),
             said_goodbye: false,
+            max_inline_data: 0,
             counters: QpCounters::default(),
             warned_error: false,
             send_wrs: Vec::new(),
@@ -140,24 +144,48 @@ impl IbQueuePair {
         if me.cq.is_null() {
             return Err(io_err(format!("ibv_create_cq({cqe}) on {label}")));
         }
-        // SAFETY: ibv_qp_init_attr is plain data; all-zero is valid (null srq/context).
-        let mut init: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
-        init.send_cq = me.cq;
-        init.recv_cq = me.cq;
-        init.cap.max_send_wr = me.cfg.max_send_wr;
-        init.cap.max_recv_wr = me.cfg.max_recv_wr;
-        init.cap.max_send_sge = MAX_SEND_SGE as u32;
-        init.cap.max_recv_sge = 1;
-        init.qp_type = ibv_qp_type::IBV_QPT_RC;
-        init.sq_sig_all = 0;
+        let init_attr = |max_inline_data: u32| {
+            // SAFETY: ibv_qp_init_attr is plain data; all-zero is valid (null srq/context).
+            let mut init: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+            init.send_cq = me.cq;
+            init.recv_cq = me.cq;
+            init.cap.max_send_wr = me.cfg.max_send_wr;
+            init.cap.max_recv_wr = me.cfg.max_recv_wr;
+            init.cap.max_send_sge = MAX_SEND_SGE as u32;
+            init.cap.max_recv_sge = 1;
+            init.cap.max_inline_data = max_inline_data;
+            init.qp_type = ibv_qp_type::IBV_QPT_RC;
+            init.sq_sig_all = 0;
+            init
+        };
+        let mut init = init_attr(me.cfg.max_inline_data);
         // SAFETY: the PD is alive and init is fully initialised with our CQ.
         me.qp = unsafe { (verbs.create_qp)(me.pd.pd, &mut init) };
+        if me.qp.is_null() && me.cfg.max_inline_data > 0 {
+            // A device that takes fewer inline bytes (or none) refuses the whole QP: ask again
+            // without inline sends (max_inline_data() then says 0).
+            let refused = io::Error::last_os_error();
+            init = init_attr(0);
+            // SAFETY: as above.
+            me.qp = unsafe { (verbs.create_qp)(me.pd.pd, &mut init) };
+            if !me.qp.is_null() {
+                info!(
+                    dev = %label,
+                    asked = me.cfg.max_inline_data,
+                    "the device refused {} bytes of inline data per send WR ({refused}): QP \
+                     created without inline sends",
+                    me.cfg.max_inline_data
+                );
+            }
+        }
         if me.qp.is_null() {
             return Err(io_err(format!(
                 "ibv_create_qp(send {}, recv {}) on {label}",
                 me.cfg.max_send_wr, me.cfg.max_recv_wr
             )));
         }
+        // What the provider wrote back: at least what was asked (some round it up).
+        me.max_inline_data = init.cap.max_inline_data;
         // SAFETY: qp is a valid QP just created.
         me.qpn = unsafe { (*me.qp).qp_num };
 
@@ -174,7 +202,7 @@ impl IbQueuePair {
             | ibv_qp_attr_mask::IBV_QP_PORT
             | ibv_qp_attr_mask::IBV_QP_ACCESS_FLAGS;
         me.modify(&mut attr, mask, "INIT")?;
-        debug!(dev = %label, qp_num = me.qpn, psn = me.psn, cqe, send_wr = me.cfg.max_send_wr, recv_wr = me.cfg.max_recv_wr, "QP created (INIT)");
+        debug!(dev = %label, qp_num = me.qpn, psn = me.psn, cqe, send_wr = me.cfg.max_send_wr, recv_wr = me.cfg.max_recv_wr, max_inline_data = me.max_inline_data, "QP created (INIT)");
         Ok(me)
     }
 
@@ -455,6 +483,21 @@ impl QueuePair for IbQueuePair {
         if wrs.is_empty() {
             return Ok(());
         }
+        // 0. an inline WR over the granted size refuses the whole list before anything is
+        // posted (the provider would take the WRs before it and fail at it)
+        if let Some(wr) = wrs
+            .iter()
+            .find(|wr| wr.inline && wr.byte_len() > u64::from(self.max_inline_data))
+        {
+            return Err(TransportError::Resource(format!(
+                "ibv_post_send on QP {}: inline send WR {:#x} of {} bytes exceeds the QP's \
+                 max_inline_data {}",
+                self.qpn,
+                wr.wr_id,
+                wr.byte_len(),
+                self.max_inline_data
+            )));
+        }
         // 1. all SGEs that carry bytes (`carried`)
         // (no other allocation per post: the two vectors keep their capacity between posts)
         self.send_sges.clear();
@@ -484,11 +527,14 @@ impl QueuePair for IbQueuePair {
             } else {
                 sge_base.wrapping_add(start)
             };
-            w.send_flags = if wr.signaled {
-                ibv_send_flags::IBV_SEND_SIGNALED.0
-            } else {
-                0
-            };
+            w.send_flags = 0;
+            if wr.signaled {
+                w.send_flags |= ibv_send_flags::IBV_SEND_SIGNALED.0;
+            }
+            if wr.inline {
+                // the provider copies the bytes into the WQE during the post
+                w.send_flags |= ibv_send_flags::IBV_SEND_INLINE.0;
+            }
             match wr.opcode {
                 SendOpcode::Send => w.opcode = ibv_wr_opcode::IBV_WR_SEND,
                 SendOpcode::RdmaWrite { remote_addr, rkey } => {
@@ -679,6 +725,10 @@ impl QueuePair for IbQueuePair {
 
     fn counters(&self) -> QpCounters {
         self.counters
+    }
+
+    fn max_inline_data(&self) -> u32 {
+        self.max_inline_data
     }
 }
 

@@ -117,6 +117,8 @@ pub(super) struct TcpQueuePair {
     armed: bool,
     /// Counted in `nic`'s live QPs.
     registered: bool,
+    /// [`TcpQp::max_inline_data`], fixed at creation (read without the state's lock).
+    max_inline_data: u32,
 }
 
 impl TcpQueuePair {
@@ -124,6 +126,7 @@ impl TcpQueuePair {
     pub(super) fn new(core: TcpQp, nic: Option<Arc<Nic>>) -> TcpQueuePair {
         let _ = epoch(); // set before any poll it measures
         let preempt = core.preempt_flag();
+        let max_inline_data = core.max_inline_data();
         TcpQueuePair {
             shared: Arc::new(Shared {
                 core: Mutex::new(core),
@@ -136,6 +139,7 @@ impl TcpQueuePair {
             established: false,
             armed: false,
             registered: false,
+            max_inline_data,
         }
     }
 
@@ -291,6 +295,10 @@ impl QueuePair for TcpQueuePair {
 
     fn counters(&self) -> QpCounters {
         self.core().counters()
+    }
+
+    fn max_inline_data(&self) -> u32 {
+        self.max_inline_data
     }
 }
 

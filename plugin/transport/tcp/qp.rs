@@ -565,9 +565,15 @@ impl TcpQp {
         Ok(())
     }
 
-    /// All or nothing: a batch that does not fit is refused whole. On a QP in the error state
-    /// the WRs are accepted and complete with `WrFlush` (as verbs do). After
-    /// [`TcpQp::goodbye`] every post is refused (`Unavailable`).
+    /// All or nothing: a batch that does not fit, or holds a WR with too many SGEs or an
+    /// inline WR longer than [`TcpQp::max_inline_data`], is refused whole (`Resource`). On a
+    /// QP in the error state the WRs are accepted and complete with `WrFlush` (as verbs do).
+    /// After [`TcpQp::goodbye`] every post is refused (`Unavailable`).
+    ///
+    /// An inline WR ([`SendWr::inline`]) is gathered here, from registered memory, into its
+    /// SQ entry: its first transmission and every retransmission send that copy. An SGE
+    /// outside every registered region fails the WR with `LocalProtection` when its turn
+    /// comes, as for a WR read at staging.
     pub(super) fn post_send(&mut self, wrs: &[SendWr]) -> Result<()> {
         self.refuse_after_goodbye("post_send")?;
         if self.state == QpState::Init {
@@ -582,6 +588,19 @@ impl TcpQp {
                 self.qp_num, wr.wr_id, wr.num_sge
             )));
         }
+        let max_inline = self.max_inline_data();
+        if let Some(wr) = wrs
+            .iter()
+            .find(|wr| wr.inline && wr.byte_len() > u64::from(max_inline))
+        {
+            return Err(TransportError::Resource(format!(
+                "tcp QP {:#08x}: inline send WR {:#x} of {} bytes exceeds the QP's \
+                 max_inline_data {max_inline}",
+                self.qp_num,
+                wr.wr_id,
+                wr.byte_len()
+            )));
+        }
         let cap = self.cfg.max_send_wr as usize;
         if self.sq.len() + wrs.len() > cap {
             return Err(TransportError::Resource(format!(
@@ -593,11 +612,21 @@ impl TcpQp {
             )));
         }
         for wr in wrs {
+            // In the error state the WR flushes: nothing to copy.
+            let (inline, status) = if wr.inline && self.state == QpState::Ready {
+                match self.copy_inline(wr) {
+                    Some(copy) => (Some(copy), None),
+                    None => (None, Some(WcStatus::LocalProtection)),
+                }
+            } else {
+                (None, None)
+            };
             self.sq.push_back(SendEntry {
                 wr: *wr,
                 psn: self.next_psn,
-                status: None,
+                status,
                 rnr_naks: 0,
+                inline,
             });
             self.next_psn = self.next_psn.wrapping_add(1);
         }
@@ -784,6 +813,12 @@ impl TcpQp {
 
     pub(super) fn counters(&self) -> QpCounters {
         self.counters
+    }
+
+    /// The largest inline send WR this QP takes: what `QpConfig::max_inline_data` asked,
+    /// capped at the payload size the QP copies into its out-buffer anyway (`INLINE_MAX`).
+    pub(super) fn max_inline_data(&self) -> u32 {
+        self.cfg.max_inline_data.min(INLINE_MAX as u32)
     }
 }
 

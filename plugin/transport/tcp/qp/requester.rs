@@ -18,6 +18,11 @@ pub(super) struct SendEntry {
     pub(super) status: Option<WcStatus>,
     /// RNR NAKs received for this WR.
     pub(super) rnr_naks: u32,
+    /// An inline WR's gathered bytes, copied at the post ([`SendWr::inline`]): every
+    /// transmission of the message (the first, and each after an RNR NAK) sends this copy,
+    /// never the memory the SGEs name. `None` for other WRs (read from registered memory when
+    /// staged).
+    pub(super) inline: Option<Vec<u8>>,
 }
 
 /// `rnr_retry` value meaning "retry forever" (IB spec).
@@ -26,7 +31,8 @@ pub(super) const RNR_RETRY_INFINITE: u8 = 7;
 impl TcpQp {
     /// Stages the message at `snd_nxt`, if the QP may send it now. A WR whose SGEs do not
     /// resolve fails here (`LocalProtection`, `LocalLength`) and blocks the ones behind it; it
-    /// completes once everything before it is acknowledged (completions stay in order).
+    /// completes once everything before it is acknowledged (completions stay in order). An
+    /// inline WR's payload is its copy from the post ([`SendEntry::inline`]).
     pub(super) fn stage_data(&mut self, now: Instant) -> bool {
         if self.state != QpState::Ready || self.closing != Closing::Open {
             return false;
@@ -60,7 +66,13 @@ impl TcpQp {
         }
         let len = total as u32; // fits: checked against MAX_MSG_LEN above
         let mut segs = Vec::with_capacity(MAX_SEND_SGE);
-        for sge in entry.wr.sges().iter().filter(|s| s.length > 0) {
+        // An inline WR was gathered at its post: nothing to resolve.
+        let sges = if entry.inline.is_some() {
+            &[][..]
+        } else {
+            entry.wr.sges()
+        };
+        for sge in sges.iter().filter(|s| s.length > 0) {
             match self.registry.resolve(sge.lkey, sge.addr, sge.length) {
                 Some(r) => segs.push((sge.lkey, r)),
                 None => {
@@ -104,7 +116,10 @@ impl TcpQp {
             header[29] |= wire::FLAG_UNSIGNALED;
         }
         self.tx_buf.extend_from_slice(&header);
-        if len as usize <= INLINE_MAX {
+        if let Some(copy) = &entry.inline {
+            // Taken at the post (at most `max_inline_data` <= INLINE_MAX bytes, `len` of them).
+            self.tx_buf.extend_from_slice(copy);
+        } else if len as usize <= INLINE_MAX {
             for (key, r) in &segs {
                 let tx_buf = &mut self.tx_buf;
                 let copied = self
@@ -225,6 +240,34 @@ impl TcpQp {
             }
             self.snd_una = self.snd_una.wrapping_add(1);
         }
+    }
+
+    /// An inline WR's gathered bytes, copied now (its post) from registered memory, each SGE
+    /// while its key stays registered; `None` when an SGE lies outside every registered
+    /// region (the WR then fails `LocalProtection`, as a WR staged from memory does).
+    pub(super) fn copy_inline(&self, wr: &SendWr) -> Option<Vec<u8>> {
+        let mut copy = Vec::with_capacity(usize::try_from(wr.byte_len()).unwrap_or(0));
+        for sge in wr.sges().iter().filter(|s| s.length > 0) {
+            let copied = self
+                .registry
+                .resolve(sge.lkey, sge.addr, sge.length)
+                .and_then(|r| {
+                    self.registry
+                        .while_registered(sge.lkey, || r.append_to(0, r.len(), &mut copy))
+                });
+            if !matches!(copied, Some(Ok(()))) {
+                debug!(
+                    qp_num = self.qp_num,
+                    wr_id = wr.wr_id,
+                    lkey = sge.lkey,
+                    addr = sge.addr,
+                    length = sge.length,
+                    "inline SGE outside every registered region"
+                );
+                return None;
+            }
+        }
+        Some(copy)
     }
 
     pub(super) fn entry_mut(&mut self, psn: u32) -> Option<&mut SendEntry> {

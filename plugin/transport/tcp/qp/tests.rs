@@ -495,3 +495,118 @@ fn service_gives_way_to_a_waiting_owner_before_any_socket_call() {
         "nothing completed yet (no ACK from the peer)"
     );
 }
+
+/// Polls `qp` until it has taken in its `naks`th RNR NAK and staged and written message
+/// `psn` again (its `snd_nxt` passed it and nothing is left to write), for at most 10 s.
+fn resent(qp: &mut TcpQp, psn: u32, naks: u64) {
+    let deadline = Instant::now() + std::time::Duration::from_secs(10);
+    while (qp.counters().rnr_naks_received != naks
+        || qp.snd_nxt != psn.wrapping_add(1)
+        || !qp.tx_buf.is_empty())
+        && Instant::now() < deadline
+    {
+        assert!(poll_all(qp).is_empty(), "a completion before any ACK");
+    }
+    assert_eq!(
+        qp.counters().rnr_naks_received,
+        naks,
+        "RNR NAK not taken in"
+    );
+    assert_eq!(qp.snd_nxt, psn.wrapping_add(1), "message {psn} not resent");
+    assert!(qp.tx_buf.is_empty(), "message {psn} not written");
+}
+
+/// An inline SEND is copied at its post: its source, overwritten and then deregistered
+/// right after `post_send` returned, is never read again. The first transmission and both
+/// retransmissions after RNR NAKs (the responder had no receive WR posted, then it had one)
+/// carry the bytes of the post, and the WR completes `Success` on the ACK.
+#[test]
+fn an_inline_send_that_meets_rnr_naks_is_resent_from_its_copy() {
+    let (mut qp, mut peer, region, lkey) = established();
+    qp.cfg.max_inline_data = 256;
+    assert_eq!(qp.max_inline_data(), 256);
+    let original: Vec<u8> = (0..200).map(|i| (i * 7 % 251) as u8).collect();
+    region.write(0, &original).expect("fill");
+    let mut wr = send_of(&region, lkey, 200);
+    wr.inline = true;
+    qp.post_send(&[wr]).expect("post");
+    region.write(0, &[0xee; 200]).expect("overwrite");
+    let first = read_frames_after_poll(&mut qp, &mut peer);
+    assert_eq!(first.0, Frame::Send { psn: 100, len: 200 });
+    assert!(
+        first.1 == original,
+        "first transmission: not the posted bytes"
+    );
+    // No receive WR at the responder: RNR NAK, the QP resends after the timer (0.01 ms).
+    peer.write_all(&Frame::RnrNak { psn: 100, timer: 1 }.encode())
+        .expect("rnr nak");
+    resent(&mut qp, 100, 1);
+    let again = read_frames(&mut peer, 1).remove(0);
+    assert_eq!(again.0, Frame::Send { psn: 100, len: 200 });
+    assert!(again.1 == original, "retransmission: not the posted bytes");
+    // Deregistered meanwhile: still resent from the copy, no `LocalProtection`.
+    qp.registry.remove(lkey);
+    peer.write_all(&Frame::RnrNak { psn: 100, timer: 1 }.encode())
+        .expect("rnr nak");
+    resent(&mut qp, 100, 2);
+    let last = read_frames(&mut peer, 1).remove(0);
+    assert_eq!(last.0, Frame::Send { psn: 100, len: 200 });
+    assert!(
+        last.1 == original,
+        "second retransmission: not the posted bytes"
+    );
+    // A receive WR was posted at last: the responder acknowledges.
+    peer.write_all(&Frame::Ack { psn: 100 }.encode())
+        .expect("ack");
+    let deadline = Instant::now() + std::time::Duration::from_secs(10);
+    let mut done = Vec::new();
+    while done.is_empty() && Instant::now() < deadline {
+        done = poll_all(&mut qp);
+    }
+    assert_eq!(done.len(), 1, "{done:?}");
+    assert_eq!((done[0].wr_id, done[0].status), (1, WcStatus::Success));
+}
+
+/// The first frame `qp` writes (its doorbell is off: the first poll stages it).
+fn read_frames_after_poll(qp: &mut TcpQp, peer: &mut TcpStream) -> (Frame, Vec<u8>) {
+    assert!(poll_all(qp).is_empty());
+    read_frames(peer, 1).remove(0)
+}
+
+/// An inline WR longer than `max_inline_data` refuses the whole post, the WRs before it
+/// included (nothing queued); an inline WR whose SGE lies outside registered memory is
+/// accepted and fails `LocalProtection` in its turn, as a WR read at staging does.
+#[test]
+fn an_inline_post_is_checked_at_the_post() {
+    let (mut qp, mut peer, region, lkey) = established();
+    qp.cfg.max_inline_data = 1 << 20;
+    assert_eq!(qp.max_inline_data(), 16 << 10, "capped at INLINE_MAX");
+    qp.cfg.max_inline_data = 64;
+    let mut long = send_of(&region, lkey, 65);
+    long.inline = true;
+    let e = qp
+        .post_send(&[send_of(&region, lkey, 8), long])
+        .expect_err("an inline WR over max_inline_data");
+    assert!(
+        matches!(&e, TransportError::Resource(m) if m.contains("65 bytes") && m.contains("max_inline_data 64")),
+        "{e}"
+    );
+    assert!(qp.sq.is_empty(), "nothing of the refused post queued");
+    let mut bad = send_of(&region, lkey.wrapping_add(1), 8);
+    bad.inline = true;
+    bad.wr_id = 2;
+    qp.post_send(&[bad]).expect("accepted");
+    assert_eq!(qp.sq[0].status, Some(WcStatus::LocalProtection));
+    let wcs = poll_all(&mut qp);
+    assert_eq!(wcs.len(), 1, "{wcs:?}");
+    assert_eq!(
+        (wcs[0].wr_id, wcs[0].status),
+        (2, WcStatus::LocalProtection)
+    );
+    peer.set_nonblocking(true).expect("nonblocking");
+    let mut buf = [0u8; 64];
+    assert!(
+        matches!(std::io::Read::read(&mut peer, &mut buf), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "nothing sent"
+    );
+}
