@@ -1271,6 +1271,16 @@ fn inline_sends_complete_at_the_post_and_a_close_right_after_still_delivers_them
     }
     assert_eq!(counter(&l.send, "inline_sends"), N as u64);
     let Link { send, recv, .. } = l;
+    // The close's wait: the 16th send was signaled, the last 4 are acknowledged through the
+    // zero-length flush write, which must itself complete without error.
+    send.goodbye();
+    assert_eq!(
+        counter(&send, "sq_wrs_posted"),
+        N as u64 + 1,
+        "{N} sends and one flush write"
+    );
+    assert_eq!(counter(&send, "error_completions"), 0);
+    assert!(send.sticky_error().is_none(), "{:?}", send.sticky_error());
     send.close();
     for (j, &r) in recvs.iter().enumerate() {
         let mut got = None;

@@ -226,10 +226,10 @@ knobs! {
              into the send WR when it is posted (`IBV_SEND_INLINE`; the tcp transport copies it \
              into its frame), so the request completes at once, without waiting a round trip \
              for the peer's acknowledgement, and the WR is signaled only one time in 16 \
-             (`inline_sends`). Auto (unset or `-1`): 256 on ib (asked of the device at QP \
-             creation; a device that grants less caps it, one that refuses turns it off, with \
-             an INFO line), 4096 on tcp, which copies small payloads into its frames anyway. \
-             `0`: every send completes on its own completion, as NCCL IB's do. A failure of an \
+             (`inline_sends`). Auto (unset or `-1`): 256 on ib, asked of the device at QP \
+             creation (rxe grants it; a device that refuses is asked for none, with an INFO \
+             line, and what it takes then caps the size), and 4096 on tcp, which copies small \
+             payloads into its frames anyway. `0`: every send completes on its own completion, as NCCL IB's do. A failure of an \
              inline send after its request completed fails the comm: the next call reports \
              it. Closing the comm waits (up to 5 s) until the peer acknowledged every inline \
              send.",

@@ -162,8 +162,9 @@ impl IbQueuePair {
         // SAFETY: the PD is alive and init is fully initialised with our CQ.
         me.qp = unsafe { (verbs.create_qp)(me.pd.pd, &mut init) };
         if me.qp.is_null() && me.cfg.max_inline_data > 0 {
-            // A device that takes fewer inline bytes (or none) refuses the whole QP: ask again
-            // without inline sends (max_inline_data() then says 0).
+            // A device that takes fewer inline bytes refuses the whole QP: ask again for none.
+            // What it writes back then is what it takes anyway (rxe: 32 bytes; some: 0), and
+            // max_inline_data() says that.
             let refused = io::Error::last_os_error();
             init = init_attr(0);
             // SAFETY: as above.
@@ -173,8 +174,10 @@ impl IbQueuePair {
                     dev = %label,
                     asked = me.cfg.max_inline_data,
                     "the device refused {} bytes of inline data per send WR ({refused}): QP \
-                     created without inline sends",
-                    me.cfg.max_inline_data
+                     created asking none; it takes {} bytes inline (VERBSNET_INLINE_SIZE \
+                     above that is not used)",
+                    me.cfg.max_inline_data,
+                    init.cap.max_inline_data
                 );
             }
         }
