@@ -103,6 +103,9 @@ struct SendReq {
     pieces: u128,
     /// WRs it went in (0: one direct WRITE_WITH_IMM, or not direct).
     npieces: u8,
+    /// Inline sends posted before it: its WR on QP 0 completing shows them acknowledged too
+    /// (WRs of a QP complete in order).
+    inline_before: u64,
 }
 
 /// A receive group whose clear-to-send we have read and which is not fully matched: its
@@ -434,6 +437,7 @@ impl SendEngine {
             stall_reported: false,
             pieces: 0,
             npieces: 0,
+            inline_before: self.inline_posted,
         };
         let Some(id) = self.reqs.insert(req) else {
             return Ok(None);
@@ -610,7 +614,15 @@ impl SendEngine {
         // At most MAX_INLINE_UNACKED are outstanding, so the low 32 bits name one.
         let back = u64::from((self.inline_posted as u32).wrapping_sub(idx));
         let through = self.inline_posted.saturating_sub(back) + 1;
-        self.inline_acked = self.inline_acked.max(through.min(self.inline_posted));
+        self.inline_acked_below(now, through);
+    }
+
+    /// Every inline send below inline sequence number `through` is known acknowledged.
+    fn inline_acked_below(&mut self, now: u64, through: u64) {
+        if through <= self.inline_acked {
+            return;
+        }
+        self.inline_acked = through.min(self.inline_posted);
         self.inline_since = (self.inline_unacked() > 0).then_some((now, false));
     }
 
@@ -870,6 +882,14 @@ impl SendEngine {
             self.inline_acked_through(now, index);
             return;
         }
+        if kind == WrKind::InlineFlush {
+            // The flush carries no data: the inline sends before it completed, or completed with
+            // their own error (unsignaled WRs too), which fails the comm. It fails when the peer
+            // went meanwhile (a close racing the peer's own): nothing is left to wait for.
+            self.inline_acked = self.inline_posted;
+            self.inline_since = None;
+            return;
+        }
         if wc.status != WcStatus::Success {
             self.stats.error_completions += 1;
             let what = match kind {
@@ -904,6 +924,11 @@ impl SendEngine {
                 req.wc_done = req.pieces == 0;
             }
             _ => {}
+        }
+        // A WR on QP 0 completed after every inline send posted before it.
+        let before = req.inline_before;
+        if matches!(kind, WrKind::Eager | WrKind::Direct) || (kind == WrKind::Piece && qp == 0) {
+            self.inline_acked_below(now, before);
         }
     }
 

@@ -713,3 +713,38 @@ fn an_unsignaled_inline_tail_gets_a_flush_from_the_watchdog_then_a_stall_report(
     e.handle_wc(5 * s, &ok_wc(flush[0].wr_id));
     assert_eq!(e.inline_unacked(), 0);
 }
+
+#[test]
+fn a_later_completion_on_qp0_acknowledges_inline_sends_and_a_failed_flush_ends_the_wait() {
+    let mut e = inline_engine(4);
+    for _ in 0..2 {
+        let id = e.isend(0, 0x1000, Keys::one(5), 8, 0).unwrap().unwrap();
+        assert_eq!(e.test(id).unwrap(), Some(8));
+    }
+    // An ordinary direct send (above inline_max) after them: its completion covers them.
+    let big = e.isend(0, 0x1000, Keys::one(5), 100, 0).unwrap().unwrap();
+    let wrs = posted(e.drain_actions());
+    assert_eq!(wrs.iter().filter(|w| w.inline).count(), 2);
+    assert_eq!(e.inline_unacked(), 2);
+    e.handle_wc(1, &ok_wc(wrs[2].wr_id));
+    assert_eq!(e.test(big).unwrap(), Some(100));
+    assert_eq!(e.inline_unacked(), 0);
+    assert!(!e.flush_inline(), "nothing to flush");
+    // One more inline send, its flush failing (the peer closed meanwhile): no wait is left,
+    // and the comm is not failed by it.
+    let id = e.isend(2, 0x1000, Keys::one(5), 8, 0).unwrap().unwrap();
+    assert_eq!(e.test(id).unwrap(), Some(8));
+    e.drain_actions();
+    assert!(e.flush_inline());
+    let flush = posted(e.drain_actions())[0];
+    e.handle_wc(
+        3,
+        &Wc {
+            status: WcStatus::WrFlush,
+            ..ok_wc(flush.wr_id)
+        },
+    );
+    assert!(!e.flush_inline());
+    assert!(e.failure().is_none());
+    assert_eq!(e.stats().error_completions, 0);
+}
