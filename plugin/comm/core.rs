@@ -214,6 +214,12 @@ impl<R: Role> Core<R> {
         true
     }
 
+    /// Whether the peer closed or died ([`QueuePair::peer_closed`] of QP 0; ib: a read of the
+    /// set-up socket).
+    pub(super) fn peer_closed(&self) -> bool {
+        self.qps[0].peer_closed()
+    }
+
     /// Tells the peer this is an orderly close ([`QueuePair::goodbye`]), on every QP (ib: QP
     /// 0's set-up stream; tcp: each QP's own stream).
     pub(super) fn goodbye(&mut self) {

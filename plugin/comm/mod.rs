@@ -110,7 +110,7 @@ pub fn past(now: u64, since: u64, limit: u64) -> bool {
 
 /// The longest an orderly close waits for the peer to acknowledge sends whose requests
 /// completed already ([`Comm::goodbye`]).
-pub const CLOSE_DRAIN: std::time::Duration = std::time::Duration::from_secs(5);
+pub const CLOSE_DRAIN: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The comm operation that failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -312,25 +312,26 @@ impl<R: Role> Comm<R> {
     /// completed (a send comm's inline sends, `VERBSNET_INLINE_SIZE`), for at most
     /// [`CLOSE_DRAIN`]: the transports drop what is not sent when the QP goes (tcp sends only
     /// what is staged before its goodbye; verbs leave posted WRs to the QP's destruction), and
-    /// NCCL, which saw those sends complete, may close right after them. A comm that failed,
-    /// or whose peer does not acknowledge within the bound, closes anyway (with a WARN that
-    /// names what may not have arrived).
+    /// NCCL, which saw those sends complete, may close right after them. A comm that failed or
+    /// whose peer closed does not wait; one whose peer does not acknowledge within the bound
+    /// closes anyway (with a WARN that names what may not have arrived).
     pub fn goodbye(&self) {
         let start = Instant::now();
         loop {
             let Ok(mut g) = self.core.lock() else {
                 return;
             };
-            if !g.side.close_pending() {
+            // A peer that closed (NCCL closes the two ends in no fixed order) or died takes
+            // nothing more: no wait, and no WARN for the close of a peer that said goodbye.
+            if g.peer_closed() || !g.side.close_pending() {
                 break;
             }
             if start.elapsed() > CLOSE_DRAIN {
                 warn!(
-                    "{}: closing with sends the peer has not acknowledged within {} s (their \
+                    "{}: closing with sends the peer has not acknowledged within {:?} (their \
                      requests completed at the post, VERBSNET_INLINE_SIZE): the peer may not \
                      have received them",
-                    self.label,
-                    CLOSE_DRAIN.as_secs()
+                    self.label, CLOSE_DRAIN
                 );
                 break;
             }
