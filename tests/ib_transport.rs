@@ -190,6 +190,14 @@ fn inline_data_the_device_refuses_falls_back_to_what_it_takes() {
     ]));
     drop(qp);
     // what the device granted of the suite's 256 bytes is what ibv_create_qp wrote back
+    // asking none means no inline sends, whatever the WQE could hold (rxe writes back 32)
+    let none = QpConfig {
+        max_inline_data: 0,
+        ..conformance::qp_cfg()
+    };
+    let qp = dev.create_qp(&none).expect("create_qp");
+    assert_eq!(qp.max_inline_data(), 0);
+    drop(qp);
     let qp = dev.create_qp(&conformance::qp_cfg()).expect("create_qp");
     println!("granted max_inline_data {}", qp.max_inline_data());
     if hca().starts_with("rxe") {

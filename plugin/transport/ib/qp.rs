@@ -187,8 +187,10 @@ impl IbQueuePair {
                 me.cfg.max_send_wr, me.cfg.max_recv_wr
             )));
         }
-        // What the provider wrote back: at least what was asked (some round it up).
-        me.max_inline_data = init.cap.max_inline_data;
+        // What the provider wrote back is what the WQE holds, at least what was asked (rxe
+        // writes back 32 when asked for 0): capped at the ask, so that 0 means no inline sends
+        // (after a refusal, the ask was larger: what the device takes caps it).
+        me.max_inline_data = init.cap.max_inline_data.min(me.cfg.max_inline_data);
         // SAFETY: qp is a valid QP just created.
         me.qpn = unsafe { (*me.qp).qp_num };
 
