@@ -1280,6 +1280,8 @@ fn inline_sends_complete_at_the_post_and_a_close_right_after_still_delivers_them
         "{N} sends and one flush write"
     );
     assert_eq!(counter(&send, "error_completions"), 0);
+    // It waited: the 16th send's completion and the flush's were both polled.
+    assert_eq!(counter(&send, "wcs_polled"), 2);
     assert!(send.sticky_error().is_none(), "{:?}", send.sticky_error());
     send.close();
     for (j, &r) in recvs.iter().enumerate() {

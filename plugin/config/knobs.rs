@@ -231,7 +231,7 @@ knobs! {
              line, and what it takes then caps the size), and 4096 on tcp, which copies small \
              payloads into its frames anyway. `0`: every send completes on its own completion, as NCCL IB's do. A failure of an \
              inline send after its request completed fails the comm: the next call reports \
-             it. Closing the comm waits (up to 5 s) until the peer acknowledged every inline \
+             it. Closing the comm waits (up to 1 s) until the peer acknowledged every inline \
              send.",
         nccl_ib: "none for data (NCCL IB signals every data WR and completes the request on its \
              completion); `NCCL_IB_USE_INLINE` (0) inlines only its CTS writes",
