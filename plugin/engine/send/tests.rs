@@ -603,13 +603,21 @@ fn inline_engine(n: u64) -> SendEngine {
     e
 }
 
+/// Sends `size` bytes with tag 0 at `now`, which must go inline: done at once.
+fn send_inline(e: &mut SendEngine, now: u64, size: u64) {
+    let id = e
+        .isend(now, 0x1000, Keys::one(5), size, 0)
+        .unwrap()
+        .unwrap();
+    // Done before any completion: the payload was copied into the WR.
+    assert_eq!(e.test(id).unwrap(), Some(size));
+}
+
 #[test]
 fn an_inline_send_completes_at_its_post_and_one_in_sixteen_is_signaled() {
     let mut e = inline_engine(40);
     for _ in 0..40 {
-        let id = e.isend(1, 0x1000, Keys::one(5), 8, 0).unwrap().unwrap();
-        // Done before any completion: the payload was copied into the WR.
-        assert_eq!(e.test(id).unwrap(), Some(8));
+        send_inline(&mut e, 1, 8);
     }
     let wrs = posted(e.drain_actions());
     assert_eq!(wrs.len(), 40);
@@ -646,8 +654,7 @@ fn inline_sends_stop_at_the_unacknowledged_bound_and_above_the_size() {
     let n = MAX_INLINE_UNACKED + 2;
     let mut e = inline_engine(n);
     for _ in 0..MAX_INLINE_UNACKED {
-        let id = e.isend(1, 0x1000, Keys::one(5), 64, 0).unwrap().unwrap();
-        assert_eq!(e.test(id).unwrap(), Some(64));
+        send_inline(&mut e, 1, 64);
     }
     let wrs = posted(e.drain_actions());
     // At the bound the newest is signaled, so the queue always drains.
@@ -696,8 +703,7 @@ fn a_failed_inline_send_fails_the_comm_after_its_request_completed() {
 fn an_unsignaled_inline_tail_gets_a_flush_from_the_watchdog_then_a_stall_report() {
     let mut e = inline_engine(3);
     for _ in 0..3 {
-        let id = e.isend(0, 0x1000, Keys::one(5), 8, 0).unwrap().unwrap();
-        assert_eq!(e.test(id).unwrap(), Some(8));
+        send_inline(&mut e, 0, 8);
     }
     assert!(posted(e.drain_actions()).iter().all(|w| !w.signaled));
     // No completion could ever show these: the watchdog asks for one instead of reporting.
@@ -718,8 +724,7 @@ fn an_unsignaled_inline_tail_gets_a_flush_from_the_watchdog_then_a_stall_report(
 fn a_later_completion_on_qp0_acknowledges_inline_sends_and_a_failed_flush_ends_the_wait() {
     let mut e = inline_engine(4);
     for _ in 0..2 {
-        let id = e.isend(0, 0x1000, Keys::one(5), 8, 0).unwrap().unwrap();
-        assert_eq!(e.test(id).unwrap(), Some(8));
+        send_inline(&mut e, 0, 8);
     }
     // An ordinary direct send (above inline_max) after them: its completion covers them.
     let big = e.isend(0, 0x1000, Keys::one(5), 100, 0).unwrap().unwrap();
@@ -732,8 +737,7 @@ fn a_later_completion_on_qp0_acknowledges_inline_sends_and_a_failed_flush_ends_t
     assert!(!e.flush_inline(), "nothing to flush");
     // One more inline send, its flush failing (the peer closed meanwhile): no wait is left,
     // and the comm is not failed by it.
-    let id = e.isend(2, 0x1000, Keys::one(5), 8, 0).unwrap().unwrap();
-    assert_eq!(e.test(id).unwrap(), Some(8));
+    send_inline(&mut e, 2, 8);
     e.drain_actions();
     assert!(e.flush_inline());
     let flush = posted(e.drain_actions())[0];
