@@ -1306,6 +1306,57 @@ fn inline_sends_complete_at_the_post_and_a_close_right_after_still_delivers_them
     recv.close();
 }
 
+/// NCCL closes the two ends of a connection in no fixed order. A send comm whose last inline
+/// sends went unsignaled, closed after its peer's receive comm, neither waits out the bound nor
+/// WARNs: the peer's goodbye is the normal end of both.
+#[test]
+fn a_send_comm_closed_after_its_peer_warns_nothing_and_does_not_wait_out_the_bound() {
+    let _g = serial();
+    let Some((dev, kind)) = device("inline_close_order") else {
+        return;
+    };
+    let cfg = base_cfg();
+    let l = link(&dev, kind, &cfg, &cfg);
+    let sb = Buf::new(&dev, 4096).unwrap();
+    let rb = Buf::new(&dev, 3 * 4096).unwrap();
+    let recvs: Vec<ReqId> = (0..3)
+        .map(|i| {
+            l.recv
+                .irecv(&[(rb.addr(i * 4096), 4096, 0, &rb.mr)])
+                .unwrap()
+                .expect("receive started")
+        })
+        .collect();
+    for k in 0..POLLS {
+        if counter(&l.send, "cts") == 3 {
+            break;
+        }
+        assert!(k + 1 < POLLS, "the clear-to-sends never arrived");
+        l.send.progress().unwrap();
+    }
+    for j in 0..3 {
+        sb.fill(0, &payload(j, 8));
+        let id = l.send.isend(sb.addr(0), 8, 0, &sb.mr).unwrap().unwrap();
+        assert!(l.send.test(id).unwrap().is_some(), "inline: done at once");
+    }
+    for (j, &r) in recvs.iter().enumerate() {
+        assert_eq!(wait_on(&l.recv, r, &l.send), vec![8]);
+        assert_eq!(rb.get(j * 4096, 8), payload(j as u64, 8));
+    }
+    let Link { send, recv, .. } = l;
+    let (warns, _guard) = common::capture();
+    recv.close();
+    let t = Instant::now();
+    send.close();
+    assert!(
+        t.elapsed() < nccl_net_verbsnet::comm::CLOSE_DRAIN,
+        "the close waited {:?}",
+        t.elapsed()
+    );
+    let warns = warns.lock().unwrap();
+    assert!(warns.is_empty(), "{warns:?}");
+}
+
 // ---------------------------------------------------------------------------------------------
 // 7b. Shared comm, skewed senders: NCCL_NET_SHARED_COMMS (on by default, with PXN) shares one
 // connection between the local ranks of a node, each sending with its own tag whenever its GPU

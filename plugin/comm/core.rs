@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::side::sealed::Held;
 use super::side::Role;
@@ -65,6 +65,9 @@ pub(super) struct Core<R: Role> {
     /// Carries out the engine's actions (keeps its send batch between calls).
     exec: Executor,
     watch: Watch,
+    /// The owner is closing the comm ([`Core::begin_close`]): a peer's goodbye that comes
+    /// meanwhile is the normal end of both, not a failure to WARN about.
+    closing: bool,
     post_errors: u64,
     /// Work completions the CQ polls handed out (counter `wcs_polled`).
     wcs_polled: u64,
@@ -102,6 +105,7 @@ impl<R: Role> Core<R> {
             wcs: Vec::new(),
             exec: Executor::default(),
             watch: Watch::new(cfg),
+            closing: false,
             post_errors: 0,
             wcs_polled: 0,
             cq_polls: 0,
@@ -228,12 +232,24 @@ impl<R: Role> Core<R> {
         }
     }
 
-    /// Fails the comm because its peer went, with one WARN.
+    /// Fails the comm because its peer went, with one WARN; quietly (a DEBUG line) when the
+    /// owner is closing the comm and the peer closed in order too (NCCL closes the two ends
+    /// in no fixed order, so a send comm's close may meet the receive comm's goodbye).
     fn report_peer_gone(&mut self) {
         self.watch.warned_peer = true;
         let why = peer_gone(&*self.qps[0], R::NAME);
-        warn!("{why}; outstanding requests fail");
+        if self.closing && self.qps[0].peer_closed_orderly() {
+            debug!("{why}, while this end closes too");
+            self.watch.silence_failure();
+        } else {
+            warn!("{why}; outstanding requests fail");
+        }
         self.side.fail(ReqError::Remote(why));
+    }
+
+    /// The owner starts closing the comm (before its last progress calls, `Comm::goodbye`).
+    pub(super) fn begin_close(&mut self) {
+        self.closing = true;
     }
 
     /// Polls every QP's CQ once (QP 0 first) and feeds the completions, the CTS ring and

@@ -323,6 +323,7 @@ impl<R: Role> Comm<R> {
             };
             // A peer that closed (NCCL closes the two ends in no fixed order) or died takes
             // nothing more: no wait, and no WARN for the close of a peer that said goodbye.
+            g.begin_close();
             if g.peer_closed() || !g.side.close_pending() {
                 break;
             }

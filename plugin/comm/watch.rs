@@ -80,6 +80,11 @@ impl Watch {
         }
     }
 
+    /// The comm's failure needs no WARN of its own (an orderly close of both ends).
+    pub(super) fn silence_failure(&mut self) {
+        self.warned_failure = true;
+    }
+
     /// Whether a watchdog turn is due (at most one a second); the turn is then taken.
     pub(super) fn turn_due(&mut self, now: u64) -> bool {
         if !self.turn_pending(now) {
