@@ -570,16 +570,6 @@ fn round_robin_sends_go_on_the_buffers_qp_with_a_zero_length_write_on_qp_0() {
     }
 }
 
-fn ok_wc(wr_id: u64) -> Wc {
-    Wc {
-        wr_id,
-        status: WcStatus::Success,
-        opcode: crate::transport::WcOpcode::RdmaWrite,
-        byte_len: 0,
-        imm: None,
-    }
-}
-
 /// The send WRs among `acts`.
 fn posted(acts: Vec<Action>) -> Vec<SendWr> {
     acts.into_iter()
@@ -627,7 +617,7 @@ fn an_inline_send_completes_at_its_post_and_one_in_sixteen_is_signaled() {
     assert_eq!((e.stats().inline_sends, e.stats().rendezvous), (40, 40));
     assert_eq!(e.inline_unacked(), 40);
     // WR 31's completion covers the 32 before it (one QP completes in order).
-    e.handle_wc(2, &ok_wc(wrs[31].wr_id));
+    e.handle_wc(2, &ok(wrs[31].wr_id));
     assert_eq!(e.inline_unacked(), 8);
     // Closing: the newest (39) went unsignaled, so a flush write shows its acknowledgement.
     assert!(e.flush_inline());
@@ -644,7 +634,7 @@ fn an_inline_send_completes_at_its_post_and_one_in_sixteen_is_signaled() {
     // Asked again before it completed: no second flush.
     assert!(e.flush_inline());
     assert!(posted(e.drain_actions()).is_empty());
-    e.handle_wc(3, &ok_wc(flush[0].wr_id));
+    e.handle_wc(3, &ok(flush[0].wr_id));
     assert_eq!(e.inline_unacked(), 0);
     assert!(!e.flush_inline());
 }
@@ -664,10 +654,10 @@ fn inline_sends_stop_at_the_unacknowledged_bound_and_above_the_size() {
     let wr = posted(e.drain_actions())[0];
     assert!(!wr.inline && wr.signaled);
     assert_eq!(e.test(id).unwrap(), None);
-    e.handle_wc(2, &ok_wc(wr.wr_id));
+    e.handle_wc(2, &ok(wr.wr_id));
     assert_eq!(e.test(id).unwrap(), Some(64));
     // Once acknowledged, inline again; but never above inline_max.
-    e.handle_wc(2, &ok_wc(wrs.last().unwrap().wr_id));
+    e.handle_wc(2, &ok(wrs.last().unwrap().wr_id));
     assert_eq!(e.inline_unacked(), 0);
     let id = e.isend(3, 0x1000, Keys::one(5), 65, 0).unwrap().unwrap();
     assert!(!posted(e.drain_actions())[0].inline);
@@ -685,7 +675,7 @@ fn a_failed_inline_send_fails_the_comm_after_its_request_completed() {
         2,
         &Wc {
             status: WcStatus::RetryExceeded,
-            ..ok_wc(wr.wr_id)
+            ..ok(wr.wr_id)
         },
     );
     let err = e.isend(3, 0x1000, Keys::one(5), 8, 0).unwrap_err();
@@ -716,7 +706,7 @@ fn an_unsignaled_inline_tail_gets_a_flush_from_the_watchdog_then_a_stall_report(
     let st = e.stalls(4 * s, s);
     assert_eq!(st.len(), 1, "{st:?}");
     assert!(st[0].what.starts_with("3 inline sends"), "{st:?}");
-    e.handle_wc(5 * s, &ok_wc(flush[0].wr_id));
+    e.handle_wc(5 * s, &ok(flush[0].wr_id));
     assert_eq!(e.inline_unacked(), 0);
 }
 
@@ -731,7 +721,7 @@ fn a_later_completion_on_qp0_acknowledges_inline_sends_and_a_failed_flush_ends_t
     let wrs = posted(e.drain_actions());
     assert_eq!(wrs.iter().filter(|w| w.inline).count(), 2);
     assert_eq!(e.inline_unacked(), 2);
-    e.handle_wc(1, &ok_wc(wrs[2].wr_id));
+    e.handle_wc(1, &ok(wrs[2].wr_id));
     assert_eq!(e.test(big).unwrap(), Some(100));
     assert_eq!(e.inline_unacked(), 0);
     assert!(!e.flush_inline(), "nothing to flush");
@@ -745,7 +735,7 @@ fn a_later_completion_on_qp0_acknowledges_inline_sends_and_a_failed_flush_ends_t
         3,
         &Wc {
             status: WcStatus::WrFlush,
-            ..ok_wc(flush.wr_id)
+            ..ok(flush.wr_id)
         },
     );
     assert!(!e.flush_inline());
