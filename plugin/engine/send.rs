@@ -886,8 +886,7 @@ impl SendEngine {
             // The flush carries no data: the inline sends before it completed, or completed with
             // their own error (unsignaled WRs too), which fails the comm. It fails when the peer
             // went meanwhile (a close racing the peer's own): nothing is left to wait for.
-            self.inline_acked = self.inline_posted;
-            self.inline_since = None;
+            self.inline_acked_below(now, self.inline_posted);
             return;
         }
         if wc.status != WcStatus::Success {
