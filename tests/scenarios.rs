@@ -854,6 +854,17 @@ fn wait_on<A: Role, B: Role>(c: &Comm<A>, id: ReqId, other: &Comm<B>) -> Vec<u64
     panic!("request {id:?} not done after {POLLS} polls");
 }
 
+/// Makes progress on the send comm until it has read `n` clear-to-sends in all.
+fn wait_for_cts(l: &Link, n: u64) {
+    for k in 0..POLLS {
+        if counter(&l.send, "cts") == n {
+            return;
+        }
+        assert!(k + 1 < POLLS, "the clear-to-sends never arrived");
+        l.send.progress().unwrap();
+    }
+}
+
 fn isend_on(l: &Link, b: &Buf, off: usize, size: usize, tag: i32) -> ReqId {
     for _ in 0..POLLS {
         if let Some(h) = l.send.isend(b.addr(off), size as u64, tag, &b.mr).unwrap() {
@@ -1178,13 +1189,7 @@ fn a_request_the_engine_can_start_polls_no_cq_and_retry_later_always_polls() {
     );
 
     // Once the sender has read all 7 clear-to-sends, its 8 sends start without a poll.
-    for k in 0..POLLS {
-        if counter(&l.send, "cts") == 7 {
-            break;
-        }
-        assert!(k + 1 < POLLS, "the clear-to-sends never arrived");
-        l.send.progress().unwrap();
-    }
+    wait_for_cts(&l, 7);
     let tags = [1, 2, 3, 3, 3, 3, 3, 3];
     let sizes = |j: usize| 1000 * j + 1;
     let t0 = Instant::now();
@@ -1246,13 +1251,7 @@ fn inline_sends_complete_at_the_post_and_a_close_right_after_still_delivers_them
                 .expect("receive started")
         })
         .collect();
-    for k in 0..POLLS {
-        if counter(&l.send, "cts") == N as u64 {
-            break;
-        }
-        assert!(k + 1 < POLLS, "the clear-to-sends never arrived");
-        l.send.progress().unwrap();
-    }
+    wait_for_cts(&l, N as u64);
     for j in 0..N {
         sb.fill(0, &payload(j as u64, SIZE));
         let id = l
@@ -1327,13 +1326,7 @@ fn a_send_comm_closed_after_its_peer_warns_nothing_and_does_not_wait_out_the_bou
                 .expect("receive started")
         })
         .collect();
-    for k in 0..POLLS {
-        if counter(&l.send, "cts") == 3 {
-            break;
-        }
-        assert!(k + 1 < POLLS, "the clear-to-sends never arrived");
-        l.send.progress().unwrap();
-    }
+    wait_for_cts(&l, 3);
     for j in 0..3 {
         sb.fill(0, &payload(j, 8));
         let id = l.send.isend(sb.addr(0), 8, 0, &sb.mr).unwrap().unwrap();
