@@ -47,7 +47,7 @@ fn pages(n: u64) -> u64 {
 
 /// Bytes the comms of `links` registered, summed; and the same in whole pages per buffer.
 fn registered(links: &[Link], cfg: &Config) -> (u64, u64) {
-    use nccl_net_verbsnet::engine::wire::{CTS_ENTRY_LEN, EAGER_HDR_LEN, MAX_RECVS, REC_SLOTS};
+    use nccl_net_verbsnet::engine::wire::{CTS_ENTRY_LEN, EAGER_HDR_LEN, REC_REGION_LEN};
     use nccl_net_verbsnet::engine::{CTRL_STAGE_SLOTS, CTS_RING_ENTRIES, MAX_SEND_REQUESTS};
     let bytes: u64 = links
         .iter()
@@ -64,7 +64,7 @@ fn registered(links: &[Link], cfg: &Config) -> (u64, u64) {
     ];
     let recv = [
         min * stride,
-        (REC_SLOTS * MAX_RECVS * 8) as u64,
+        REC_REGION_LEN as u64,
         (CTRL_STAGE_SLOTS * CTS_ENTRY_LEN) as u64,
     ];
     // One registration per comm and side (`Mr::alloc_parts`), parts on 64-byte boundaries.

@@ -210,11 +210,11 @@ impl<R: Role> Core<R> {
     /// this error path only), the comm fails with that cause before the completion is fed, so
     /// the error every request reports is "the peer closed", not the flush it caused. True
     /// when the peer closed.
-    fn peer_close_first(&mut self) -> bool {
+    fn peer_close_first(&mut self, now: u64) -> bool {
         if !self.qps[0].peer_closed() {
             return false;
         }
-        self.report_peer_gone();
+        self.report_peer_gone(now);
         true
     }
 
@@ -235,7 +235,10 @@ impl<R: Role> Core<R> {
     /// Fails the comm because its peer went, with one WARN; quietly (a DEBUG line) when the
     /// owner is closing the comm and the peer closed in order too (NCCL closes the two ends
     /// in no fixed order, so a send comm's close may meet the receive comm's goodbye).
-    fn report_peer_gone(&mut self) {
+    fn report_peer_gone(&mut self, now: u64) {
+        // What the peer wrote into our memory before it went is delivered first, as the
+        // completions in the CQ are (the receiver's small sends).
+        self.side.take_landed(now);
         self.watch.warned_peer = true;
         let why = peer_gone(&*self.qps[0], R::NAME);
         if self.closing && self.qps[0].peer_closed_orderly() {
@@ -274,7 +277,7 @@ impl<R: Role> Core<R> {
         let mut peer_gone = self.watch.warned_peer;
         for wc in &wcs {
             if wc.status != WcStatus::Success && !peer_gone {
-                peer_gone = self.peer_close_first();
+                peer_gone = self.peer_close_first(now);
             }
             self.side.handle_wc(now, wc);
         }
@@ -316,7 +319,7 @@ impl<R: Role> Core<R> {
                     break;
                 }
             }
-            self.report_peer_gone();
+            self.report_peer_gone(now);
             changed = true;
         }
         self.execute()?;

@@ -52,10 +52,17 @@ pub(super) mod sealed {
         /// Feeds one completion to the engine.
         fn handle_wc(&mut self, now: u64, wc: &Wc);
         /// After a CQ poll: the sender reads the CTS ring and credit word, the receiver
-        /// re-posts, grows from the pool and returns the credits it owes. True when what it
+        /// takes the small sends in its small-send ring, re-posts, grows from the pool and
+        /// returns the credits it owes. True when what it
         /// read can have changed what `test` answers (the sender read a CTS, which matches
-        /// speculative sends); the receiver's requests move only on completions.
+        /// speculative sends; the receiver took a small send from its small-send ring).
         fn after_poll(&mut self, now: u64) -> bool;
+        /// Takes what the peer RDMA-wrote into this side's memory and the engine has not taken
+        /// yet (the receiver's small sends; nothing on a send comm): before a dead or closed
+        /// peer fails the engine. True when it took something.
+        fn take_landed(&mut self, _now: u64) -> bool {
+            false
+        }
         /// Carries out the engine's actions with `exec` on the connection's `qps` (QP 0
         /// first) and this side's buffers.
         fn execute(
@@ -237,10 +244,14 @@ impl sealed::Side for RecvSide {
     fn handle_wc(&mut self, now: u64, wc: &Wc) {
         self.engine.handle_wc(now, wc, &RecvMem(&self.bufs))
     }
+    fn take_landed(&mut self, now: u64) -> bool {
+        self.engine.poll_small(now, &RecvMem(&self.bufs))
+    }
     fn after_poll(&mut self, now: u64) -> bool {
+        let small = self.take_landed(now);
         self.engine
             .after_poll(now, &mut PoolSource(&self.bufs.pool));
-        false
+        small
     }
     fn execute(
         &mut self,
@@ -374,6 +385,9 @@ impl ActionSink for CommSink<'_> {
         let slab: Option<Arc<Mr>>;
         let from = if bufs.bounce.region.contains(src, len) {
             Some(&bufs.bounce.region)
+        } else if bufs.rec_ring.region.contains(src, len) {
+            // A small send's payload, in the small-send ring.
+            Some(&bufs.rec_ring.region)
         } else {
             slab = bufs.pool.slab(src, len);
             slab.as_ref().map(|s| &s.region)

@@ -20,9 +20,11 @@ const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"VNHE");
 /// after the split flag, the sender's device count and the receiver's (from the listen
 /// handle; the receiver checks it and echoes both), and CTS entries carry one rkey per
 /// receiver device. 7: a receive of one buffer on one device has a 64-byte compact CTS entry
-/// (`engine::wire::CTS_COMPACT_LEN`, sequence words flagged `CTS_COMPACT`). A peer of another
+/// (`engine::wire::CTS_COMPACT_LEN`, sequence words flagged `CTS_COMPACT`). 8: the receiver's
+/// record region holds the small-send ring behind the record ring (`engine::wire::SMALL_SLOTS`
+/// slots), which small direct sends RDMA-write without an immediate. A peer of another
 /// version is refused at connect time instead of misplacing data.
-pub const HELLO_VERSION: u16 = 7;
+pub const HELLO_VERSION: u16 = 8;
 pub(super) const READY: &[u8; 4] = b"RDY!";
 /// Longest QP info of one QP (`QueuePair::local_info`: at most 256 bytes).
 const MAX_QP_INFO: usize = 256;
@@ -384,12 +386,12 @@ mod tests {
             Hello::decode(&bad[4..]),
             Err("a hello with SL 16 (at most 15)".into())
         );
-        // a version 6 hello (full-size CTS entries only) is refused by its version
-        let mut v6 = b[4..].to_vec();
-        v6[4..6].copy_from_slice(&6u16.to_le_bytes());
+        // a version 7 hello (no small-send ring) is refused by its version
+        let mut v7 = b[4..].to_vec();
+        v7[4..6].copy_from_slice(&7u16.to_le_bytes());
         assert_eq!(
-            Hello::decode(&v6),
-            Err("a hello of version 6, not 7".into())
+            Hello::decode(&v7),
+            Err("a hello of version 7, not 8".into())
         );
     }
 

@@ -139,8 +139,11 @@ pub const ZERO_BATCH: u32 = 8;
 /// Receive WRs a receiver's data QP must hold: at most [`MAX_ZERO_WRS`] zero-length WRs are
 /// posted and not seen consumed on it, plus a batch of room (`conn::data_qp_config`).
 pub const DATA_QP_RECV_WRS: u32 = MAX_ZERO_WRS + ZERO_BATCH;
-/// Staging slots for CTS and credit writes on the receive side.
-pub const CTRL_STAGE_SLOTS: usize = 64;
+/// Staging slots for CTS and credit writes on the receive side: the receives that can be
+/// outstanding (32) and a signaling period (16) more. 48 rather than 64 since wire version 8,
+/// so that the small-send ring (4 KiB) fits in the same pages (an idle connection still pins
+/// 16 pages, both sides together).
+pub const CTRL_STAGE_SLOTS: usize = 48;
 /// One control WRITE (CTS or credit) in this many is signaled (see the receive engine's
 /// `ctrl_slot`); a power of two, and [`CTRL_STAGE_SLOTS`] is a multiple of it. NCCL IB signals one CTS write per
 /// FIFO wrap of 32 (`src/transport/net_ib/p2p.cc`).
@@ -471,11 +474,16 @@ pub struct Stats {
     /// the post, and one WR in [`INLINE_SIGNAL_EVERY`] is signaled. Also counted in
     /// `rendezvous`.
     pub inline_sends: u64,
+    /// Small sends: direct sends of at most [`wire::SMALL_MAX`] bytes into a one-buffer
+    /// receive, written inline into the receiver's small-send ring with no immediate, so they
+    /// consume no receive WR and the receiver polls memory instead of its CQ (sender: posted;
+    /// receiver: copied out). Also counted in `rendezvous` and, on the sender, `inline_sends`.
+    pub small_sends: u64,
 }
 
 impl Stats {
     /// `(name, value)` pairs in a fixed order.
-    pub fn fields(&self) -> [(&'static str, u64); 24] {
+    pub fn fields(&self) -> [(&'static str, u64); 25] {
         [
             ("ops", self.ops),
             ("bytes", self.bytes),
@@ -501,6 +509,7 @@ impl Stats {
             ("data_qp_writes", self.data_qp_writes),
             ("data_qp_zero_wrs", self.data_qp_zero_wrs),
             ("inline_sends", self.inline_sends),
+            ("small_sends", self.small_sends),
         ]
     }
 }

@@ -5,7 +5,8 @@
 use std::collections::VecDeque;
 
 use super::wire::{
-    self, CtsBuf, CtsEntry, EagerHeader, EAGER_HDR_LEN, MAX_RECVS, REC_SLOTS, REC_TOO_BIG,
+    self, CtsBuf, CtsEntry, EagerHeader, SmallTrailer, EAGER_HDR_LEN, MAX_RECVS, REC_SLOTS,
+    REC_TOO_BIG, SMALL_TRAILER_LEN,
 };
 use super::{
     wc_error, wr_parse, Action, MemRead, ReqError, ReqId, Sizes, Slots, StageBytes, Stall, Stats,
@@ -37,7 +38,8 @@ pub struct RecvParams {
     /// The connection's own bounce buffers: `rq_min` buffers back to back (addr, lkey). The
     /// ones it grows by come from the driver's shared pool (a [`super::BounceSource`]).
     pub bounce: (u64, u32),
-    /// Our record ring (`REC_SLOTS * MAX_RECVS * 8` bytes), read on rendezvous arrivals.
+    /// Our record region ([`wire::REC_REGION_LEN`] bytes): the record ring, read on refusal
+    /// records, and behind it the small-send ring, polled for small sends.
     pub rec_ring: u64,
     /// Staging for CTS and credit writes: `CTRL_STAGE_SLOTS * cts_entry_len(rkeys)` bytes
     /// (addr, lkey).
@@ -423,6 +425,20 @@ impl RecvEngine {
     /// the oldest posted receive that has one. The sender applies the same rule (see
     /// [`crate::engine::SendEngine::isend`]), so both sides agree without extra messages.
     fn find_buf(&mut self, tag: i32) -> Option<(ReqId, usize)> {
+        self.skip_matched();
+        let from = |start: usize| {
+            self.order
+                .range(start..)
+                .find_map(|&id| Some((id, self.reqs.get(id)?.free_buf(tag)?)))
+        };
+        let found = from(self.matched_prefix);
+        debug_assert_eq!(found, from(0), "matched_prefix {}", self.matched_prefix);
+        found
+    }
+
+    /// Moves `matched_prefix` past the receives at the front of `order` whose buffers are all
+    /// matched, so that `order[matched_prefix]` is the oldest receive not fully matched.
+    fn skip_matched(&mut self) {
         // Buffers are never unmatched again: the prefix only grows, until `retire`.
         while let Some(r) = self
             .order
@@ -434,14 +450,6 @@ impl RecvEngine {
             }
             self.matched_prefix += 1;
         }
-        let from = |start: usize| {
-            self.order
-                .range(start..)
-                .find_map(|&id| Some((id, self.reqs.get(id)?.free_buf(tag)?)))
-        };
-        let found = from(self.matched_prefix);
-        debug_assert_eq!(found, from(0), "matched_prefix {}", self.matched_prefix);
-        found
     }
 
     /// Frees request `id` (its `test` reported it): out of its slot, its unmatched buffers out
@@ -525,6 +533,12 @@ impl RecvEngine {
         if kind == WrKind::DataZero {
             self.data_arrival(now, index, wc);
             return;
+        }
+        if matches!(kind, WrKind::Bounce | WrKind::Zero) {
+            // Small sends the sender posted before this arrival landed before it (one QP
+            // delivers in order): take them first, so that `next_arrival` is this arrival's
+            // send, and so that an error completion (the QP flushed) loses none of them.
+            self.poll_small(now, mem);
         }
         match kind {
             WrKind::Cts | WrKind::Credit => self.ctrl_completed(index),
@@ -706,6 +720,86 @@ impl RecvEngine {
         };
         req.error = Some(e.clone());
         self.fail(e);
+    }
+
+    /// Takes the small sends that landed in the small-send ring ([`wire::SmallTrailer`]), in
+    /// send order: while the oldest receive not fully matched has one buffer, and its slot's
+    /// trailer names it and the next send, the payload is copied into the buffer (queued as an
+    /// action, carried out before `test` can report the receive), and the receive is complete. A trailer for a later send waits for the
+    /// arrivals before it (on the CQ). Call it after every poll of the CQ; returns whether it
+    /// took any. A malformed trailer, or one whose payload does not fit the buffer, fails the
+    /// comm.
+    pub fn poll_small(&mut self, now: u64, mem: &dyn MemRead) -> bool {
+        let mut took = false;
+        while self.failed.is_none() {
+            // The oldest receive not fully matched: the next send into a posted receive fills it
+            // (the front-group rule), and a small send only goes into a known receive.
+            self.skip_matched();
+            let Some(&id) = self.order.get(self.matched_prefix) else {
+                break;
+            };
+            let Some(req) = self.reqs.get(id).filter(|q| q.n == 1 && self.p.rkeys == 1) else {
+                break;
+            };
+            let r = req.r;
+            let slot = self.p.rec_ring + wire::small_slot(r);
+            let at = slot + wire::SMALL_MAX;
+            let mut b = [0u8; SMALL_TRAILER_LEN];
+            if !mem.read(at, &mut b) {
+                self.fail(ReqError::Local(format!(
+                    "small-send slot at {at:#x} is not readable"
+                )));
+                break;
+            }
+            let t = match SmallTrailer::decode(&b, r) {
+                Ok(Some(t)) => t,
+                Ok(None) => break,
+                Err(m) => {
+                    self.fail(ReqError::Protocol(m));
+                    break;
+                }
+            };
+            let s = self.next_arrival;
+            if t.s_low != s as u32 {
+                // A send after one whose arrival is still in the CQ.
+                break;
+            }
+            let size = u64::from(t.size);
+            let req = self.reqs.get_mut(id).expect("found above");
+            let cap = req.bufs[0].cap;
+            if size > cap {
+                let e = ReqError::Protocol(format!(
+                    "the peer wrote a small send of {size} bytes (send {s}) for a receive buffer \
+                     of {cap} bytes (receive {r})"
+                ));
+                req.error = Some(e.clone());
+                self.fail(e);
+                break;
+            }
+            req.progress_ns = now;
+            self.unmatched -= u32::from(req.match_buf(0));
+            req.sizes[0] = size;
+            req.got[0] = 1;
+            req.done |= 1;
+            req.arrived += 1;
+            self.next_arrival = s.wrapping_add(1);
+            self.settled = false;
+            self.stats.rendezvous += 1;
+            self.stats.small_sends += 1;
+            if size > 0 {
+                self.actions.push(Action::Copy {
+                    src: at - size,
+                    req: id,
+                    buf: 0,
+                    len: size,
+                });
+            }
+            // The trailer stays: its sequence word names this receive only, and the slot's next
+            // lap (receive r + SMALL_SLOTS) is written only after this receive completed and
+            // that receive's clear-to-send went out.
+            took = true;
+        }
+        took
     }
 
     /// The posted receive whose sequence number is `r_low` mod 2^27 (an immediate's).

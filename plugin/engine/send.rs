@@ -3,8 +3,8 @@
 use std::collections::VecDeque;
 
 use super::wire::{
-    self, CtsBuf, CtsEntry, EagerHeader, Keys, CTS_ENTRY_LEN_STRIPED, EAGER_HDR_LEN, MAX_RECVS,
-    REC_SLOTS, REC_TOO_BIG,
+    self, CtsBuf, CtsEntry, EagerHeader, Keys, SmallTrailer, CTS_ENTRY_LEN_STRIPED, EAGER_HDR_LEN,
+    MAX_RECVS, REC_SLOTS, REC_TOO_BIG, SMALL_TRAILER_LEN,
 };
 use super::{
     piece_index, piece_parse, wc_error, wr_id, wr_parse, Action, MemRead, ReqError, ReqId, Slots,
@@ -39,7 +39,8 @@ pub struct SendParams {
     pub hdr_stage: (u64, u32),
     /// Our staging area for completion records: `MAX_SEND_REQUESTS * 8` bytes (addr, lkey).
     pub rec_stage: (u64, u32),
-    /// The receiver's record ring: `REC_SLOTS * MAX_RECVS * 8` bytes (addr, rkey).
+    /// The receiver's record region (addr, rkey): the record ring (`REC_SLOTS * MAX_RECVS * 8`
+    /// bytes) and behind it the small-send ring, [`wire::REC_REGION_LEN`] bytes in all.
     pub peer_rec_ring: (u64, u32),
     /// Our CTS ring, which the receiver RDMA-writes: `CTS_RING_ENTRIES * cts_entry_len(rkeys)`
     /// bytes.
@@ -288,6 +289,11 @@ impl SendEngine {
         got
     }
 
+    /// Receive WRs our sends consumed so far (small sends consume none).
+    pub fn wrs_consumed(&self) -> u64 {
+        self.credits_used
+    }
+
     /// Credits available now (granted minus used); meaningful with gating on.
     pub fn credits_available(&self) -> u64 {
         self.credits_granted.saturating_sub(self.credits_used)
@@ -421,7 +427,9 @@ impl SendEngine {
             }
             None => return Ok(self.refuse(now, Refusal::Cts)),
         };
-        if self.credit_short() {
+        // A small send consumes no receive WR: it needs no credit.
+        let small = dest.is_some_and(|i| self.small_fits(i, size));
+        if !small && self.credit_short() {
             return Ok(self.refuse(now, Refusal::Credit));
         }
         self.refusing = None;
@@ -443,6 +451,11 @@ impl SendEngine {
             return Ok(None);
         };
         self.next_s = s.wrapping_add(1);
+        let target = dest.map(|i| self.take(0, i));
+        if let (true, Some((r, _, _, _))) = (small, target) {
+            self.post_small(now, id, r, (addr, lkeys, size), s);
+            return Ok(Some(id));
+        }
         self.credits_used += 1;
         while self
             .zeros
@@ -452,7 +465,6 @@ impl SendEngine {
             self.zeros.pop_front();
         }
         let starved = std::mem::take(&mut self.starved);
-        let target = dest.map(|i| self.take(0, i));
         match target {
             Some((r, i, _, buf)) if size > buf.cap => {
                 let e = ReqError::Usage(format!(
@@ -535,6 +547,85 @@ impl SendEngine {
                 Ok(Some(id))
             }
         }
+    }
+
+    /// Whether a direct send of `size` bytes into buffer `i` of the front group goes as a small
+    /// send (wire version 8, [`wire::SmallTrailer`]): a one-buffer receive announced by a
+    /// compact clear-to-send (one device at the receiver), a payload of at most
+    /// [`wire::SMALL_MAX`] bytes that fits its buffer and, with the trailer, the inline limit,
+    /// room for one more unacknowledged inline send, and a send that [`wr_plan`] would put
+    /// whole on QP 0 (with `VERBSNET_IB_SPLIT_DATA_ON_QPS` every send is split over the QPs,
+    /// as in NCCL IB).
+    fn small_fits(&self, i: usize, size: u64) -> bool {
+        let qps = u64::from(self.p.qps.max(1));
+        self.p.rkeys == 1
+            && size <= wire::SMALL_MAX
+            && size + SMALL_TRAILER_LEN as u64 <= self.p.inline_max
+            && self.inline_posted - self.inline_acked < MAX_INLINE_UNACKED
+            && self.groups.front().is_some_and(|g| {
+                g.e.n == 1
+                    && size <= g.e.bufs[i].cap
+                    && (qps == 1
+                        || (!self.p.split && g.e.base.wrapping_add(i as u64).is_multiple_of(qps)))
+            })
+    }
+
+    /// Posts send `id` (sequence number `s`, `size` bytes at `addr`) as a small send into
+    /// receive `r`'s slot of the receiver's small-send ring: one inline RDMA WRITE, no
+    /// immediate, of the payload and its trailer, ending at the slot's end, on QP 0. It
+    /// consumes no receive WR; the receiver polls the slot. The request completes now, as an
+    /// inline send's does ([`SendEngine::take_inline`]), whose signaling and acknowledgement
+    /// rules it follows.
+    fn post_small(
+        &mut self,
+        now: u64,
+        id: ReqId,
+        r: u64,
+        (addr, lkeys, size): (u64, Keys, u64),
+        s: u64,
+    ) {
+        let (n, signaled) = self
+            .take_inline(now, id, size + SMALL_TRAILER_LEN as u64)
+            .expect("small_fits checked the inline room");
+        self.stats.rendezvous += 1;
+        self.stats.small_sends += 1;
+        // The request's eager-header slot holds the trailer: a small send is never eager, and
+        // the inline post copies it at once.
+        let at = self.p.hdr_stage.0 + u64::from(id.slot) * EAGER_HDR_LEN as u64;
+        let trailer = SmallTrailer {
+            size: size as u32,
+            s_low: s as u32,
+        }
+        .encode(r);
+        self.actions.push(Action::Stage {
+            addr: at,
+            bytes: StageBytes::from(&trailer[..]),
+        });
+        let tail = Sge {
+            addr: at,
+            length: SMALL_TRAILER_LEN as u32,
+            lkey: self.p.hdr_stage.1,
+        };
+        let data = Sge {
+            addr,
+            length: size as u32,
+            lkey: lkeys.at(0),
+        };
+        self.actions.push(Action::PostSend(SendWr {
+            wr_id: wr_id(WrKind::Inline, 0, n as u32),
+            sgl: if size > 0 {
+                [data, tail]
+            } else {
+                [tail, Sge::default()]
+            },
+            num_sge: if size > 0 { 2 } else { 1 },
+            opcode: SendOpcode::RdmaWrite {
+                remote_addr: self.p.peer_rec_ring.0 + wire::small_slot(r) + wire::SMALL_MAX - size,
+                rkey: self.p.peer_rec_ring.1,
+            },
+            signaled,
+            inline: true,
+        }));
     }
 
     /// Posts direct send `id` of `size` bytes inline when it is small enough
@@ -896,7 +987,7 @@ impl SendEngine {
                 WrKind::Direct => "RDMA WRITE WITH IMM of the payload".to_string(),
                 WrKind::ErrNotify => "RDMA WRITE WITH IMM of a refusal record".to_string(),
                 WrKind::Piece => format!("RDMA WRITE WITH IMM of a payload piece on QP {qp}"),
-                WrKind::Inline => "RDMA WRITE WITH IMM of an inline send (its request had \
+                WrKind::Inline => "RDMA WRITE of an inline send (its request had \
                                    completed at the post; the peer may lack its data)"
                     .to_string(),
                 WrKind::InlineFlush => "zero-length RDMA WRITE after inline sends (their \

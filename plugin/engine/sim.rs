@@ -817,6 +817,7 @@ impl Pair {
             self.snd.failure()
         );
         if !self.knobs.recv_idle {
+            busy |= self.rcv.poll_small(self.now, &self.rmem);
             self.rcv.after_poll(self.now, &mut PoolTake(&mut self.pool));
         }
         self.apply_actions();

@@ -65,6 +65,20 @@
 //! it refuses a send that is larger than its matching buffer: the size with bit 63
 //! ([`REC_TOO_BIG`]) set (nothing was written). Records go on QP 0 only.
 //!
+//! **Small-send ring** (wire version 8) — behind the record ring, in the same registration
+//! and under the same rkey, [`SMALL_SLOTS`] slots of [`SMALL_SLOT_LEN`] (128) bytes, slot
+//! `r % SMALL_SLOTS` for receive `r`. A direct send of at most [`SMALL_MAX`] (112) bytes into
+//! a one-buffer receive whose clear-to-send is compact is one inline RDMA WRITE (no immediate)
+//! of the payload and a 16-byte trailer, ending at the slot's end: the payload right-aligned
+//! at `112 − size`, then the trailer word `size | (s mod 2^32) << 32` (`s` the send's sequence
+//! number) and the sequence word `(r + 1) mod 2^63` with bit 63 set ([`SmallTrailer`]). It
+//! consumes no receive WR. The receiver polls the sequence word of the slot of its oldest
+//! receive not matched yet and copies the payload out; only then can the receive complete, so
+//! the slot is free again by the time receive `r + 32` is posted (at most 32 receives are
+//! outstanding) and its clear-to-send lets the sender write there. The sequence word names one
+//! receive, so an older lap's trailer is never taken for a newer one and needs no clearing. The
+//! reader relies on a WRITE landing in address order (the trailer last), as the CTS ring does.
+//!
 //! **Immediate data** of a WRITE_WITH_IMM: bit 31 = record (1: a record into the record
 //! ring; 0: a direct write of the payload), bit 30 = the sender waited for a credit since its
 //! last credit-consuming send (the receiver grows its queue), bits 29..3 = low 27 bits of the
@@ -185,6 +199,76 @@ impl Keys {
 pub const REC_SLOTS: usize = 32;
 /// Bit 63 of a record: the send was larger than the receive buffer and was refused.
 pub const REC_TOO_BIG: u64 = 1 << 63;
+/// Bytes of the record ring (`REC_SLOTS × MAX_RECVS` records of 8 bytes); the small-send ring
+/// follows it in the same registration.
+pub const REC_RING_LEN: usize = REC_SLOTS * MAX_RECVS * 8;
+/// Slots of the small-send ring: one per outstanding receive (slot `r % SMALL_SLOTS`).
+pub const SMALL_SLOTS: usize = super::MAX_RECV_REQUESTS;
+/// Bytes of one small-send slot: the payload, right-aligned, then the 16-byte trailer.
+pub const SMALL_SLOT_LEN: usize = 128;
+/// Bytes of the trailer that ends every small send ([`SmallTrailer`]).
+pub const SMALL_TRAILER_LEN: usize = 16;
+/// Largest payload of a small send, in bytes.
+pub const SMALL_MAX: u64 = (SMALL_SLOT_LEN - SMALL_TRAILER_LEN) as u64;
+/// Bytes the receiver registers for the record ring and the small-send ring behind it.
+pub const REC_REGION_LEN: usize = REC_RING_LEN + SMALL_SLOTS * SMALL_SLOT_LEN;
+
+/// Offset of receive `r`'s small-send slot from the start of the record region.
+#[must_use]
+pub const fn small_slot(r: u64) -> u64 {
+    (REC_RING_LEN + (r % SMALL_SLOTS as u64) as usize * SMALL_SLOT_LEN) as u64
+}
+
+/// The 16-byte trailer that ends a small send (see the module docs): the payload's size, the
+/// low 32 bits of the send's sequence number, and the receive it fills.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SmallTrailer {
+    /// Payload bytes (at most [`SMALL_MAX`]), right before the trailer.
+    pub size: u32,
+    /// The send's sequence number, low 32 bits.
+    pub s_low: u32,
+}
+
+impl SmallTrailer {
+    /// The sequence word of receive `r`: `(r + 1) mod 2^63` with bit 63 set, never 0 (a slot
+    /// not written yet holds none).
+    #[must_use]
+    pub const fn seq_word(r: u64) -> u64 {
+        (r.wrapping_add(1) & !(1 << 63)) | 1 << 63
+    }
+
+    /// The trailer of a small send for receive `r`.
+    #[must_use]
+    pub fn encode(&self, r: u64) -> [u8; SMALL_TRAILER_LEN] {
+        let mut b = [0u8; SMALL_TRAILER_LEN];
+        let w = u64::from(self.size) | u64::from(self.s_low) << 32;
+        b[..8].copy_from_slice(&w.to_le_bytes());
+        b[8..].copy_from_slice(&Self::seq_word(r).to_le_bytes());
+        b
+    }
+
+    /// The trailer in `b` for receive `r`: `Ok(None)` while its sequence word does not name
+    /// `r` (not landed yet: the slot holds an older lap's, or nothing), `Err` for a size above
+    /// [`SMALL_MAX`].
+    pub fn decode(b: &[u8; SMALL_TRAILER_LEN], r: u64) -> Result<Option<SmallTrailer>, String> {
+        let word = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        if word(8) != Self::seq_word(r) {
+            return Ok(None);
+        }
+        let w = word(0);
+        let t = SmallTrailer {
+            size: w as u32,
+            s_low: (w >> 32) as u32,
+        };
+        if u64::from(t.size) > SMALL_MAX {
+            return Err(format!(
+                "a small send of {} bytes into receive {r}'s slot (at most {SMALL_MAX})",
+                t.size
+            ));
+        }
+        Ok(Some(t))
+    }
+}
 
 /// The registered buffers of a send comm to a receiver on one device, in bytes, in the order
 /// the comm allocates them: eager-header staging (one header per send slot), record staging
@@ -213,14 +297,14 @@ pub const fn bounce_stride(eager_buf_size: u64) -> u64 {
 
 /// The most a receive comm registers, in bytes, in allocation order: its bounce buffers at the
 /// full depth `rq_depth × (EAGER_HDR_LEN + eager_buf_size)` (its own and those it may grow by
-/// from the pool), the record ring the sender writes (`REC_SLOTS × MAX_RECVS` records of 8
-/// bytes), and the control staging (`CTRL_STAGE_SLOTS` CTS entries of
+/// from the pool), the record ring and the small-send ring the sender writes
+/// ([`REC_REGION_LEN`]), and the control staging (`CTRL_STAGE_SLOTS` CTS entries of
 /// [`cts_entry_len`]`(rkeys)` bytes, `rkeys` its devices).
 #[must_use]
 pub fn recv_comm_buffers(rq_depth: u32, eager_buf_size: u32, rkeys: u8) -> [u64; 3] {
     [
         u64::from(rq_depth) * bounce_stride(eager_buf_size.into()),
-        (REC_SLOTS * MAX_RECVS * 8) as u64,
+        REC_REGION_LEN as u64,
         (super::CTRL_STAGE_SLOTS * cts_entry_len(rkeys)) as u64,
     ]
 }

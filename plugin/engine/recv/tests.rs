@@ -346,3 +346,61 @@ fn a_receive_stalled_on_a_data_qp_names_the_buffer_and_the_qps_still_missing() {
         s[0].waiting_for
     );
 }
+
+/// The record region as the sender's small sends leave it: trailers at given slots.
+struct Ring(Vec<(u64, [u8; SMALL_TRAILER_LEN])>);
+impl MemRead for Ring {
+    fn read(&self, addr: u64, out: &mut [u8]) -> bool {
+        out.fill(0);
+        for (at, t) in &self.0 {
+            if *at == addr && out.len() == t.len() {
+                out.copy_from_slice(t);
+            }
+        }
+        true
+    }
+}
+
+/// The trailer of a small send of `size` bytes (send `s`) into receive `r`, where it lands.
+fn landed(r: u64, size: u32, s: u32) -> (u64, [u8; SMALL_TRAILER_LEN]) {
+    let at = params().rec_ring + wire::small_slot(r) + wire::SMALL_MAX;
+    (at, SmallTrailer { size, s_low: s }.encode(r))
+}
+
+#[test]
+fn small_sends_are_taken_in_send_order_and_copied_out_once() {
+    let mut e = RecvEngine::new(params());
+    let a = e.irecv(0, &[buf(1)]).unwrap().unwrap();
+    let b = e.irecv(0, &[buf(1)]).unwrap().unwrap();
+    e.drain_actions();
+    // Send 1's trailer alone: it waits for send 0 (still in the CQ, say).
+    assert!(!e.poll_small(1, &Ring(vec![landed(1, 8, 1)])));
+    assert_eq!(e.test(b).unwrap(), None);
+    // A trailer naming another lap's receive is not taken either.
+    assert!(!e.poll_small(1, &Ring(vec![landed(32, 8, 0)])));
+    // Both landed: taken in order.
+    assert!(e.poll_small(2, &Ring(vec![landed(0, 0, 0), landed(1, 8, 1)])));
+    let acts = e.drain_actions();
+    let slot1 = params().rec_ring + wire::small_slot(1);
+    assert!(acts.iter().any(|x| matches!(x,
+        Action::Copy { src, req, buf: 0, len: 8 } if *src == slot1 + wire::SMALL_MAX - 8 && *req == b)));
+    // Nothing to copy for the empty one; the trailers stay (they name their receive only).
+    assert_eq!(acts.len(), 1, "{acts:?}");
+    // Polled again, the same trailers are not taken twice: their receives are matched.
+    assert!(!e.poll_small(3, &Ring(vec![landed(0, 0, 0), landed(1, 8, 1)])));
+    assert_eq!(e.test(a).unwrap().map(|s| s.to_vec()), Some(vec![0]));
+    assert_eq!(e.test(b).unwrap().map(|s| s.to_vec()), Some(vec![8]));
+    assert_eq!(e.stats().small_sends, 2);
+}
+
+#[test]
+fn a_small_send_too_big_for_its_buffer_or_the_slot_fails_the_comm() {
+    for (size, want) in [(65u32, "receive buffer of 64 bytes"), (113, "at most 112")] {
+        let mut e = RecvEngine::new(params());
+        let a = e.irecv(0, &[buf(1)]).unwrap().unwrap();
+        e.poll_small(1, &Ring(vec![landed(0, size, 0)]));
+        let f = e.failure().expect("failed").to_string();
+        assert!(f.contains(want), "{size}: {f}");
+        assert!(e.test(a).is_err());
+    }
+}

@@ -1,7 +1,7 @@
 //! Unit tests of the send engine (`super`), fed by hand.
 
 use super::*;
-use crate::engine::wire::CTS_ENTRY_LEN;
+use crate::engine::wire::{CTS_ENTRY_LEN, SMALL_SLOT_LEN};
 
 fn params(credits: bool, initial: u64) -> SendParams {
     SendParams {
@@ -606,12 +606,17 @@ fn send_inline(e: &mut SendEngine, now: u64, size: u64) {
 #[test]
 fn an_inline_send_completes_at_its_post_and_one_in_sixteen_is_signaled() {
     let mut e = inline_engine(40);
+    // 64 bytes: inline, but with a small send's trailer above inline_max, so each goes as an
+    // RDMA WRITE WITH IMM into its buffer.
     for _ in 0..40 {
-        send_inline(&mut e, 1, 8);
+        send_inline(&mut e, 1, 64);
     }
     let wrs = posted(e.drain_actions());
     assert_eq!(wrs.len(), 40);
-    assert!(wrs.iter().all(|w| w.inline && w.byte_len() == 8));
+    assert!(wrs.iter().all(|w| w.inline
+        && w.byte_len() == 64
+        && matches!(w.opcode, SendOpcode::RdmaWriteWithImm { .. })));
+    assert_eq!(e.stats().small_sends, 0);
     let signaled: Vec<usize> = (0..40).filter(|&i| wrs[i].signaled).collect();
     assert_eq!(signaled, vec![15, 31]);
     assert_eq!((e.stats().inline_sends, e.stats().rendezvous), (40, 40));
@@ -637,6 +642,86 @@ fn an_inline_send_completes_at_its_post_and_one_in_sixteen_is_signaled() {
     e.handle_wc(3, &ok(flush[0].wr_id));
     assert_eq!(e.inline_unacked(), 0);
     assert!(!e.flush_inline());
+}
+
+#[test]
+fn a_small_send_is_one_inline_write_into_its_ring_slot_and_takes_no_credit() {
+    // Credits for 2 receive WRs, CTS entries for 40 one-buffer receives.
+    let mut e = SendEngine::new(SendParams {
+        inline_max: 256,
+        ..params(true, 2)
+    });
+    for r in 0..40 {
+        e.handle_cts(0, cts(r, r, 2, &[(4096, 0)])).unwrap();
+    }
+    for (r, size) in [8u64, 0, 112, 100].into_iter().cycle().take(36).enumerate() {
+        let id = e.isend(1, 0x1000, Keys::one(5), size, 0).unwrap().unwrap();
+        assert_eq!(e.test(id).unwrap(), Some(size), "done at the post");
+        let acts = e.drain_actions();
+        let trailer = acts
+            .iter()
+            .find_map(|a| match a {
+                Action::Stage { addr, bytes } => Some((*addr, bytes.to_vec())),
+                _ => None,
+            })
+            .expect("the trailer is staged");
+        let want = SmallTrailer {
+            size: size as u32,
+            s_low: r as u32,
+        }
+        .encode(r as u64);
+        assert_eq!(trailer.1, want);
+        let wr = posted(acts)[0];
+        assert!(wr.inline);
+        assert_eq!(wr.signaled, (r + 1) % 16 == 0, "send {r}");
+        assert_eq!(wr.byte_len(), size + SMALL_TRAILER_LEN as u64);
+        assert_eq!(wr.sges().last().unwrap().addr, trailer.0);
+        if size > 0 {
+            assert_eq!((wr.sgl[0].addr, wr.sgl[0].length), (0x1000, size as u32));
+        }
+        // Right-aligned: the trailer ends at the slot's end.
+        let slot = 0x30_0000 + wire::small_slot(r as u64);
+        assert_eq!(
+            wr.opcode,
+            SendOpcode::RdmaWrite {
+                remote_addr: slot + wire::SMALL_MAX - size,
+                rkey: 3
+            }
+        );
+        assert_eq!(
+            slot + SMALL_SLOT_LEN as u64,
+            slot + wire::SMALL_MAX - size + wr.byte_len()
+        );
+    }
+    // None consumed a receive WR: both credits are still there.
+    assert_eq!(e.credits_available(), 2);
+    assert_eq!(e.stats().small_sends, 36);
+    // Above SMALL_MAX a send is a WRITE WITH IMM and takes a credit.
+    e.isend(1, 0x1000, Keys::one(5), 113, 0).unwrap().unwrap();
+    let wr = posted(e.drain_actions())[0];
+    assert!(matches!(wr.opcode, SendOpcode::RdmaWriteWithImm { .. }));
+    assert_eq!(e.credits_available(), 1);
+}
+
+#[test]
+fn a_small_send_needs_a_one_buffer_receive_that_fits_it() {
+    let mut e = SendEngine::new(SendParams {
+        inline_max: 256,
+        ..params(true, 8)
+    });
+    // A grouped receive, then a one-buffer receive of 4 bytes.
+    e.handle_cts(0, cts(0, 0, 8, &[(4096, 0), (4096, 1)]))
+        .unwrap();
+    e.handle_cts(0, cts(1, 2, 8, &[(4, 0)])).unwrap();
+    e.isend(1, 0x1000, Keys::one(5), 8, 0).unwrap().unwrap();
+    e.isend(1, 0x1000, Keys::one(5), 8, 1).unwrap().unwrap();
+    let wrs = posted(e.drain_actions());
+    assert!(wrs
+        .iter()
+        .all(|w| matches!(w.opcode, SendOpcode::RdmaWriteWithImm { .. })));
+    // Too big for its buffer: refused with a record, not written into the ring.
+    assert!(e.isend(1, 0x1000, Keys::one(5), 8, 0).is_err());
+    assert_eq!(e.stats().small_sends, 0);
 }
 
 #[test]

@@ -1018,11 +1018,12 @@ fn a_busy_connection_grows_from_the_pool_with_exact_credits_and_shrinks_when_idl
     // Idle: the depth shrinks a batch per 5 ms; buffers come back as messages consume the
     // ones above the depth (a posted WR cannot be taken back).
     // 40 rounds: more than the WRs posted at full depth, so every pool buffer is consumed
-    // once more and can come back.
+    // once more and can come back. 60 bytes: above the small sends' limit (inline_max 64 less
+    // the trailer), which consume no receive WR and so would give nothing back.
     for round in 0..40u64 {
         p.now += 6_000_000;
         let r = p.irecv(&[(0, 256, 0)]).unwrap();
-        let s = p.isend(0, &pattern(round, 10), 0).unwrap();
+        let s = p.isend(0, &pattern(round, 60), 0).unwrap();
         p.wait_recv(r).unwrap();
         p.wait_send(s).unwrap();
     }
@@ -1178,10 +1179,21 @@ fn several_qps_deliver_exact_bytes_for_every_size_with_and_without_split_and_lag
                 assert_eq!(p.rcv.stats().rendezvous, 14, "{ctx}");
                 assert_eq!(p.rnr_naks, 0, "{ctx}");
                 // Every WR is a WRITE WITH IMM into the user buffers, as `wr_plan` says for
-                // buffer g (one-buffer receives: g = the send's index).
+                // buffer g (one-buffer receives: g = the send's index), but for small sends:
+                // a payload whose trailer fits inline_max (64), sent whole on QP 0, goes into
+                // the small-send ring instead.
                 let sizes = MQP_SIZES.iter().chain(&MQP_SIZES[..5]);
+                let small = |size: usize, g: u64| {
+                    size + wire::SMALL_TRAILER_LEN <= 64
+                        && (qps == 1 || (!split && g.is_multiple_of(u64::from(qps))))
+                };
                 let mut want = Vec::new();
+                let mut smalls = 0;
                 for (g, &size) in sizes.enumerate() {
+                    if small(size, g as u64) {
+                        smalls += 1;
+                        continue;
+                    }
                     want.extend(
                         send::wr_plan(size as u64, g as u64, qps, split)
                             .map(|(q, _, len)| (q, len)),
@@ -1201,6 +1213,8 @@ fn several_qps_deliver_exact_bytes_for_every_size_with_and_without_split_and_lag
                 got.sort();
                 want.sort();
                 assert_eq!(got, want, "{ctx}");
+                assert_eq!(st.small_sends, smalls, "{ctx}");
+                assert_eq!(p.rcv.stats().small_sends, smalls, "{ctx}");
                 let data_qp_writes = p.writes.iter().filter(|w| w.user() && w.qp > 0).count();
                 assert_eq!(st.data_qp_writes, data_qp_writes as u64, "{ctx}");
                 assert_eq!(st.data_qp_writes > 0, qps > 1, "{ctx}");
@@ -1601,4 +1615,118 @@ fn inline_sends_deliver_the_bytes_of_their_post_when_the_buffer_is_reused_at_onc
         );
     }
     assert_eq!(p.snd.stats().inline_sends, 16);
+}
+
+/// Small sends (wire version 8: no immediate, into the receiver's small-send ring) mixed in
+/// one stream with every other kind: speculative eager sends issued before their receive was
+/// posted, inline and ordinary direct writes. 150 receives wrap the 32 slots several times.
+/// Every receive holds its send's bytes the moment it completes, the receiver takes the small
+/// sends in send order between the others, and they consume no receive WR.
+#[test]
+fn small_sends_mix_with_eager_and_direct_sends_in_send_order_over_ring_wraps() {
+    let mut p = Pair::new(PairCfg::default(), Knobs::default());
+    // Small up to 48 bytes (inline_max 64 less the trailer); 60 inline direct; 200 eager-sized
+    // or direct; 2000 direct only.
+    let sizes = [8usize, 0, 48, 60, 200, 1, 8, 2000, 33];
+    let n = 150u64;
+    let mut recvs = std::collections::VecDeque::new();
+    let mut sends = std::collections::VecDeque::new();
+    let (mut early, mut small) = (0, 0);
+    for i in 0..n {
+        let size = sizes[i as usize % sizes.len()];
+        let data = pattern(i, size);
+        let off = (i % 64) * 4096;
+        if sends.len() == 32 {
+            let s = sends.pop_front().unwrap();
+            p.wait_send(s).unwrap();
+        }
+        // Every tenth message is sent before its receive is posted (none is outstanding then),
+        // when the sender may: it goes as a speculative eager SEND.
+        let mut sent = None;
+        if i % 10 == 0 {
+            assert!(p.smem.write(S_USER + off, &data));
+            sent = p
+                .snd
+                .isend(p.now, S_USER + off, p.lkeys, size as u64, 0)
+                .unwrap();
+            p.apply_actions();
+            early += u64::from(sent.is_some());
+        }
+        let r = p.irecv(&[((i % 32) * 4096, 4096, 0)]).unwrap();
+        p.expect(r, vec![data.clone()]);
+        recvs.push_back((r, size));
+        let s = match sent {
+            Some(s) => s,
+            None => {
+                // Its clear-to-send read first: a direct send (small when it fits).
+                p.drive_until(100_000, |p| p.snd.expected_cts() > i);
+                p.isend(off, &data, 0).unwrap()
+            }
+        };
+        small += u64::from(sent.is_none() && size <= 48);
+        sends.push_back(s);
+        // Receives complete in order; keep up to 4 outstanding so CTS entries pile up too,
+        // and none every tenth message, so that the next one may go before its receive.
+        while recvs.len() > 4 || ((i % 10 == 9 || i + 1 == n) && !recvs.is_empty()) {
+            let (r, size) = recvs.pop_front().unwrap();
+            assert_eq!(p.wait_recv(r).unwrap(), vec![size as u64]);
+        }
+    }
+    for s in sends {
+        p.wait_send(s).unwrap();
+    }
+    let (st, rt) = (p.snd.stats().clone(), p.rcv.stats().clone());
+    assert!(early > 0, "no speculative eager send was issued");
+    assert_eq!(st.eager, early, "{st:?}");
+    assert!(small > 0);
+    assert_eq!(st.small_sends, small, "{st:?}");
+    assert_eq!(rt.small_sends, small, "{rt:?}");
+    assert_eq!(p.checked, n, "every receive checked at completion");
+    assert_eq!(p.rnr_naks, 0);
+    // Each WR-consuming send took one receive WR; the small ones none.
+    assert_eq!(rt.ops, n);
+    assert_eq!(
+        p.snd.wrs_consumed(),
+        n - st.small_sends,
+        "{}",
+        p.snd.debug_state()
+    );
+}
+
+/// A small send is taken in send order even when it landed before an older send's completion
+/// was polled: a speculative eager send tagged 2 waits in the receiver's CQ while the small send
+/// after it (tagged 1, into the older receive) is already in the ring. Taking the small send
+/// first would misnumber the eager one.
+#[test]
+fn a_small_send_waits_for_an_older_eager_send_still_in_the_cq() {
+    let mut p = Pair::new(PairCfg::default(), Knobs::default());
+    let eager = pattern(1, 8);
+    assert!(p.smem.write(S_USER, &eager));
+    let e = p
+        .snd
+        .isend(p.now, S_USER, p.lkeys, 8, 2)
+        .unwrap()
+        .expect("speculative eager send");
+    p.apply_actions();
+    assert_eq!(p.snd.stats().eager, 1);
+    // The receiver posts a receive tagged 1, then one tagged 2 (the eager send's), and stops
+    // polling its CQ.
+    let r0 = p.irecv(&[(0, 64, 1)]).unwrap();
+    let r1 = p.irecv(&[(4096, 64, 2)]).unwrap();
+    p.knobs.recv_idle = true;
+    p.drive_until(10_000, |p| p.snd.expected_cts() == 2);
+    let small = pattern(2, 8);
+    let s = p.isend(8192, &small, 1).unwrap();
+    assert_eq!(p.snd.stats().small_sends, 1, "{}", p.snd.debug_state());
+    for _ in 0..20 {
+        p.step();
+    }
+    p.knobs.recv_idle = false;
+    p.expect(r0, vec![small]);
+    p.expect(r1, vec![eager]);
+    assert_eq!(p.wait_recv(r0).unwrap(), vec![8]);
+    assert_eq!(p.wait_recv(r1).unwrap(), vec![8]);
+    p.wait_send(e).unwrap();
+    p.wait_send(s).unwrap();
+    assert_eq!(p.rcv.stats().small_sends, 1);
 }

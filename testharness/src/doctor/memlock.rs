@@ -30,9 +30,8 @@ pub fn pinned_bytes(cfg: &Config) -> (u64, u64) {
     let min = cfg.rq_min_depth.clamp(1, cfg.rq_depth) as usize;
     // The receive comm's own buffers and rings, plus what it may grow by from the pool at
     // full depth (memlock must cover a busy comm too).
-    let recv = pages(
-        a64(min * stride) + a64(REC_SLOTS * MAX_RECVS * 8) + CTRL_STAGE_SLOTS * CTS_ENTRY_LEN,
-    ) + pages((cfg.rq_depth as usize - min) * stride);
+    let recv = pages(a64(min * stride) + a64(REC_REGION_LEN) + CTRL_STAGE_SLOTS * CTS_ENTRY_LEN)
+        + pages((cfg.rq_depth as usize - min) * stride);
     (send, recv)
 }
 

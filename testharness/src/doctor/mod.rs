@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use nccl_net_verbsnet::config::{self, Config, TransportChoice};
-use nccl_net_verbsnet::engine::wire::{CTS_ENTRY_LEN, EAGER_HDR_LEN, MAX_RECVS, REC_SLOTS};
+use nccl_net_verbsnet::engine::wire::{CTS_ENTRY_LEN, EAGER_HDR_LEN, REC_REGION_LEN};
 use nccl_net_verbsnet::engine::{CTRL_STAGE_SLOTS, CTS_RING_ENTRIES, MAX_SEND_REQUESTS};
 use nccl_net_verbsnet::transport::ib::survey::{self, DeviceSurvey, PortSurvey};
 use nccl_net_verbsnet::transport::MAX_SEND_SGE;
