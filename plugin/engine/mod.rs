@@ -24,15 +24,20 @@
 //! - **Direct** (the front receive's CTS is known; any size): one RDMA_WRITE_WITH_IMM of the
 //!   payload straight into the receive buffer (zero copy); the immediate names the receive and
 //!   buffer, the completion's `byte_len` the size.
+//! - **Small** (direct, at most [`wire::SMALL_MAX`] bytes, a one-buffer receive): one inline
+//!   RDMA WRITE, no immediate, of the payload and a trailer into the receive's slot of the
+//!   receiver's small-send ring ([`wire::SmallTrailer`]); it consumes no receive WR, and the
+//!   receiver polls the slot and copies the payload out, in send order.
 //! - **Eager** (no receive known at all, size ≤ eager limit): the sender SENDs header + payload
 //!   at once into a bounce buffer the receiver pre-posted (MPI-style eager; NCCL's IB transport
 //!   would wait); the receiver holds it until a receive with a free buffer of its tag is posted
 //!   and copies it, and the sender completes it once that receive's CTS confirmed the buffer is
 //!   big enough, so a too-large send fails on both ends.
 //! - **The receive queue** holds bounce-backed WRs (for eager SENDs) and zero-length WRs (only
-//!   a WRITE_WITH_IMM may consume one). Each send consumes the next WR in posting order, so
-//!   send `k` takes WR `k`. RQ batching: the receiver posts `rq_batch` bounce-backed WRs per
-//!   post call, refilling once per poll when fewer than `rq_low_water` remain.
+//!   a WRITE_WITH_IMM may consume one). Each send but a small one consumes the next WR in
+//!   posting order, so the `k`-th of them takes WR `k`. RQ batching: the receiver posts
+//!   `rq_batch` bounce-backed WRs per post call, refilling once per poll when fewer than
+//!   `rq_low_water` remain.
 //! - **Credits** (optional): a credit is one posted receive WR at the peer. With gating on the
 //!   sender never issues an operation that consumes one (eager SEND, WRITE_WITH_IMM) without a
 //!   credit, and `irecv` posts zero-length WRs so that the posted WRs cover every posted buffer:

@@ -653,8 +653,9 @@ impl RecvEngine {
     /// A WRITE_WITH_IMM landed on QP 0: a direct write of a send's payload into the buffer its
     /// immediate names (size: `byte_len`; several QPs: that of the piece on QP 0, maybe a
     /// zero-length WRITE whose payload went on a data QP) or a refusal record. `s` counts
-    /// arrivals on QP 0: it is the send's sequence number (every send consumes exactly one
-    /// receive WR of QP 0, in send order, with any number of QPs).
+    /// arrivals on QP 0, small sends included: it is the send's sequence number (every send
+    /// but a small one consumes exactly one receive WR of QP 0, in send order, with any number
+    /// of QPs, and the small sends before it were taken first, [`RecvEngine::poll_small`]).
     ///
     /// The buffer named must be the one our own matching gives the next send with its tag;
     /// anything else is a protocol error that fails the comm.

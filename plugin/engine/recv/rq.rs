@@ -213,7 +213,8 @@ impl RecvEngine {
     /// further call on this comm (as NCCL IB's one receive WR per `irecv`). Returns how many
     /// zero-length WRs it posted.
     ///
-    /// Each send consumes the next WR in posting order (one RQ, RC), so the WRs not seen
+    /// Each send but a small one consumes the next WR in posting order (one RQ, RC), so the WRs
+    /// not seen
     /// consumed yet must number at least the unmatched buffers, plus what speculative eager
     /// sends in flight may take without filling one of them: those go only into
     /// bounce-backed WRs (the sender knows which WRs are zero-length from the CTS entries), so
