@@ -338,7 +338,7 @@ impl<R: Role> Core<R> {
             self.post_errors += 1;
             let line = e.report();
             warn!("{line}");
-            self.side.fail(ReqError::Local(line));
+            self.side.fail_execution(ReqError::Local(line));
         }
         r
     }

@@ -47,6 +47,13 @@ pub(super) mod sealed {
         fn failure(&self) -> Option<&ReqError>;
         /// Fails the engine: every outstanding request reports `e`.
         fn fail(&mut self, e: ReqError);
+        /// Fails the engine after carrying out its actions failed part way: the actions after
+        /// the failure were dropped, so a receive whose copy was among them must report `e`
+        /// too, not the data it lacks (the receive side fails every request it holds, complete
+        /// or not; [`crate::engine::RecvEngine::fail_all`]).
+        fn fail_execution(&mut self, e: ReqError) {
+            self.fail(e);
+        }
         /// Requests idle for `timeout_ns`, each once.
         fn stalls(&mut self, now: u64, timeout_ns: u64) -> Vec<Stall>;
         /// Feeds one completion to the engine.
@@ -223,6 +230,9 @@ impl sealed::Side for SendSide {
 impl sealed::Side for RecvSide {
     const NAME: &'static str = "recv";
     const MAX_REQUESTS: usize = MAX_RECV_REQUESTS;
+    fn fail_execution(&mut self, e: ReqError) {
+        self.engine.fail_all(e)
+    }
     fn stats(&self) -> &Stats {
         self.engine.stats()
     }

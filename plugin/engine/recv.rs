@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 
 use super::wire::{
     self, CtsBuf, CtsEntry, EagerHeader, SmallTrailer, EAGER_HDR_LEN, MAX_RECVS, REC_SLOTS,
-    REC_TOO_BIG, SMALL_TRAILER_LEN,
+    REC_TOO_BIG,
 };
 use super::{
     wc_error, wr_parse, Action, MemRead, ReqError, ReqId, Sizes, Slots, StageBytes, Stall, Stats,
@@ -534,10 +534,11 @@ impl RecvEngine {
             self.data_arrival(now, index, wc);
             return;
         }
-        if matches!(kind, WrKind::Bounce | WrKind::Zero) {
+        if matches!(kind, WrKind::Bounce | WrKind::Zero) || wc.status != WcStatus::Success {
             // Small sends the sender posted before this arrival landed before it (one QP
             // delivers in order): take them first, so that `next_arrival` is this arrival's
-            // send, and so that an error completion (the QP flushed) loses none of them.
+            // send, and so that an error completion (of any WR: the QP failed) loses none of
+            // them.
             self.poll_small(now, mem);
         }
         match kind {
@@ -745,16 +746,24 @@ impl RecvEngine {
             let r = req.r;
             let slot = self.p.rec_ring + wire::small_slot(r);
             let at = slot + wire::SMALL_MAX;
-            let mut b = [0u8; SMALL_TRAILER_LEN];
-            if !mem.read(at, &mut b) {
-                self.fail(ReqError::Local(format!(
-                    "small-send slot at {at:#x} is not readable"
-                )));
-                break;
+            let unreadable =
+                || ReqError::Local(format!("small-send slot at {at:#x} is not readable"));
+            // The sequence word first (an acquire load), then the word before it: the sender's
+            // WRITE lands in address order, the sequence word last.
+            match mem.read_u64(at + 8) {
+                Some(w) if w == SmallTrailer::seq_word(r) => {}
+                Some(_) => break,
+                None => {
+                    self.fail(unreadable());
+                    break;
+                }
             }
-            let t = match SmallTrailer::decode(&b, r) {
-                Ok(Some(t)) => t,
-                Ok(None) => break,
+            let Some(w) = mem.read_u64(at) else {
+                self.fail(unreadable());
+                break;
+            };
+            let t = match SmallTrailer::decode(w, r) {
+                Ok(t) => t,
                 Err(m) => {
                     self.fail(ReqError::Protocol(m));
                     break;
@@ -940,6 +949,18 @@ impl RecvEngine {
         }
         for (_, r) in self.reqs.iter_mut() {
             if r.error.is_none() && r.arrived < r.n {
+                r.error = Some(e.clone());
+            }
+        }
+    }
+
+    /// Marks the comm failed, and every request it holds, complete or not, reports `e`: for an
+    /// executor that failed part way through the actions, which may have dropped the copy
+    /// (eager or small send) of a receive this engine holds complete.
+    pub fn fail_all(&mut self, e: ReqError) {
+        self.fail(e.clone());
+        for (_, r) in self.reqs.iter_mut() {
+            if r.error.is_none() {
                 r.error = Some(e.clone());
             }
         }

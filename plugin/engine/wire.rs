@@ -247,15 +247,12 @@ impl SmallTrailer {
         b
     }
 
-    /// The trailer in `b` for receive `r`: `Ok(None)` while its sequence word does not name
-    /// `r` (not landed yet: the slot holds an older lap's, or nothing), `Err` for a size above
-    /// [`SMALL_MAX`].
-    pub fn decode(b: &[u8; SMALL_TRAILER_LEN], r: u64) -> Result<Option<SmallTrailer>, String> {
-        let word = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
-        if word(8) != Self::seq_word(r) {
-            return Ok(None);
-        }
-        let w = word(0);
+    /// The trailer whose first word is `w`, in receive `r`'s slot, read after its sequence
+    /// word (at byte 8) was seen to be [`SmallTrailer::seq_word`]`(r)`: the sender writes the
+    /// sequence word last, so only a reader that checks it first and then reads the rest sees
+    /// the rest whole (an older lap's size word read before the new sequence word could pass
+    /// for a send of 0 bytes). `Err` for a size above [`SMALL_MAX`].
+    pub fn decode(w: u64, r: u64) -> Result<SmallTrailer, String> {
         let t = SmallTrailer {
             size: w as u32,
             s_low: (w >> 32) as u32,
@@ -266,7 +263,7 @@ impl SmallTrailer {
                 t.size
             ));
         }
-        Ok(Some(t))
+        Ok(t)
     }
 }
 

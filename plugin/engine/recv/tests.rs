@@ -74,10 +74,12 @@ fn wc(wr_id: u64, status: WcStatus) -> Wc {
     }
 }
 
-struct NoMem;
-impl MemRead for NoMem {
-    fn read(&self, _: u64, _: &mut [u8]) -> bool {
-        false
+/// Memory nobody wrote: zeros (no small send landed, no record).
+struct Blank;
+impl MemRead for Blank {
+    fn read(&self, _: u64, out: &mut [u8]) -> bool {
+        out.fill(0);
+        true
     }
 }
 
@@ -95,13 +97,13 @@ fn one_cts_write_in_sixteen_is_signaled_and_its_completion_frees_the_slots_befor
     assert_eq!(signaled, [15, 31], "the 16th and the 32nd");
     assert_eq!(e.ctrl_outstanding(), 32);
     // The 16th's completion frees the 16 slots up to it; a stale repeat frees nothing more.
-    e.handle_wc(1, &wc(writes[15].0, WcStatus::Success), &NoMem);
+    e.handle_wc(1, &wc(writes[15].0, WcStatus::Success), &Blank);
     assert_eq!(e.ctrl_outstanding(), 16);
-    e.handle_wc(1, &wc(writes[15].0, WcStatus::Success), &NoMem);
+    e.handle_wc(1, &wc(writes[15].0, WcStatus::Success), &Blank);
     assert_eq!(e.ctrl_outstanding(), 16);
     assert!(e.failure().is_none());
     // An unsignaled write that fails still completes (with its error) and fails the comm.
-    e.handle_wc(2, &wc(writes[20].0, WcStatus::RemoteAccess), &NoMem);
+    e.handle_wc(2, &wc(writes[20].0, WcStatus::RemoteAccess), &Blank);
     let f = e.failure().expect("the comm failed").to_string();
     assert!(
         f.contains("clear-to-send RDMA WRITE completed with IBV_WC_REM_ACCESS_ERR"),
@@ -130,7 +132,7 @@ fn with_every_control_slot_in_flight_irecv_waits_and_the_newest_write_is_signale
         Ok(None),
         "all staging slots in flight"
     );
-    e.handle_wc(1, &wc(last.0, WcStatus::Success), &NoMem);
+    e.handle_wc(1, &wc(last.0, WcStatus::Success), &Blank);
     assert_eq!(e.ctrl_outstanding(), 0);
     assert!(e.irecv(0, &[buf(1)]).unwrap().is_some());
 }
@@ -183,17 +185,17 @@ fn with_several_qps_a_buffer_completes_once_every_qp_it_uses_reported() {
     );
     assert_eq!(e.stats().data_qp_zero_wrs, 24);
     // Buffer 1's piece on QP 3 comes first; then buffer 0 on QP 0 (send order there).
-    e.handle_wc(1, &on_qp(3, 0, 1, 0), &NoMem);
-    e.handle_wc(1, &arrival(0, 0, false, 40), &NoMem);
+    e.handle_wc(1, &on_qp(3, 0, 1, 0), &Blank);
+    e.handle_wc(1, &arrival(0, 0, false, 40), &Blank);
     for q in 1..4 {
-        e.handle_wc(1, &on_qp(q, 0, 0, if q == 1 { 24 } else { 0 }), &NoMem);
+        e.handle_wc(1, &on_qp(q, 0, 0, if q == 1 { 24 } else { 0 }), &Blank);
     }
     assert!(e.failure().is_none(), "{:?}", e.failure());
     assert_eq!(e.test(a), Ok(None), "buffer 1 has 1 of its 4 arrivals");
-    e.handle_wc(1, &arrival(0, 1, false, 7), &NoMem);
-    e.handle_wc(1, &on_qp(1, 0, 1, 0), &NoMem);
+    e.handle_wc(1, &arrival(0, 1, false, 7), &Blank);
+    e.handle_wc(1, &on_qp(1, 0, 1, 0), &Blank);
     assert_eq!(e.test(a), Ok(None), "QP 2 has not reported buffer 1");
-    e.handle_wc(1, &on_qp(2, 0, 1, 0), &NoMem);
+    e.handle_wc(1, &on_qp(2, 0, 1, 0), &Blank);
     assert_eq!(e.test(a), Ok(Some(Sizes::of(&[64, 7]))));
     assert_eq!(e.stats().rendezvous, 2);
 
@@ -201,12 +203,12 @@ fn with_several_qps_a_buffer_completes_once_every_qp_it_uses_reported() {
     let mut e = mqp(3, false);
     let a = e.irecv(0, &[buf(1), buf(1), buf(1)]).unwrap().unwrap();
     assert_eq!(e.stats().data_qp_zero_wrs, 16, "a batch on QPs 1 and 2");
-    e.handle_wc(1, &on_qp(2, 0, 2, 50), &NoMem);
-    e.handle_wc(1, &arrival(0, 0, false, 3), &NoMem);
-    e.handle_wc(1, &arrival(0, 1, false, 0), &NoMem);
-    e.handle_wc(1, &arrival(0, 2, false, 0), &NoMem);
+    e.handle_wc(1, &on_qp(2, 0, 2, 50), &Blank);
+    e.handle_wc(1, &arrival(0, 0, false, 3), &Blank);
+    e.handle_wc(1, &arrival(0, 1, false, 0), &Blank);
+    e.handle_wc(1, &arrival(0, 2, false, 0), &Blank);
     assert_eq!(e.test(a), Ok(None), "buffer 1's payload is still on QP 1");
-    e.handle_wc(1, &on_qp(1, 0, 1, 9), &NoMem);
+    e.handle_wc(1, &on_qp(1, 0, 1, 9), &Blank);
     assert_eq!(e.test(a), Ok(Some(Sizes::of(&[3, 9, 50]))));
 }
 
@@ -215,7 +217,7 @@ fn with_several_qps_qp_0_stays_strict_and_a_hostile_data_qp_arrival_fails_the_co
     // QP 0 arrivals come in send order with any number of QPs: the strict check stays.
     let mut e = mqp(4, false);
     e.irecv(0, &[buf(1), buf(1)]).unwrap().unwrap();
-    e.handle_wc(1, &arrival(0, 1, false, 8), &NoMem);
+    e.handle_wc(1, &arrival(0, 1, false, 8), &Blank);
     let f = e.failure().expect("strict on QP 0").to_string();
     assert!(f.contains("for send 0 names no unmatched buffer"), "{f}");
 
@@ -298,10 +300,10 @@ fn with_several_qps_qp_0_stays_strict_and_a_hostile_data_qp_arrival_fails_the_co
         let mut e = mqp(4, split);
         let id = e.irecv(0, &[buf(1), buf(1)]).unwrap().unwrap();
         for wc in &before {
-            e.handle_wc(1, wc, &NoMem);
+            e.handle_wc(1, wc, &Blank);
         }
         assert!(e.failure().is_none(), "{what}: {:?}", e.failure());
-        e.handle_wc(1, &hostile, &NoMem);
+        e.handle_wc(1, &hostile, &Blank);
         match e.failure() {
             Some(ReqError::Protocol(m)) => assert!(m.contains(want), "{what}: {m}"),
             other => panic!("{what}: {other:?}"),
@@ -315,8 +317,8 @@ fn a_receive_stalled_on_a_data_qp_names_the_buffer_and_the_qps_still_missing() {
     // Split over 3 QPs: buffer 0 got its QP 0 and QP 2 arrivals, not QP 1's; buffer 1 nothing.
     let mut e = mqp(3, true);
     e.irecv(0, &[buf(1), buf(1)]).unwrap().unwrap();
-    e.handle_wc(1, &arrival(0, 0, false, 40), &NoMem);
-    e.handle_wc(1, &on_qp(2, 0, 0, 0), &NoMem);
+    e.handle_wc(1, &arrival(0, 0, false, 40), &Blank);
+    e.handle_wc(1, &on_qp(2, 0, 0, 0), &Blank);
     assert!(e.failure().is_none(), "{:?}", e.failure());
     let s = e.stalls(1_000, 100);
     assert_eq!(s.len(), 1);
@@ -329,7 +331,7 @@ fn a_receive_stalled_on_a_data_qp_names_the_buffer_and_the_qps_still_missing() {
     // Round robin over 2 QPs: buffer 1 (QP 1) got its data-QP arrival, its QP 0 one is missing.
     let mut e = mqp(2, false);
     e.irecv(0, &[buf(1), buf(1)]).unwrap().unwrap();
-    e.handle_wc(1, &on_qp(1, 0, 1, 64), &NoMem);
+    e.handle_wc(1, &on_qp(1, 0, 1, 64), &Blank);
     let s = e.stalls(1_000, 100);
     assert!(
         s[0].waiting_for.contains("on buffer 1: QP 0 ("),
@@ -347,22 +349,25 @@ fn a_receive_stalled_on_a_data_qp_names_the_buffer_and_the_qps_still_missing() {
     );
 }
 
-/// The record region as the sender's small sends leave it: trailers at given slots.
-struct Ring(Vec<(u64, [u8; SMALL_TRAILER_LEN])>);
+/// The record region as the sender's small sends leave it: trailers at given slots, zeros
+/// elsewhere.
+struct Ring(Vec<(u64, [u8; wire::SMALL_TRAILER_LEN])>);
 impl MemRead for Ring {
     fn read(&self, addr: u64, out: &mut [u8]) -> bool {
-        out.fill(0);
-        for (at, t) in &self.0 {
-            if *at == addr && out.len() == t.len() {
-                out.copy_from_slice(t);
-            }
+        for (i, o) in out.iter_mut().enumerate() {
+            let a = addr + i as u64;
+            *o = self
+                .0
+                .iter()
+                .find(|(at, t)| a >= *at && a < at + t.len() as u64)
+                .map_or(0, |(at, t)| t[(a - at) as usize]);
         }
         true
     }
 }
 
 /// The trailer of a small send of `size` bytes (send `s`) into receive `r`, where it lands.
-fn landed(r: u64, size: u32, s: u32) -> (u64, [u8; SMALL_TRAILER_LEN]) {
+fn landed(r: u64, size: u32, s: u32) -> (u64, [u8; wire::SMALL_TRAILER_LEN]) {
     let at = params().rec_ring + wire::small_slot(r) + wire::SMALL_MAX;
     (at, SmallTrailer { size, s_low: s }.encode(r))
 }
@@ -402,5 +407,62 @@ fn a_small_send_too_big_for_its_buffer_or_the_slot_fails_the_comm() {
         let f = e.failure().expect("failed").to_string();
         assert!(f.contains(want), "{size}: {f}");
         assert!(e.test(a).is_err());
+    }
+}
+
+/// A trailer being written while the receiver reads it: the size word lands before the
+/// sequence word. A reader that took the size word first could see the slot's old zeros and
+/// the new sequence word, and report a send of 0 bytes.
+struct Landing {
+    at: u64,
+    new: [u8; wire::SMALL_TRAILER_LEN],
+    seq_seen: std::cell::Cell<bool>,
+}
+impl MemRead for Landing {
+    fn read(&self, addr: u64, out: &mut [u8]) -> bool {
+        for (i, o) in out.iter_mut().enumerate() {
+            let a = addr + i as u64;
+            *o = match a.checked_sub(self.at) {
+                // The size word: landed once the sequence word was seen (it was written
+                // first), old zeros before.
+                Some(d @ 0..=7) if self.seq_seen.get() => self.new[d as usize],
+                Some(0..=7) => 0,
+                Some(d @ 8..=15) => {
+                    self.seq_seen.set(true);
+                    self.new[d as usize]
+                }
+                _ => 0,
+            };
+        }
+        true
+    }
+}
+
+#[test]
+fn a_small_send_is_read_sequence_word_first() {
+    let mut e = RecvEngine::new(params());
+    let a = e.irecv(0, &[buf(1)]).unwrap().unwrap();
+    let (at, new) = landed(0, 8, 0);
+    let mem = Landing {
+        at,
+        new,
+        seq_seen: std::cell::Cell::new(false),
+    };
+    assert!(e.poll_small(1, &mem));
+    assert_eq!(e.test(a).unwrap().map(|s| s.to_vec()), Some(vec![8]));
+}
+
+#[test]
+fn fail_all_fails_a_receive_that_is_complete_but_untested() {
+    let mut e = RecvEngine::new(params());
+    let a = e.irecv(0, &[buf(1)]).unwrap().unwrap();
+    let b = e.irecv(0, &[buf(1)]).unwrap().unwrap();
+    assert!(e.poll_small(1, &Ring(vec![landed(0, 8, 0)])));
+    assert!(e.complete(a));
+    // Its copy was queued; the executor failed before it ran.
+    e.fail_all(ReqError::Local("post_send failed".into()));
+    for id in [a, b] {
+        let err = e.test(id).unwrap_err().to_string();
+        assert!(err.contains("post_send failed"), "{err}");
     }
 }
