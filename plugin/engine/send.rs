@@ -70,6 +70,8 @@ pub struct SendParams {
 /// payload goes on QP `g % qps` (NCCL takes its request id; the buffer's index tells the
 /// receiver the QP without a message), plus, when that is not QP 0, a zero-length WR on QP 0,
 /// so that every direct send consumes one receive WR of QP 0 in send order. One QP: one WR.
+/// (A small send is not planned here: one inline RDMA WRITE on QP 0, no receive WR,
+/// [`SendEngine::isend`].)
 pub fn wr_plan(size: u64, g: u64, qps: u8, split: bool) -> impl Iterator<Item = (u8, u64, u64)> {
     let n = u64::from(qps.max(1));
     let chunk = size.div_ceil(n).div_ceil(SPLIT_ALIGN) * SPLIT_ALIGN;
@@ -154,8 +156,9 @@ pub struct SendEngine {
     unassigned: VecDeque<ReqId>,
     /// Receive WRs the receiver has posted so far (cumulative, both kinds), as far as we know.
     credits_granted: u64,
-    /// Receive WRs our sends consumed so far: send `k` (counted from the first) consumes the
-    /// receiver's WR `k`, in posting order (RC: one RQ, consumed in order).
+    /// Receive WRs our sends consumed so far: the `k`-th send (counted from the first) that
+    /// consumes one takes the receiver's WR `k`, in posting order (RC: one RQ, consumed in
+    /// order); small sends consume none.
     credits_used: u64,
     /// The zero-length receive WRs the receiver announced in CTS entries and that our sends
     /// have not consumed yet, as `[start, end)` WR index ranges in posting order. A SEND must
@@ -250,6 +253,22 @@ impl SendEngine {
                 break;
             }
             let end = CtsEntry::tail_at(head, len) + 8;
+            // The tail word on its own before the copy: the receiver's WRITE lands in address
+            // order, the tail last, so once the tail names the entry a copy read after it is
+            // whole. (A copy alone reads the tail last, and could pair an entry's new tail with
+            // body bytes read before they landed.)
+            let Some(tail) = mem.read_u64(at + end as u64 - 8) else {
+                self.fail(unreadable());
+                break;
+            };
+            match CtsEntry::landed(head, tail, r) {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(m) => {
+                    self.fail(ReqError::Protocol(m));
+                    break;
+                }
+            }
             // Zeroed only once an entry's head landed: most polls stop above. Past a compact
             // entry's end the slot holds an older lap's bytes, not read.
             let mut whole = [0u8; CTS_ENTRY_LEN_STRIPED];
@@ -377,6 +396,10 @@ impl SendEngine {
     ///   receive WR in `irecv` for every buffer its posted WRs do not cover already, so such a
     ///   send needs nothing more from the receiver, as in NCCL IB where `ncclIbIrecv` posts one
     ///   receive WR per `irecv`.
+    /// - A small send (at most [`wire::SMALL_MAX`] bytes into a one-buffer receive, see
+    ///   `small_fits`) goes instead as one inline RDMA WRITE, no immediate, into the receive's
+    ///   slot of the receiver's small-send ring: no receive WR, no credit; the request
+    ///   completes at the post.
     /// - With no receive known at all, an eager-sized send goes out at once (MPI-style eager: a
     ///   SEND into a bounce buffer) when the receive WR it would consume is known to be
     ///   bounce-backed, and is matched when its receive's clear-to-send arrives, by the same
@@ -555,10 +578,14 @@ impl SendEngine {
     /// [`wire::SMALL_MAX`] bytes that fits its buffer and, with the trailer, the inline limit,
     /// room for one more unacknowledged inline send, and a send that [`wr_plan`] would put
     /// whole on QP 0 (with `VERBSNET_IB_SPLIT_DATA_ON_QPS` every send is split over the QPs,
-    /// as in NCCL IB).
+    /// as in NCCL IB). Not while the next receive WR is (or may be) a zero-length one: that
+    /// send goes as a direct write and consumes it, so that zero-length WRs, which small sends
+    /// would leave at the head of the receive queue, never keep a later speculative eager send
+    /// (which needs a bounce-backed WR next) waiting for its clear-to-send.
     fn small_fits(&self, i: usize, size: u64) -> bool {
         let qps = u64::from(self.p.qps.max(1));
         self.p.rkeys == 1
+            && self.bounce_backed(self.credits_used)
             && size <= wire::SMALL_MAX
             && size + SMALL_TRAILER_LEN as u64 <= self.p.inline_max
             && self.inline_posted - self.inline_acked < MAX_INLINE_UNACKED
@@ -987,8 +1014,9 @@ impl SendEngine {
                 WrKind::Direct => "RDMA WRITE WITH IMM of the payload".to_string(),
                 WrKind::ErrNotify => "RDMA WRITE WITH IMM of a refusal record".to_string(),
                 WrKind::Piece => format!("RDMA WRITE WITH IMM of a payload piece on QP {qp}"),
-                WrKind::Inline => "RDMA WRITE of an inline send (its request had \
-                                   completed at the post; the peer may lack its data)"
+                WrKind::Inline => "RDMA WRITE of an inline send (WITH IMM into its buffer, \
+                                   or a small send's into the small-send ring; its request \
+                                   had completed at the post; the peer may lack its data)"
                     .to_string(),
                 WrKind::InlineFlush => "zero-length RDMA WRITE after inline sends (their \
                                         requests had completed; the peer may lack their data)"

@@ -396,6 +396,54 @@ fn peer_writes_are_read_in_order_and_a_torn_entry_waits() {
     );
 }
 
+/// A CTS entry being written while the sender reads it: its body lands before its tail word,
+/// so body bytes read before the tail word are an older lap's (zeros here).
+struct LandingCts {
+    entry: Vec<u8>,
+    tail_seen: std::cell::Cell<bool>,
+}
+
+impl MemRead for LandingCts {
+    fn read(&self, addr: u64, out: &mut [u8]) -> bool {
+        let tail = self.entry.len() - 8;
+        for (i, o) in out.iter_mut().enumerate() {
+            let off = (addr + i as u64).wrapping_sub(0x50_0000) as usize;
+            *o = match off {
+                0..8 => self.entry[off],
+                _ if off >= tail && off < self.entry.len() => {
+                    self.tail_seen.set(true);
+                    self.entry[off]
+                }
+                _ if off < tail && self.tail_seen.get() => self.entry[off],
+                _ => 0,
+            };
+        }
+        true
+    }
+}
+
+#[test]
+fn a_cts_entry_is_read_tail_word_first() {
+    let mut e = SendEngine::new(params(true, 0));
+    let entry = cts(0, 0, 5, &[(4096, 1)]).encode(CTS_ENTRY_LEN);
+    let mem = LandingCts {
+        entry,
+        tail_seen: std::cell::Cell::new(false),
+    };
+    assert!(e.poll_peer_writes(0, &mem));
+    // The buffer the entry announced, whole: a send goes to its address with its rkey.
+    e.isend(1, 0x1000, Keys::one(5), 1000, 1).unwrap().unwrap();
+    let wr = posted(e.drain_actions())[0];
+    assert_eq!(
+        wr.opcode,
+        SendOpcode::RdmaWriteWithImm {
+            remote_addr: 0x4000_0000,
+            rkey: 77,
+            imm: wire::imm_encode(0, 0, false, false)
+        }
+    );
+}
+
 fn mqp_params(qps: u8, split: bool) -> SendParams {
     SendParams {
         qps,
@@ -721,7 +769,68 @@ fn a_small_send_needs_a_one_buffer_receive_that_fits_it() {
         .all(|w| matches!(w.opcode, SendOpcode::RdmaWriteWithImm { .. })));
     // Too big for its buffer: refused with a record, not written into the ring.
     assert!(e.isend(1, 0x1000, Keys::one(5), 8, 0).is_err());
+    let rec = posted(e.drain_actions());
+    assert_eq!(rec.len(), 1, "{rec:?}");
+    assert!(
+        matches!(rec[0].opcode, SendOpcode::RdmaWriteWithImm { imm, .. } if wire::imm_decode(imm).record),
+        "{rec:?}"
+    );
     assert_eq!(e.stats().small_sends, 0);
+}
+
+#[test]
+fn a_small_sized_send_goes_direct_while_the_next_receive_wr_is_zero_length_or_inline_is_full() {
+    let mut e = SendEngine::new(SendParams {
+        inline_max: 256,
+        ..params(true, 2)
+    });
+    // 80 one-buffer receives; the first CTS announces WRs 2..10 as zero-length.
+    let mut first = cts(0, 0, 10, &[(4096, 0)]);
+    first.zeros = 8;
+    e.handle_cts(0, first).unwrap();
+    for r in 1..80 {
+        e.handle_cts(0, cts(r, r, 10, &[(4096, 0)])).unwrap();
+    }
+    let opcode = |e: &mut SendEngine| posted(e.drain_actions())[0].opcode;
+    // WRs 0 and 1 are bounce-backed and small sends take none: all small.
+    for _ in 0..3 {
+        e.isend(1, 0x1000, Keys::one(5), 8, 0).unwrap().unwrap();
+        assert!(matches!(opcode(&mut e), SendOpcode::RdmaWrite { .. }));
+    }
+    // Two larger sends take WRs 0 and 1; WR 2 is zero-length: the next 8 small-sized sends go
+    // as direct writes and consume WRs 2..10, so no zero-length WR stays ahead of a later
+    // speculative eager send; then small again.
+    for _ in 0..2 {
+        e.isend(1, 0x1000, Keys::one(5), 200, 0).unwrap().unwrap();
+        e.drain_actions();
+    }
+    for k in 2..10 {
+        e.isend(1, 0x1000, Keys::one(5), 8, 0).unwrap().unwrap();
+        assert!(
+            matches!(opcode(&mut e), SendOpcode::RdmaWriteWithImm { .. }),
+            "WR {k}"
+        );
+    }
+    assert_eq!(e.wrs_consumed(), 10);
+    e.isend(1, 0x1000, Keys::one(5), 8, 0).unwrap().unwrap();
+    assert!(matches!(opcode(&mut e), SendOpcode::RdmaWrite { .. }));
+    assert_eq!(e.stats().small_sends, 4);
+    // Every send so far was inline; small ones up to 64 unacknowledged: the next small-sized
+    // send is an ordinary direct write, signaled, taking a credit (WR 10 is not granted yet:
+    // "retry later" until a credit word grants it).
+    for _ in 0..(MAX_INLINE_UNACKED - e.inline_unacked()) {
+        e.isend(1, 0x1000, Keys::one(5), 8, 0).unwrap().unwrap();
+    }
+    e.drain_actions();
+    assert_eq!(e.inline_unacked(), MAX_INLINE_UNACKED);
+    assert_eq!(e.isend(1, 0x1000, Keys::one(5), 8, 0).unwrap(), None);
+    e.handle_credit(wire::credit_word(11, 0));
+    let id = e.isend(1, 0x1000, Keys::one(5), 8, 0).unwrap().unwrap();
+    let wr = posted(e.drain_actions())[0];
+    assert!(matches!(wr.opcode, SendOpcode::RdmaWriteWithImm { .. }));
+    assert!(!wr.inline && wr.signaled);
+    assert_eq!(e.test(id).unwrap(), None, "completes on its completion");
+    assert_eq!(e.wrs_consumed(), 11);
 }
 
 #[test]
