@@ -49,8 +49,8 @@
 //! - **Several QPs per connection** (`qps` > 1): QP 0 carries everything above; a direct
 //!   send posts all its WRs at `isend`, each an RDMA_WRITE_WITH_IMM on its own QP, as NCCL IB
 //!   does (split: piece `i` on QP `i`, empty pieces zero-length; round robin: the buffer's QP
-//!   `(base + i) % qps` plus a zero-length one on QP 0), so every direct send still consumes
-//!   exactly one receive WR of QP 0, in send order. The receiver keeps zero-length receive WRs
+//!   `(base + i) % qps` plus a zero-length one on QP 0), so every direct send but a small one
+//!   still consumes exactly one receive WR of QP 0, in send order. The receiver keeps zero-length receive WRs
 //!   on each data QP that cover the posted buffers, and counts a buffer's arrivals until all
 //!   its QPs reported. See `docs/protocol.md`, "Several QPs per connection".
 
