@@ -1732,14 +1732,7 @@ fn a_small_send_waits_for_an_older_eager_send_still_in_the_cq() {
     let small = pattern(2, 8);
     let s = p.isend(8192, &small, 1).unwrap();
     assert_eq!(p.snd.stats().small_sends, 1, "{}", p.snd.debug_state());
-    for _ in 0..20 {
-        p.step();
-    }
-    p.knobs.recv_idle = false;
-    p.expect(r0, vec![small]);
-    p.expect(r1, vec![eager]);
-    assert_eq!(p.wait_recv(r0).unwrap(), vec![8]);
-    assert_eq!(p.wait_recv(r1).unwrap(), vec![8]);
+    land_idle_then_receive(&mut p, vec![(r0, small), (r1, eager)]);
     p.wait_send(e).unwrap();
     p.wait_send(s).unwrap();
     assert_eq!(p.rcv.stats().small_sends, 1);
@@ -1755,8 +1748,6 @@ fn a_small_send_landed_before_a_direct_write_is_taken_before_its_completion() {
     let r0 = p.irecv(&[(0, 4096, 1)]).unwrap();
     let r1 = p.irecv(&[(4096, 4096, 1)]).unwrap();
     p.drive_until(10_000, |p| p.snd.expected_cts() == 2);
-    // Any zero-length WRs at the head of the queue consumed first, so the next send may go
-    // small (the sender's rule).
     p.knobs.recv_idle = true;
     let (small, big) = (pattern(1, 8), pattern(2, 200));
     let a = p.isend(0, &small, 1).unwrap();
@@ -1767,14 +1758,24 @@ fn a_small_send_landed_before_a_direct_write_is_taken_before_its_completion() {
         "{}",
         p.snd.debug_state()
     );
+    land_idle_then_receive(&mut p, vec![(r0, small), (r1, big)]);
+    p.wait_send(a).unwrap();
+    p.wait_send(b).unwrap();
+}
+
+/// Steps the pair with the receiver not polling until what the sender posted has landed, then
+/// lets it poll again and waits for each of `recvs`, which must hold its data the moment it
+/// completes.
+fn land_idle_then_receive(p: &mut Pair, recvs: Vec<(ReqId, Vec<u8>)>) {
     for _ in 0..20 {
         p.step();
     }
     p.knobs.recv_idle = false;
-    p.expect(r0, vec![small]);
-    p.expect(r1, vec![big]);
-    assert_eq!(p.wait_recv(r0).unwrap(), vec![8]);
-    assert_eq!(p.wait_recv(r1).unwrap(), vec![200]);
-    p.wait_send(a).unwrap();
-    p.wait_send(b).unwrap();
+    let sizes: Vec<(ReqId, u64)> = recvs.iter().map(|(r, d)| (*r, d.len() as u64)).collect();
+    for (r, d) in recvs {
+        p.expect(r, vec![d]);
+    }
+    for (r, n) in sizes {
+        assert_eq!(p.wait_recv(r).unwrap(), vec![n]);
+    }
 }
