@@ -578,14 +578,13 @@ impl SendEngine {
     /// [`wire::SMALL_MAX`] bytes that fits its buffer and, with the trailer, the inline limit,
     /// room for one more unacknowledged inline send, and a send that [`wr_plan`] would put
     /// whole on QP 0 (with `VERBSNET_IB_SPLIT_DATA_ON_QPS` every send is split over the QPs,
-    /// as in NCCL IB). Not while the next receive WR is (or may be) a zero-length one: that
-    /// send goes as a direct write and consumes it, so that zero-length WRs, which small sends
-    /// would leave at the head of the receive queue, never keep a later speculative eager send
-    /// (which needs a bounce-backed WR next) waiting for its clear-to-send.
+    /// as in NCCL IB). Also when the next receive WR is a zero-length one: it then stays at the
+    /// head of the receive queue until a send that consumes WRs comes, and a speculative eager
+    /// send (which needs a bounce-backed WR next) waits for its clear-to-send meanwhile; going
+    /// direct instead to consume it measured worse (docs/protocol.md, "Small sends").
     fn small_fits(&self, i: usize, size: u64) -> bool {
         let qps = u64::from(self.p.qps.max(1));
         self.p.rkeys == 1
-            && self.bounce_backed(self.credits_used)
             && size <= wire::SMALL_MAX
             && size + SMALL_TRAILER_LEN as u64 <= self.p.inline_max
             && self.inline_posted - self.inline_acked < MAX_INLINE_UNACKED
