@@ -776,26 +776,18 @@ impl RecvEngine {
             }
             let size = u64::from(t.size);
             let req = self.reqs.get_mut(id).expect("found above");
-            let cap = req.bufs[0].cap;
-            if size > cap {
-                let e = ReqError::Protocol(format!(
-                    "the peer wrote a small send of {size} bytes (send {s}) for a receive buffer \
-                     of {cap} bytes (receive {r})"
-                ));
-                req.error = Some(e.clone());
-                self.fail(e);
-                break;
-            }
             req.progress_ns = now;
             self.unmatched -= u32::from(req.match_buf(0));
-            req.sizes[0] = size;
-            req.got[0] = 1;
-            req.done |= 1;
-            req.arrived += 1;
             self.next_arrival = s.wrapping_add(1);
             self.settled = false;
             self.stats.rendezvous += 1;
             self.stats.small_sends += 1;
+            // As a direct write's arrival: its size, and a size above the buffer's capacity
+            // fails the comm.
+            self.add_arrival(id, 0, 0, t.size);
+            if self.failed.is_some() {
+                break;
+            }
             if size > 0 {
                 self.actions.push(Action::Copy {
                     src: at - size,
@@ -825,7 +817,7 @@ impl RecvEngine {
     /// split, every QP; round robin, QP 0 alone when `g % qps` is 0, else that QP and QP 0.
     pub(super) fn expected_arrivals(&self, g: u64) -> u8 {
         let qps = self.p.qps.max(1);
-        if qps == 1 || (!self.p.split && g.is_multiple_of(u64::from(qps))) {
+        if super::send::whole_on_qp0(g, qps, self.p.split) {
             1
         } else if self.p.split {
             qps

@@ -92,6 +92,13 @@ pub fn wr_plan(size: u64, g: u64, qps: u8, split: bool) -> impl Iterator<Item = 
     .chain(zero_on_qp0.then_some((0, 0, 0)))
 }
 
+/// Whether [`wr_plan`] sends a direct send into the buffer with global index `g` whole, as one
+/// WR on QP 0: one QP, or round robin (no `split`) and `g % qps` = 0. Such a buffer expects one
+/// arrival at the receiver, and only such a send may go inline or small.
+pub fn whole_on_qp0(g: u64, qps: u8, split: bool) -> bool {
+    qps <= 1 || (!split && g.is_multiple_of(u64::from(qps)))
+}
+
 #[derive(Debug)]
 struct SendReq {
     s: u64,
@@ -503,7 +510,7 @@ impl SendEngine {
             }
             Some((r, i, g, buf)) => {
                 self.stats.rendezvous += 1;
-                if self.p.qps > 1 && (self.p.split || g % u64::from(self.p.qps) != 0) {
+                if !whole_on_qp0(g, self.p.qps, self.p.split) {
                     self.post_pieces(id, g, (addr, lkeys, size), (r, i, buf), starved);
                     return Ok(Some(id));
                 }
@@ -583,16 +590,13 @@ impl SendEngine {
     /// send (which needs a bounce-backed WR next) waits for its clear-to-send meanwhile; going
     /// direct instead to consume it measured worse (docs/protocol.md, "Small sends").
     fn small_fits(&self, i: usize, size: u64) -> bool {
-        let qps = u64::from(self.p.qps.max(1));
         self.p.rkeys == 1
             && size <= wire::SMALL_MAX
-            && size + SMALL_TRAILER_LEN as u64 <= self.p.inline_max
-            && self.inline_posted - self.inline_acked < MAX_INLINE_UNACKED
+            && self.inline_fits(size + SMALL_TRAILER_LEN as u64)
             && self.groups.front().is_some_and(|g| {
                 g.e.n == 1
                     && size <= g.e.bufs[i].cap
-                    && (qps == 1
-                        || (!self.p.split && g.e.base.wrapping_add(i as u64).is_multiple_of(qps)))
+                    && whole_on_qp0(g.e.base.wrapping_add(i as u64), self.p.qps, self.p.split)
             })
     }
 
@@ -666,10 +670,7 @@ impl SendEngine {
     /// reused (ext-net README, `test`), which the copy gives a round trip earlier. A failure
     /// that comes after the request completed fails the comm: the next call reports it.
     fn take_inline(&mut self, now: u64, id: ReqId, size: u64) -> Option<(u64, bool)> {
-        if self.p.inline_max == 0
-            || size > self.p.inline_max
-            || self.inline_posted - self.inline_acked >= MAX_INLINE_UNACKED
-        {
+        if !self.inline_fits(size) {
             return None;
         }
         let n = self.inline_posted;
@@ -680,6 +681,14 @@ impl SendEngine {
             req.wc_done = true;
         }
         Some((n, (n + 1).is_multiple_of(INLINE_SIGNAL_EVERY)))
+    }
+
+    /// Whether a WR of `len` bytes may go inline now: inline sends are on, `len` is within
+    /// `SendParams::inline_max`, and fewer than [`MAX_INLINE_UNACKED`] are unacknowledged.
+    fn inline_fits(&self, len: u64) -> bool {
+        self.p.inline_max != 0
+            && len <= self.p.inline_max
+            && self.inline_posted - self.inline_acked < MAX_INLINE_UNACKED
     }
 
     /// Inline sends whose acknowledgement has not been seen (their requests completed at the
