@@ -433,6 +433,8 @@ impl RecvComm {
             ctrl_stage: bufs.ctrl.at(),
             peer_cts_ring: peer.cts_ring,
             peer_credit_word: peer.credit_word,
+            // What QP 0 granted (`conn::listen` asks for one compact CTS entry).
+            inline_max: u64::from(qp.max_inline_data()),
             credits: peer.credits,
             first_seq: peer.first_seq,
             rkeys: devs,

@@ -232,9 +232,12 @@ knobs! {
              payloads into its frames anyway. `0`: every send completes on its own completion, as NCCL IB's do. A failure of an \
              inline send after its request completed fails the comm: the next call reports \
              it. Closing the comm waits (up to 1 s) until the peer acknowledged every inline \
-             send.",
+             send. The receive comm posts its control writes inline too when they fit: the CTS \
+             entry of a one-buffer receive (64 bytes) and the credit word (8), capped by this \
+             size (`0`: none).",
         nccl_ib: "none for data (NCCL IB signals every data WR and completes the request on its \
-             completion); `NCCL_IB_USE_INLINE` (0) inlines only its CTS writes",
+             completion); `NCCL_IB_USE_INLINE` (0) inlines only its CTS writes, as verbsnet's \
+             receive comm does by default",
     }
 
     /// `VERBSNET_CREDITS`: credit gating on (1) or off (0, rely on RNR retry as NCCL does).

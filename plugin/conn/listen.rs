@@ -15,6 +15,7 @@ use super::refusals::{refusal_of_io, Refusal, Refusals};
 use super::{create_qps, qp_config, qp_devices, qps_note, Error, Stage};
 use crate::comm::{Class, RecvBuffers, RecvComm};
 use crate::config::Config;
+use crate::engine::wire::CTS_COMPACT_LEN;
 use crate::engine::RecvEngine;
 use crate::transport::{Device, Kind, QueuePair};
 
@@ -435,8 +436,13 @@ impl Listen {
             // (`ncclIbAccept`, `net_ib/connect.cc`): one class on both ends of a connection.
             let mut qpc = qp_config(&self.cfg);
             qpc.traffic_class = h.tc;
-            // The receive comm posts no inline WR (its CTS and credit writes are staged).
-            qpc.max_inline_data = 0;
+            // The receive comm posts its CTS entries and credit words inline when they fit:
+            // it asks for one compact entry (`VERBSNET_INLINE_SIZE` caps it; 0: none), as NCCL
+            // IB asks for one FIFO element with `NCCL_IB_USE_INLINE` (`net_ib/connect.cc`).
+            qpc.max_inline_data = self
+                .cfg
+                .inline_size
+                .map_or(CTS_COMPACT_LEN as u32, |n| n.min(CTS_COMPACT_LEN as u32));
             qpc.service_level = h.sl;
             // The sender's QP count and split too (NCCL IB takes the larger count of both
             // sides, `ncclIbAccept`, `net_ib/connect.cc`; verbsnet lets the sender decide).

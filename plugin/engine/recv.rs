@@ -48,6 +48,12 @@ pub struct RecvParams {
     pub peer_cts_ring: (u64, u32),
     /// The sender's credit word, 8 bytes (addr, rkey).
     pub peer_credit_word: (u64, u32),
+    /// Longest control WRITE posted inline (`IBV_SEND_INLINE`): what QP 0 granted of
+    /// [`wire::CTS_COMPACT_LEN`] (`conn::listen`; 0 with `VERBSNET_INLINE_SIZE=0`). A CTS
+    /// entry or credit word no longer than it is copied into the WR at the post, so the NIC
+    /// does not read it from the staging slot (one PCIe read less per receive on hardware;
+    /// NCCL IB's `NCCL_IB_USE_INLINE`, `src/transport/net_ib/`, sizes its QPs the same way).
+    pub inline_max: u64,
     /// The sender gates on credits: send credit updates.
     pub credits: bool,
     /// QPs of the connection (the sender's `qps`): with more than one, direct sends also
@@ -414,7 +420,7 @@ impl RecvEngine {
                 rkey: self.p.peer_cts_ring.1,
             },
             signaled,
-            inline: false,
+            inline: u64::from(written) <= self.p.inline_max,
         }));
         self.last_credit_sent = self.granted;
         self.stats.cts += 1;

@@ -452,6 +452,7 @@ impl Pair {
             ctrl_stage: (R_CTRL, 2),
             peer_cts_ring: (S_CTS, RKEY_CTS),
             peer_credit_word: (S_CREDIT, RKEY_CREDIT),
+            inline_max: c.inline_max.min(super::wire::CTS_COMPACT_LEN as u64),
             credits: c.credits,
             first_seq: c.first_seq,
             rkeys: rdevs,

@@ -397,7 +397,7 @@ impl RecvEngine {
                 rkey: self.p.peer_credit_word.1,
             },
             signaled,
-            inline: false,
+            inline: 8 <= self.p.inline_max,
         }));
         self.last_credit_sent = self.granted;
         self.stats.credit_msgs += 1;

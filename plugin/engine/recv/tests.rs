@@ -18,6 +18,7 @@ fn params() -> RecvParams {
         ctrl_stage: (0x30_0000, 2),
         peer_cts_ring: (0x40_0000, 3),
         peer_credit_word: (0x50_0000, 4),
+        inline_max: 0,
         credits: true,
         first_seq: 0,
         rkeys: 1,
@@ -109,6 +110,44 @@ fn one_cts_write_in_sixteen_is_signaled_and_its_completion_frees_the_slots_befor
         f.contains("clear-to-send RDMA WRITE completed with IBV_WC_REM_ACCESS_ERR"),
         "{f}"
     );
+}
+
+/// The CTS WRITEs `e` queued since the last call: (bytes, posted inline).
+fn cts_inline(e: &mut RecvEngine) -> Vec<(u64, bool)> {
+    e.drain_actions()
+        .into_iter()
+        .filter_map(|a| match a {
+            Action::PostSend(w) if matches!(wr_parse(w.wr_id), Some((WrKind::Cts, ..))) => {
+                Some((w.byte_len(), w.inline))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_cts_entry_goes_inline_only_when_it_fits_what_qp_0_granted() {
+    // Granted one compact entry: a one-buffer receive's 64-byte entry is inline, a grouped
+    // receive's 256-byte one is read from its staging slot.
+    let mut e = RecvEngine::new(RecvParams {
+        inline_max: wire::CTS_COMPACT_LEN as u64,
+        ..params()
+    });
+    e.drain_actions();
+    e.irecv(0, &[buf(1)]).unwrap().unwrap();
+    assert_eq!(cts_inline(&mut e), [(64, true)]);
+    e.irecv(0, &[buf(1), buf(2), buf(3)]).unwrap().unwrap();
+    assert_eq!(cts_inline(&mut e), [(256, false)]);
+    // Granted less than an entry (or none: `VERBSNET_INLINE_SIZE=0`): never inline.
+    for inline_max in [0, 63] {
+        let mut e = RecvEngine::new(RecvParams {
+            inline_max,
+            ..params()
+        });
+        e.drain_actions();
+        e.irecv(0, &[buf(1)]).unwrap().unwrap();
+        assert_eq!(cts_inline(&mut e), [(64, false)], "inline_max {inline_max}");
+    }
 }
 
 #[test]
