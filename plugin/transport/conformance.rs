@@ -643,6 +643,137 @@ pub fn rdma_write_and_write_with_imm_land_in_place(t: &Transport) {
     });
 }
 
+/// A signaled RDMA READ of `len` bytes at the peer's `remote_addr` into `dst`.
+pub fn read(wr_id: u64, dst: Sge, remote_addr: u64, rkey: u32) -> SendWr {
+    send_wr(
+        wr_id,
+        &[dst],
+        SendOpcode::RdmaRead { remote_addr, rkey },
+        true,
+    )
+}
+
+/// RDMA READs bring the peer's bytes into the local SGE, see a WRITE posted before them on
+/// the same QP, and complete with the bytes read (a zero-length one too), while the peer's
+/// owner never polls (the NIC, or tcp's progress, answers); the peer gets no completion.
+pub fn rdma_read_brings_the_peers_bytes_and_sees_earlier_writes(t: &Transport) {
+    t.each_device_pair(|da, db| {
+        let src = Buf::filled(&**da, 1000, 8);
+        let dst = Buf::new(&**da, 8192);
+        let remote = Buf::filled(&**db, 8192, 9);
+        let before = remote.bytes();
+        let p = Pair::new(t, da, db);
+        let Pair { mut a, mut b, .. } = p;
+        a.post_send(&[
+            write(
+                1,
+                &[src.sge(0, 1000)],
+                remote.addr(100),
+                remote.rkey(),
+                false,
+            ),
+            read(2, dst.sge(0, 2000), remote.addr(0), remote.rkey()),
+            read(3, dst.sge(4000, 0), remote.addr(0), remote.rkey()),
+            read(4, dst.sge(6000, 100), remote.addr(8092), remote.rkey()),
+        ])
+        .expect("post_send");
+        let mut wa = Vec::new();
+        wait_one(t, &mut *a, &mut wa, "three READs", |_, wa| wa.len() >= 3);
+        assert_eq!(
+            wa,
+            [
+                ok(2, WcOpcode::RdmaRead, 2000, None),
+                ok(3, WcOpcode::RdmaRead, 0, None),
+                ok(4, WcOpcode::RdmaRead, 100, None)
+            ]
+        );
+        let got = dst.bytes();
+        let s = src.bytes();
+        assert_eq!(&got[..100], &before[..100]);
+        assert_eq!(&got[100..1100], &s[..], "the READ sees the WRITE before it");
+        assert_eq!(&got[1100..2000], &before[1100..2000]);
+        assert!(got[2000..6000].iter().all(|&x| x == 0));
+        assert_eq!(&got[6000..6100], &before[8092..]);
+        assert!(got[6100..].iter().all(|&x| x == 0));
+        let mut wb = Vec::new();
+        b.poll_cq(&mut wb, 16).expect("poll b");
+        assert!(
+            wb.is_empty(),
+            "a READ completes nothing at the peer: {wb:?}"
+        );
+    });
+}
+
+/// An RDMA READ with a bad rkey or past the region's end completes `RemoteAccess`, writes
+/// nothing locally, and the WRs behind it flush.
+pub fn rdma_read_outside_registered_memory_is_remote_access(t: &Transport) {
+    let (da, db) = t.one_device();
+    let remote = Buf::filled(&*db, 64, 10);
+    let src = Buf::filled(&*da, 8, 11);
+    for (name, remote_addr, rkey) in [
+        ("bad rkey", remote.addr(0), remote.rkey().wrapping_add(1000)),
+        ("out of bounds", remote.addr(32), remote.rkey()),
+    ] {
+        let dst = Buf::new(&*da, 64);
+        let mut p = Pair::new(t, &da, &db);
+        p.a.post_send(&[
+            read(1, dst.sge(0, 64), remote_addr, rkey),
+            send(2, &[src.sge(0, 8)]),
+        ])
+        .expect("post_send");
+        p.drive_to(2, 0);
+        p.settle();
+        check(
+            t,
+            &p.wa,
+            &[
+                err(1, WcStatus::RemoteAccess, WcOpcode::RdmaRead),
+                err(2, WcStatus::WrFlush, WcOpcode::Send),
+            ],
+            name,
+        );
+        assert!(dst.bytes().iter().all(|&x| x == 0), "{name}: nothing read");
+    }
+}
+
+/// An inline RDMA READ, or one with two SGEs, fails the whole post (nothing of it runs); a
+/// legal READ after it works.
+pub fn rdma_read_breaking_its_rules_is_refused(t: &Transport) {
+    let (da, db) = t.one_device();
+    let remote = Buf::filled(&*db, 64, 12);
+    let dst = Buf::new(&*da, 64);
+    let mut p = Pair::new(t, &da, &db);
+    let mut inline = read(1, dst.sge(0, 8), remote.addr(0), remote.rkey());
+    inline.inline = true;
+    let two = send_wr(
+        2,
+        &[dst.sge(0, 8), dst.sge(8, 8)],
+        SendOpcode::RdmaRead {
+            remote_addr: remote.addr(0),
+            rkey: remote.rkey(),
+        },
+        true,
+    );
+    for (wr, why) in [(inline, "cannot be inline"), (two, "at most one SGE")] {
+        match p.a.post_send(&[write(9, &[], 0, 0, true), wr]) {
+            Err(TransportError::Resource(m)) => assert!(m.contains(why), "{m}"),
+            other => panic!("an illegal READ was posted: {other:?}"),
+        }
+    }
+    p.settle();
+    assert!(
+        p.wa.is_empty() && p.wb.is_empty(),
+        "a={:?} b={:?}",
+        p.wa,
+        p.wb
+    );
+    p.a.post_send(&[read(3, dst.sge(0, 64), remote.addr(0), remote.rkey())])
+        .expect("post_send");
+    p.drive_to(1, 0);
+    assert_eq!(p.wa, [ok(3, WcOpcode::RdmaRead, 64, None)]);
+    assert_eq!(dst.bytes(), remote.bytes());
+}
+
 /// Zero-byte SEND, WRITE and WRITE_WITH_IMM succeed; zero-length writes check neither rkey
 /// nor address (IB spec C9-88), and nothing is written.
 pub fn zero_byte_messages(t: &Transport) {
@@ -1822,6 +1953,9 @@ suite!(
     send_lands_in_posted_recv,
     send_gathers_two_sges,
     rdma_write_and_write_with_imm_land_in_place,
+    rdma_read_brings_the_peers_bytes_and_sees_earlier_writes,
+    rdma_read_outside_registered_memory_is_remote_access,
+    rdma_read_breaking_its_rules_is_refused,
     zero_byte_messages,
     unsignaled_sends_complete_silently,
     rdma_write_outside_registered_memory_is_remote_access,
@@ -1866,6 +2000,9 @@ macro_rules! transport_conformance {
             send_lands_in_posted_recv,
             send_gathers_two_sges,
             rdma_write_and_write_with_imm_land_in_place,
+            rdma_read_brings_the_peers_bytes_and_sees_earlier_writes,
+            rdma_read_outside_registered_memory_is_remote_access,
+            rdma_read_breaking_its_rules_is_refused,
             zero_byte_messages,
             unsignaled_sends_complete_silently,
             rdma_write_outside_registered_memory_is_remote_access,

@@ -73,6 +73,25 @@ pub enum SendOpcode {
         /// Immediate data (host order here; transports put it on the wire big-endian).
         imm: u32,
     },
+    /// One-sided read of the peer's registered memory: [`SendWr::byte_len`] bytes from
+    /// `[remote_addr, remote_addr + len)` into the local SGE (`IBV_WR_RDMA_READ`,
+    /// `ibv_post_send(3)`). Consumes no receive WR and needs nothing from the peer's process:
+    /// its NIC (or the tcp transport's progress) answers. At most one SGE and never inline (a
+    /// WR breaking either rule fails the whole post with [`TransportError::Resource`], nothing
+    /// of it posted). Completes as [`WcOpcode::RdmaRead`] once the bytes are in local memory,
+    /// `byte_len` the bytes read; a bad `rkey` or range completes it `RemoteAccess`. The read
+    /// sees every WRITE posted before it on the same QP (the responder executes a QP's
+    /// requests in order). Verbs devices keep at most `max_rd_atomic` reads in flight per QP
+    /// (1 here); later WRs wait behind them. The tcp transport carries at most 1 MiB per
+    /// READ (a longer one completes `LocalLength`).
+    /// Not used by the engine yet: the building block for a clear-to-send the sender pulls
+    /// (docs/performance.md, "The next step").
+    RdmaRead {
+        /// Peer virtual address of the first byte read.
+        remote_addr: u64,
+        /// The peer region's remote key.
+        rkey: u32,
+    },
 }
 
 /// A send work request.
@@ -109,6 +128,21 @@ impl SendWr {
     /// Total bytes gathered.
     pub fn byte_len(&self) -> u64 {
         self.sges().iter().map(|s| u64::from(s.length)).sum()
+    }
+
+    /// What makes this WR an illegal RDMA READ (inline, or more than one SGE), `None` for a
+    /// legal one or another opcode: both transports refuse such a post
+    /// ([`SendOpcode::RdmaRead`]).
+    pub fn bad_read(&self) -> Option<&'static str> {
+        if !matches!(self.opcode, SendOpcode::RdmaRead { .. }) {
+            None
+        } else if self.inline {
+            Some("an RDMA READ cannot be inline")
+        } else if self.num_sge > 1 {
+            Some("an RDMA READ has at most one SGE")
+        } else {
+            None
+        }
     }
 }
 
@@ -220,6 +254,8 @@ pub enum WcOpcode {
     Recv,
     /// A receive WR consumed by the peer's RDMA_WRITE_WITH_IMM.
     RecvRdmaWithImm,
+    /// An RDMA_READ WR of ours: the bytes it read are in local memory.
+    RdmaRead,
 }
 
 /// A work completion.
@@ -231,7 +267,7 @@ pub struct Wc {
     pub status: WcStatus,
     /// What completed (meaningful only on success for receives).
     pub opcode: WcOpcode,
-    /// Bytes received (receives) or 0.
+    /// Bytes received (receives), bytes read (a successful RDMA READ), or 0.
     pub byte_len: u32,
     /// The immediate data of an RDMA_WRITE_WITH_IMM.
     pub imm: Option<u32>,

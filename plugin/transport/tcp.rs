@@ -98,9 +98,15 @@
 //!   the error state drops what it reads (it may have lost the stream's framing), so a BYE
 //!   arriving after a failure reads as a plain close.
 //! - **Limits.** `post_send`/`post_recv` refuse a whole batch that would exceed
-//!   `max_send_wr`/`max_recv_wr`, or that holds an inline WR over `max_inline_data`
-//!   (`TransportError::Resource`); `post_send` before
+//!   `max_send_wr`/`max_recv_wr`, or that holds an inline WR over `max_inline_data` or an
+//!   illegal RDMA READ (`TransportError::Resource`); `post_send` before
 //!   `establish` is refused (`Unavailable`).
+//! - **RDMA READ.** The responder reads the bytes when it carries the request out and sends
+//!   them in a READ_RESP frame queued with its ACKs and NAKs (so it precedes the
+//!   acknowledgement of any later message, as an IB READ response does; the requester treats
+//!   an acknowledgement past a READ still waiting as a protocol error). A READ longer than
+//!   1 MiB (`READ_MAX`: the response is copied) completes `LocalLength` unsent, and a peer
+//!   that leaves more than 4 MiB of responses unread is declared broken.
 //! - **Not modelled.** `QpConfig::timeout` and `retry_cnt` (an ACK timeout). With the
 //!   device's thread a missing ACK is no longer only a peer that has not polled, but this
 //!   "NIC" lives in the peer's process: a peer that is alive but stopped (a debugger, SIGSTOP,
@@ -119,7 +125,7 @@
 //! | offset | size | field |
 //! |---:|---:|---|
 //! | 0 | 4 | magic `"VNTQ"` |
-//! | 4 | 1 | wire version (3) |
+//! | 4 | 1 | wire version (4) |
 //! | 5 | 3 | QP number (24 bits, big-endian, nonzero) |
 //! | 8 | 4 | PSN of the first message this QP sends (big-endian) |
 //!
@@ -137,12 +143,12 @@
 //! | offset | size | field |
 //! |---:|---:|---|
 //! | 0 | 2 | magic `0x564e` (`"VN"`) |
-//! | 2 | 1 | version (3; 2 had no unsignaled flag, 1 no BYE frame; a peer of another version is refused at `establish`) |
+//! | 2 | 1 | version (4; 3 had no RDMA READ, 2 no unsignaled flag, 1 no BYE frame; a peer of another version is refused at `establish`) |
 //! | 3 | 1 | opcode |
 //! | 4 | 4 | PSN |
-//! | 8 | 4 | length: payload bytes (at most 2^30), 0 for control frames |
-//! | 12 | 4 | rkey (WRITE, WRITE_IMM; else 0) |
-//! | 16 | 8 | remote address (WRITE, WRITE_IMM; else 0) |
+//! | 8 | 4 | length: payload bytes (at most 2^30), 0 for control frames; READ_REQ: the bytes asked for (no payload follows) |
+//! | 12 | 4 | rkey (WRITE, WRITE_IMM, READ_REQ; else 0) |
+//! | 16 | 8 | remote address (WRITE, WRITE_IMM, READ_REQ; else 0) |
 //! | 24 | 4 | immediate (WRITE_IMM; else 0) |
 //! | 28 | 1 | syndrome: RNR timer code (RNR_NAK), NAK code (NAK); else 0 |
 //! | 29 | 1 | flags: bit 0 = unsignaled (SEND, WRITE, WRITE_IMM: the requester's WR needs no prompt ACK); other bits and other opcodes 0 |
@@ -153,6 +159,8 @@
 //! | `0x01` | SEND | the message's sequence number |
 //! | `0x02` | WRITE | the message's sequence number |
 //! | `0x03` | WRITE_IMM | the message's sequence number |
+//! | `0x04` | READ_REQ | the message's sequence number (an RDMA READ: the responder answers with READ_RESP) |
+//! | `0x14` | READ_RESP | the READ_REQ answered; `length` bytes read follow. Acknowledges every message before it; queued with the ACKs and NAKs, so it precedes any later one |
 //! | `0x10` | ACK | last message carried out (cumulative; sent after processing, coalesced) |
 //! | `0x11` | RNR_NAK | message refused for want of a receive WR; earlier ones are acknowledged |
 //! | `0x12` | NAK | message that failed; earlier ones are acknowledged; the sender of the NAK is in the error state. Codes: 1 remote access, 2 invalid request, 3 remote operational error |

@@ -128,6 +128,7 @@ pub fn wc_opcode(code: u32) -> WcOpcode {
     match code {
         ibv_wc_opcode::IBV_WC_SEND => WcOpcode::Send,
         ibv_wc_opcode::IBV_WC_RDMA_WRITE => WcOpcode::RdmaWrite,
+        ibv_wc_opcode::IBV_WC_RDMA_READ => WcOpcode::RdmaRead,
         ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM => WcOpcode::RecvRdmaWithImm,
         c if c & ibv_wc_opcode::IBV_WC_RECV != 0 => WcOpcode::Recv,
         _ => WcOpcode::Send,
@@ -253,11 +254,13 @@ mod tests {
         use ibv_wc_opcode::*;
         assert_eq!(wc_opcode(IBV_WC_SEND), WcOpcode::Send);
         assert_eq!(wc_opcode(IBV_WC_RDMA_WRITE), WcOpcode::RdmaWrite);
+        assert_eq!(wc_opcode(IBV_WC_RDMA_READ), WcOpcode::RdmaRead);
         assert_eq!(wc_opcode(IBV_WC_RECV), WcOpcode::Recv);
         assert_eq!(
             wc_opcode(IBV_WC_RECV_RDMA_WITH_IMM),
             WcOpcode::RecvRdmaWithImm
         );
-        assert_eq!(wc_opcode(IBV_WC_RDMA_READ), WcOpcode::Send);
+        // codes we never post map to the send queue
+        assert_eq!(wc_opcode(IBV_WC_COMP_SWAP), WcOpcode::Send);
     }
 }

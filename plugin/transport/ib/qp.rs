@@ -18,7 +18,7 @@ use super::context::{PortInfo, ProtectionDomain, LINK_LAYER_ETHERNET};
 use super::convert;
 use crate::transport::{
     set_keepalive, QpConfig, QpCounters, QueuePair, RecvWr, SendOpcode, SendWr, TransportError, Wc,
-    WcStatus, MAX_SEND_SGE, PEER_SILENT,
+    WcOpcode, WcStatus, MAX_SEND_SGE, PEER_SILENT,
 };
 
 /// Completions fetched per `ibv_poll_cq` call.
@@ -503,6 +503,12 @@ impl QueuePair for IbQueuePair {
                 self.max_inline_data
             )));
         }
+        if let Some((wr, why)) = wrs.iter().find_map(|wr| Some((wr, wr.bad_read()?))) {
+            return Err(TransportError::Resource(format!(
+                "ibv_post_send on QP {}: send WR {:#x}: {why}",
+                self.qpn, wr.wr_id
+            )));
+        }
         // 1. all SGEs that carry bytes (`carried`)
         // (no other allocation per post: the two vectors keep their capacity between posts)
         self.send_sges.clear();
@@ -557,6 +563,11 @@ impl QueuePair for IbQueuePair {
                     w.wr.rdma.rkey = rkey;
                     // verbs carry the immediate in network byte order
                     w.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+                }
+                SendOpcode::RdmaRead { remote_addr, rkey } => {
+                    w.opcode = ibv_wr_opcode::IBV_WR_RDMA_READ;
+                    w.wr.rdma.remote_addr = remote_addr;
+                    w.wr.rdma.rkey = rkey;
                 }
             }
             self.send_wrs.push(w);
@@ -664,7 +675,12 @@ impl QueuePair for IbQueuePair {
                     wr_id: wc.wr_id,
                     status,
                     opcode,
-                    byte_len: if is_recv { wc.byte_len } else { 0 },
+                    // a receive's bytes, or what an RDMA READ brought (ibv_poll_cq(3))
+                    byte_len: if is_recv || opcode == WcOpcode::RdmaRead {
+                        wc.byte_len
+                    } else {
+                        0
+                    },
                     // rxe also flags the requester's completion of a WRITE_WITH_IMM (imm 0); the
                     // immediate belongs to the receive completion only
                     imm: (with_imm && is_recv).then(|| u32::from_be(imm_be)),

@@ -112,8 +112,13 @@ pub(super) struct TcpQp {
     tx_frames: VecDeque<Staged>,
     /// A large payload written straight from registered memory after `tx_buf` drains.
     tx_payload: Option<TxPayload>,
-    /// Control frames (ACK, RNR NAK, NAK) waiting to be staged, in generation order.
+    /// Control frames (ACK, RNR NAK, NAK, READ response) waiting to be staged, in generation
+    /// order.
     ctrl: VecDeque<Frame>,
+    /// The bytes of each READ response in `ctrl`, in the same order (read from memory when
+    /// the request was carried out), and their total, bounded by `READ_QUEUE_MAX`.
+    read_payloads: VecDeque<Vec<u8>>,
+    read_queued: usize,
     /// The ACK owed for messages flagged unsignaled: sent with the next frame staged, merged
     /// into the next ACK or NAK, or before our BYE (`wire::FLAG_UNSIGNALED`).
     deferred_ack: Option<u32>,
@@ -214,6 +219,8 @@ impl TcpQp {
             tx_frames: VecDeque::new(),
             tx_payload: None,
             ctrl: VecDeque::new(),
+            read_payloads: VecDeque::new(),
+            read_queued: 0,
             deferred_ack: None,
             rq: VecDeque::new(),
             rcv_nxt: 0,
@@ -245,7 +252,7 @@ impl TcpQp {
         self.tx_frames.clear();
         self.tx_off = 0;
         self.tx_payload = None;
-        self.ctrl.clear();
+        self.clear_ctrl();
         if let Some(s) = &self.stream {
             let _ = s.shutdown(Shutdown::Both); // nothing more can be sent on it
         }
@@ -253,6 +260,13 @@ impl TcpQp {
             Cause::Local,
             &format!("the memory of message {psn:#x} was deregistered while it was being sent"),
         );
+    }
+
+    /// Drops every queued control frame and READ response (nothing more can be sent).
+    fn clear_ctrl(&mut self) {
+        self.ctrl.clear();
+        self.read_payloads.clear();
+        self.read_queued = 0;
     }
 
     /// The peer broke the protocol: NAK (best effort, so a conforming peer learns why) and
@@ -276,7 +290,7 @@ impl TcpQp {
         self.tx_frames.clear();
         self.tx_off = 0;
         self.tx_payload = None;
-        self.ctrl.clear();
+        self.clear_ctrl();
         self.rx_start = 0;
         self.rx_end = 0;
         if let Some(s) = &self.stream {
@@ -586,6 +600,12 @@ impl TcpQp {
             return Err(TransportError::Resource(format!(
                 "tcp QP {:#08x}: send WR {:#x} has {} SGEs, max_send_sge is {MAX_SEND_SGE}",
                 self.qp_num, wr.wr_id, wr.num_sge
+            )));
+        }
+        if let Some((wr, why)) = wrs.iter().find_map(|wr| Some((wr, wr.bad_read()?))) {
+            return Err(TransportError::Resource(format!(
+                "tcp QP {:#08x}: send WR {:#x}: {why}",
+                self.qp_num, wr.wr_id
             )));
         }
         let max_inline = self.max_inline_data();

@@ -68,6 +68,13 @@ fn frames_round_trip() {
             rkey: 2,
             imm: 0xfeed_f00d,
         },
+        Frame::ReadReq {
+            psn: 14,
+            len: 640,
+            remote_addr: 0x7000,
+            rkey: 5,
+        },
+        Frame::ReadResp { psn: 15, len: 640 },
         Frame::Ack { psn: 9 },
         Frame::RnrNak { psn: 10, timer: 31 },
         Frame::Nak {
@@ -98,7 +105,7 @@ fn frames_round_trip() {
     assert_eq!(
         h,
         [
-            0x56, 0x4e, 3, 3, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 0x11, 0x12, 0x13, 0x14, 0x15,
+            0x56, 0x4e, 4, 3, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 0x11, 0x12, 0x13, 0x14, 0x15,
             0x16, 0x17, 0x18, 0x19, 0x1a, 0x1b, 0x1c, 0, 0, 0, 0
         ]
     );
@@ -120,10 +127,11 @@ fn malformed_headers_are_refused() {
     };
     assert_eq!(Frame::decode(&with(0, 0)), Err(FrameError::Magic(0x004e)));
     // A version-1 peer's frame (before BYE existed), a version-2 one (before the unsignaled
-    // flag), and an unknown later version.
+    // flag), a version-3 one (before RDMA READ), and an unknown later version.
     assert_eq!(Frame::decode(&with(2, 1)), Err(FrameError::Version(1)));
     assert_eq!(Frame::decode(&with(2, 2)), Err(FrameError::Version(2)));
-    assert_eq!(Frame::decode(&with(2, 4)), Err(FrameError::Version(4)));
+    assert_eq!(Frame::decode(&with(2, 3)), Err(FrameError::Version(3)));
+    assert_eq!(Frame::decode(&with(2, 5)), Err(FrameError::Version(5)));
     // Byte 29 of a data frame: bit 0 flags an unsignaled WR; any other bit is refused, and
     // a control frame carries no flag.
     assert_eq!(
@@ -218,7 +226,7 @@ fn conn_info_round_trips_and_is_checked() {
     let b = info.encode();
     assert_eq!(
         b,
-        [b'V', b'N', b'T', b'Q', 3, 0xab, 0xcd, 0xef, 0xff, 0xff, 0xff, 0xf0]
+        [b'V', b'N', b'T', b'Q', 4, 0xab, 0xcd, 0xef, 0xff, 0xff, 0xff, 0xf0]
     );
     assert_eq!(ConnInfo::decode(&b), Ok(info));
     assert!(ConnInfo::decode(&b[..11]).is_err());
@@ -231,6 +239,12 @@ fn conn_info_round_trips_and_is_checked() {
     match ConnInfo::decode(&v) {
         Err(m) => assert!(m.contains("wire version 1") && m.contains("mixed"), "{m}"),
         Ok(i) => panic!("a version-1 peer was accepted: {i:?}"),
+    }
+    // Nor a version-3 one (no RDMA READ).
+    v[4] = 3;
+    match ConnInfo::decode(&v) {
+        Err(m) => assert!(m.contains("wire version 3"), "{m}"),
+        Ok(i) => panic!("a version-3 peer was accepted: {i:?}"),
     }
     let mut z = b;
     z[5..8].copy_from_slice(&[0, 0, 0]);
@@ -675,6 +689,14 @@ fn hostile_peer_garbage_is_a_protocol_error() {
         (
             "ack never sent",
             header(Frame::Ack { psn: 0x7777 }).to_vec(),
+        ),
+        (
+            "read response never asked for",
+            header(Frame::ReadResp {
+                psn: 0x7777,
+                len: 0,
+            })
+            .to_vec(),
         ),
         (
             "rnr nak never sent",

@@ -17,7 +17,8 @@ pub(super) const MAGIC: u16 = 0x564e;
 /// Wire version; a peer with another version is refused in `establish` and per frame.
 /// 2: the BYE frame (version 1 had no way to announce an orderly close; a version-1 peer
 /// would take a BYE for a malformed frame, so the two are refused at `establish` instead).
-pub(super) const VERSION: u8 = 3;
+/// 3: the unsignaled flag. 4: RDMA READ (the READ request and READ response frames).
+pub(super) const VERSION: u8 = 4;
 
 /// Flag bit of a data frame's byte 29 (wire version 3): the requester's WR is unsignaled, so
 /// it needs no prompt ACK; the responder acknowledges it with the next frame it sends anyway
@@ -123,6 +124,27 @@ pub(super) enum Frame {
         /// Immediate data.
         imm: u32,
     },
+    /// RDMA READ request (wire version 4): no payload follows; the responder answers with a
+    /// [`Frame::ReadResp`] carrying `len` bytes from `[remote_addr, remote_addr + len)`.
+    ReadReq {
+        /// Message sequence number.
+        psn: u32,
+        /// Bytes asked for.
+        len: u32,
+        /// Responder virtual address of the first byte.
+        remote_addr: u64,
+        /// Responder region's remote key.
+        rkey: u32,
+    },
+    /// RDMA READ response: `len` payload bytes follow, what READ request `psn` asked for. It
+    /// also acknowledges every message before `psn` (as an IB READ response does), and is
+    /// sent before any later ACK or NAK.
+    ReadResp {
+        /// The READ request answered.
+        psn: u32,
+        /// Payload bytes that follow the header.
+        len: u32,
+    },
     /// Cumulative acknowledgement: every message up to and including `psn` was carried out.
     Ack {
         /// Last message acknowledged.
@@ -152,6 +174,8 @@ pub(super) enum Frame {
 const OP_SEND: u8 = 0x01;
 const OP_WRITE: u8 = 0x02;
 const OP_WRITE_IMM: u8 = 0x03;
+const OP_READ_REQ: u8 = 0x04;
+const OP_READ_RESP: u8 = 0x14;
 const OP_ACK: u8 = 0x10;
 const OP_RNR_NAK: u8 = 0x11;
 const OP_NAK: u8 = 0x12;
@@ -207,6 +231,13 @@ impl Frame {
                 rkey,
                 imm,
             } => (OP_WRITE_IMM, psn, len, remote_addr, rkey, imm, 0),
+            Frame::ReadReq {
+                psn,
+                len,
+                remote_addr,
+                rkey,
+            } => (OP_READ_REQ, psn, len, remote_addr, rkey, 0, 0),
+            Frame::ReadResp { psn, len } => (OP_READ_RESP, psn, len, 0, 0, 0, 0),
             Frame::Ack { psn } => (OP_ACK, psn, 0, 0, 0, 0, 0),
             Frame::RnrNak { psn, timer } => (OP_RNR_NAK, psn, 0, 0, 0, 0, timer),
             Frame::Nak { psn, code } => (OP_NAK, psn, 0, 0, 0, 0, code as u8),
@@ -256,7 +287,7 @@ impl Frame {
             }
         };
         match op {
-            OP_SEND | OP_WRITE | OP_WRITE_IMM => {
+            OP_SEND | OP_WRITE | OP_WRITE_IMM | OP_READ_REQ | OP_READ_RESP => {
                 if len > MAX_MSG_LEN {
                     return Err(FrameError::Length(len));
                 }
@@ -286,6 +317,23 @@ impl Frame {
                     remote_addr,
                     rkey,
                 })
+            }
+            OP_READ_REQ => {
+                zero(u64::from(flags), "reserved")?;
+                zero(u64::from(imm), "imm")?;
+                Ok(Frame::ReadReq {
+                    psn,
+                    len,
+                    remote_addr,
+                    rkey,
+                })
+            }
+            OP_READ_RESP => {
+                zero(u64::from(flags), "reserved")?;
+                zero(u64::from(rkey), "rkey")?;
+                zero(remote_addr, "remote_addr")?;
+                zero(u64::from(imm), "imm")?;
+                Ok(Frame::ReadResp { psn, len })
             }
             OP_WRITE_IMM => Ok(Frame::WriteImm {
                 psn,

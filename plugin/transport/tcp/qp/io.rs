@@ -175,6 +175,8 @@ impl TcpQp {
             w -= t;
             if self.tx_off >= self.tx_buf.len() {
                 self.tx_buf.clear();
+                // A large READ response grew it: give the memory back.
+                self.tx_buf.shrink_to(TX_BUF_CAP + INLINE_MAX + HEADER_LEN);
                 self.tx_frames.clear();
                 self.tx_off = 0;
             }
@@ -214,6 +216,12 @@ impl TcpQp {
         {
             if let Some(f) = self.ctrl.pop_front() {
                 self.tx_buf.extend_from_slice(&f.encode());
+                if let Frame::ReadResp { .. } = f {
+                    // Its bytes, read when the request was carried out.
+                    let bytes = self.read_payloads.pop_front().unwrap_or_default();
+                    self.read_queued -= bytes.len();
+                    self.tx_buf.extend_from_slice(&bytes);
+                }
                 self.tx_frames.push_back(Staged {
                     end: self.tx_buf.len(),
                     data: false,

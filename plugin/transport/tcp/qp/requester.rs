@@ -7,6 +7,7 @@ use std::time::Instant;
 use tracing::{debug, warn};
 
 use super::io::{Staged, TxPayload, INLINE_MAX};
+use super::responder::{Done, Sink, READ_MAX};
 use super::{Cause, Closing, QpState, TcpQp};
 use crate::transport::tcp::wire::{self, Frame, NakCode, MAX_MSG_LEN};
 use crate::transport::{SendOpcode, SendWr, Wc, WcOpcode, WcStatus, MAX_SEND_SGE};
@@ -54,6 +55,17 @@ impl TcpQp {
             return false;
         }
         let total = entry.wr.byte_len();
+        let read = matches!(entry.wr.opcode, SendOpcode::RdmaRead { .. });
+        if read && total > u64::from(READ_MAX) {
+            debug!(
+                qp_num = self.qp_num,
+                wr_id = entry.wr.wr_id,
+                total,
+                "RDMA READ longer than the tcp transport's READ limit"
+            );
+            entry.status = Some(WcStatus::LocalLength);
+            return false;
+        }
         if total > u64::from(MAX_MSG_LEN) {
             debug!(
                 qp_num = self.qp_num,
@@ -66,8 +78,9 @@ impl TcpQp {
         }
         let len = total as u32; // fits: checked against MAX_MSG_LEN above
         let mut segs = Vec::with_capacity(MAX_SEND_SGE);
-        // An inline WR was gathered at its post: nothing to resolve.
-        let sges = if entry.inline.is_some() {
+        // An inline WR was gathered at its post: nothing to resolve. A READ sends no payload:
+        // its SGE is where the response lands (checked when it comes, as a NIC does).
+        let sges = if entry.inline.is_some() || read {
             &[][..]
         } else {
             entry.wr.sges()
@@ -109,16 +122,25 @@ impl TcpQp {
                 rkey,
                 imm,
             },
+            SendOpcode::RdmaRead { remote_addr, rkey } => Frame::ReadReq {
+                psn,
+                len,
+                remote_addr,
+                rkey,
+            },
         };
         let start = self.tx_buf.len();
         let mut header = frame.encode();
-        if !entry.wr.signaled {
+        // A READ is always answered: no unsignaled flag on its request.
+        if !entry.wr.signaled && !read {
             header[29] |= wire::FLAG_UNSIGNALED;
         }
         self.tx_buf.extend_from_slice(&header);
         if let Some(copy) = &entry.inline {
             // Taken at the post (at most `max_inline_data` <= INLINE_MAX bytes, `len` of them).
             self.tx_buf.extend_from_slice(copy);
+        } else if read {
+            // The request is the header alone.
         } else if len as usize <= INLINE_MAX {
             for (key, r) in &segs {
                 let tx_buf = &mut self.tx_buf;
@@ -225,7 +247,9 @@ impl TcpQp {
         false
     }
 
-    /// Marks every message before `end` acknowledged.
+    /// Marks every message before `end` acknowledged. An RDMA READ succeeds only when its
+    /// response landed ([`Self::read_landed`]), and that response comes before any ACK or NAK
+    /// of a later message: an acknowledgement past a READ still waiting is a protocol error.
     pub(super) fn ack_before(&mut self, end: u32) {
         let Some(base) = self.sq.front().map(|e| e.psn) else {
             self.snd_una = end;
@@ -235,11 +259,84 @@ impl TcpQp {
             let idx = self.snd_una.wrapping_sub(base) as usize;
             if let Some(e) = self.sq.get_mut(idx) {
                 if e.status.is_none() {
+                    if matches!(e.wr.opcode, SendOpcode::RdmaRead { .. }) {
+                        let psn = e.psn;
+                        return self.protocol_error(format!(
+                            "acknowledgement past RDMA READ {psn:#x}, whose response did not come"
+                        ));
+                    }
                     e.status = Some(WcStatus::Success);
                 }
             }
             self.snd_una = self.snd_una.wrapping_add(1);
         }
+    }
+
+    /// Requester: the response to our READ `psn` (`len` bytes follow). It acknowledges every
+    /// message before it; its bytes land in the READ's SGE, and the READ succeeds once they
+    /// are all in ([`Done::Read`]). A response for anything but an outstanding READ, or of
+    /// another length, is a protocol error; a destination outside every registered region
+    /// fails the READ `LocalProtection` (its bytes are dropped).
+    pub(super) fn on_read_resp(&mut self, psn: u32, len: u32) {
+        if !self.nak_in_window(psn, "READ response") {
+            return;
+        }
+        let (read, decided, want, sge) = match self.entry_mut(psn) {
+            Some(e) => (
+                matches!(e.wr.opcode, SendOpcode::RdmaRead { .. }),
+                e.status.is_some(),
+                e.wr.byte_len(),
+                e.wr.sges().first().copied(),
+            ),
+            None => return, // unreachable: in the window
+        };
+        if !read || decided || want != u64::from(len) {
+            return self.protocol_error(format!(
+                "READ response of {len} bytes for psn {psn:#x}, which is not an RDMA READ of \
+                 {len} bytes still waiting"
+            ));
+        }
+        self.ack_before(psn);
+        let n = len as usize;
+        if n == 0 {
+            return self.read_landed(psn);
+        }
+        let dest = sge.and_then(|g| {
+            Some((
+                g.lkey,
+                self.registry
+                    .resolve(g.lkey, g.addr, g.length)?
+                    .slice(0, n)
+                    .ok()?,
+            ))
+        });
+        match dest {
+            Some((key, region)) => self.expect_payload(
+                n,
+                Sink::Memory {
+                    region,
+                    key,
+                    off: 0,
+                },
+                Done::Read(psn),
+            ),
+            None => {
+                if let Some(e) = self.entry_mut(psn) {
+                    e.status = Some(WcStatus::LocalProtection);
+                }
+                self.discard(n);
+            }
+        }
+    }
+
+    /// Requester: every byte of READ `psn`'s response is in its destination.
+    pub(super) fn read_landed(&mut self, psn: u32) {
+        if let Some(e) = self.entry_mut(psn) {
+            if e.status.is_none() {
+                e.status = Some(WcStatus::Success);
+            }
+        }
+        self.ack_before(psn.wrapping_add(1));
     }
 
     /// An inline WR's gathered bytes, copied now (its post) from registered memory, each SGE
@@ -287,14 +384,21 @@ impl TcpQp {
                 None if self.state == QpState::Error => WcStatus::WrFlush,
                 None => return,
             };
+            let read = matches!(e.wr.opcode, SendOpcode::RdmaRead { .. });
             let wc = Wc {
                 wr_id: e.wr.wr_id,
                 status,
                 opcode: match e.wr.opcode {
                     SendOpcode::Send => WcOpcode::Send,
+                    SendOpcode::RdmaRead { .. } => WcOpcode::RdmaRead,
                     _ => WcOpcode::RdmaWrite,
                 },
-                byte_len: 0,
+                // what a READ brought (`ibv_poll_cq(3)`); at most READ_MAX, so it fits
+                byte_len: if read && status == WcStatus::Success {
+                    e.wr.byte_len() as u32
+                } else {
+                    0
+                },
                 imm: None,
             };
             let signaled = e.wr.signaled;

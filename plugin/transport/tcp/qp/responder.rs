@@ -54,6 +54,8 @@ pub(super) enum Done {
         len: u32,
         imm: u32,
     },
+    /// A READ response of ours landed (requester): the READ WR `psn` succeeded.
+    Read(u32),
 }
 
 /// A data request as the responder sees it.
@@ -83,6 +85,15 @@ pub(super) fn recv_wc(wr_id: u64, status: WcStatus) -> Wc {
 
 /// Control frames queued at most before the peer is declared broken.
 pub(super) const MAX_CTRL_QUEUE: usize = 64 * 1024;
+
+/// Longest RDMA READ the tcp transport carries (1 MiB): its response is copied out of memory
+/// when the request is carried out, so a longer READ WR completes `LocalLength` at the
+/// requester without being sent. The engine reads control entries, kilobytes.
+pub(super) const READ_MAX: u32 = 1 << 20;
+
+/// Bytes of READ responses queued at most (not yet staged for the socket) before the peer is
+/// declared broken: only a peer that asks without ever reading the answers gets there.
+pub(super) const READ_QUEUE_MAX: usize = 4 * READ_MAX as usize;
 
 impl TcpQp {
     /// Acknowledges message `psn` as its requester asked: at once (queued), or, flagged
@@ -115,8 +126,11 @@ impl TcpQp {
                 "{MAX_CTRL_QUEUE} control frames are queued: the peer does not read"
             ));
         }
-        if matches!(f, Frame::RnrNak { .. } | Frame::Nak { .. }) {
-            // A NAK acknowledges every message before the one it names.
+        if matches!(
+            f,
+            Frame::RnrNak { .. } | Frame::Nak { .. } | Frame::ReadResp { .. }
+        ) {
+            // A NAK, or a READ response, acknowledges every message before the one it names.
             self.deferred_ack = None;
         }
         self.ctrl.push_back(f);
@@ -150,6 +164,13 @@ impl TcpQp {
                     imm,
                 },
             ),
+            Frame::ReadReq {
+                psn,
+                len,
+                remote_addr,
+                rkey,
+            } => self.on_read_req(psn, len, remote_addr, rkey),
+            Frame::ReadResp { psn, len } => self.on_read_resp(psn, len),
             Frame::Ack { psn } => self.on_ack(psn),
             Frame::RnrNak { psn, timer } => self.on_rnr_nak(psn, timer, now),
             Frame::Nak { psn, code } => self.on_nak(psn, code),
@@ -312,6 +333,61 @@ impl TcpQp {
         }
     }
 
+    /// Responder: an RDMA READ request (no payload follows). It needs no receive WR; the bytes
+    /// are read now and go back in a READ response queued with the control frames, so it
+    /// precedes every ACK or NAK of a later message. A zero-length READ checks neither rkey
+    /// nor address (IB); a bad range NAKs it `Access`, as a bad WRITE.
+    pub(super) fn on_read_req(&mut self, psn: u32, len: u32, remote_addr: u64, rkey: u32) {
+        if psn != self.rcv_nxt {
+            if self.rnr_nak_outstanding {
+                return; // after the message we refused: it comes again with the retransmission
+            }
+            return self.protocol_error(format!(
+                "READ request with psn {psn:#x} while expecting {:#x}",
+                self.rcv_nxt
+            ));
+        }
+        if len > READ_MAX {
+            return self.refuse(
+                psn,
+                NakCode::InvalidRequest,
+                format!("RDMA READ of {len} bytes exceeds the tcp transport's {READ_MAX}"),
+            );
+        }
+        self.rnr_nak_outstanding = false;
+        self.rcv_nxt = psn.wrapping_add(1);
+        let mut bytes = Vec::with_capacity(len as usize);
+        if len > 0 {
+            let read = self.registry.resolve(rkey, remote_addr, len).and_then(|r| {
+                self.registry
+                    .while_registered(rkey, || r.append_to(0, r.len(), &mut bytes))
+            });
+            if !matches!(read, Some(Ok(()))) {
+                return self.refuse(
+                    psn,
+                    NakCode::Access,
+                    format!(
+                        "RDMA READ of {len} bytes at {remote_addr:#x} with rkey {rkey:#x} is \
+                         outside every registered region"
+                    ),
+                );
+            }
+        }
+        if self.read_queued + bytes.len() > READ_QUEUE_MAX {
+            return self.protocol_error(format!(
+                "{} bytes of READ responses are queued: the peer does not read",
+                self.read_queued
+            ));
+        }
+        self.push_ctrl(Frame::ReadResp { psn, len });
+        // Queued unless nothing more is sent (after our BYE, or the queue overflowed): the
+        // bytes go with the frame, in the same order.
+        if matches!(self.ctrl.back(), Some(Frame::ReadResp { psn: p, .. }) if *p == psn) {
+            self.read_queued += bytes.len();
+            self.read_payloads.push_back(bytes);
+        }
+    }
+
     pub(super) fn expect_payload(&mut self, remaining: usize, sink: Sink, done: Done) {
         if matches!(self.rx, RxState::Drain) {
             return; // the QP failed while handling this header
@@ -357,6 +433,7 @@ impl TcpQp {
                 });
                 self.ack_done(psn);
             }
+            Done::Read(psn) => self.read_landed(psn),
         }
     }
 
@@ -379,6 +456,16 @@ impl TcpQp {
                 self.refuse_recv(wr_id, WcStatus::LocalProtection, psn, NakCode::Access, why)
             }
             Done::Ack(psn) => self.refuse(psn, NakCode::Access, why),
+            Done::Read(psn) => {
+                // Our READ's destination: the WR fails, and the QP with it (as on a NIC).
+                if let Some(e) = self.entry_mut(psn) {
+                    e.status = Some(WcStatus::LocalProtection);
+                }
+                self.enter_error(
+                    Cause::Local,
+                    &format!("the destination of RDMA READ {psn:#x} was deregistered"),
+                );
+            }
             Done::Nothing => self.enter_error(Cause::Local, "internal: discarded payload"),
         }
     }
