@@ -1156,6 +1156,50 @@ pub fn rnr_then_recv_posted_later_completes(t: &Transport) {
     });
 }
 
+/// An RDMA READ posted behind a SEND that meets RNR NAKs waits for it (RC order: the
+/// responder carries out nothing after the refused SEND until it comes again), then reads what
+/// the WRITE between them wrote; no READ runs twice.
+pub fn rdma_read_behind_an_rnr_naked_send_waits_for_it(t: &Transport) {
+    t.each_device_pair(|da, db| {
+        let src = Buf::filled(&**da, 256, 13);
+        let remote = Buf::filled(&**db, 256, 14);
+        let before = remote.bytes();
+        let dst = Buf::new(&**da, 256);
+        let bounce = Buf::new(&**db, 64);
+        let mut p = Pair::new(t, da, db);
+        p.a.post_send(&[
+            send(1, &[src.sge(0, 20)]),
+            write(2, &[src.sge(100, 50)], remote.addr(0), remote.rkey(), false),
+            read(3, dst.sge(0, 100), remote.addr(0), remote.rkey()),
+        ])
+        .expect("post_send");
+        p.drive("two RNR NAKs", |p| p.rnr().sent >= 2);
+        assert!(
+            p.wa.is_empty() && p.wb.is_empty(),
+            "a={:?} b={:?}",
+            p.wa,
+            p.wb
+        );
+        assert!(dst.bytes().iter().all(|&x| x == 0), "the READ waits too");
+        p.b.post_recv(&[recv(9, bounce.sge(0, 64))])
+            .expect("post_recv");
+        p.drive_to(2, 1);
+        p.settle();
+        assert_eq!(
+            p.wa,
+            [
+                ok(1, WcOpcode::Send, 0, None),
+                ok(3, WcOpcode::RdmaRead, 100, None)
+            ]
+        );
+        assert_eq!(p.wb, [ok(9, WcOpcode::Recv, 20, None)]);
+        let got = dst.bytes();
+        assert_eq!(&got[..50], &src.bytes()[100..150], "the WRITE before it");
+        assert_eq!(&got[50..100], &before[50..100]);
+        assert!(got[100..].iter().all(|&x| x == 0));
+    });
+}
+
 /// With `rnr_retry` = 0, 1, 2 and no receive WR ever posted, the SEND completes
 /// `RnrRetryExceeded` after exactly `rnr_retry + 1` NAKs, the WRs behind it (an unsignaled
 /// WRITE that never ran, a SEND) and later ones flush; the peer sees nothing and is not closed.
@@ -1956,6 +2000,7 @@ suite!(
     rdma_read_brings_the_peers_bytes_and_sees_earlier_writes,
     rdma_read_outside_registered_memory_is_remote_access,
     rdma_read_breaking_its_rules_is_refused,
+    rdma_read_behind_an_rnr_naked_send_waits_for_it,
     zero_byte_messages,
     unsignaled_sends_complete_silently,
     rdma_write_outside_registered_memory_is_remote_access,
@@ -2003,6 +2048,7 @@ macro_rules! transport_conformance {
             rdma_read_brings_the_peers_bytes_and_sees_earlier_writes,
             rdma_read_outside_registered_memory_is_remote_access,
             rdma_read_breaking_its_rules_is_refused,
+            rdma_read_behind_an_rnr_naked_send_waits_for_it,
             zero_byte_messages,
             unsignaled_sends_complete_silently,
             rdma_write_outside_registered_memory_is_remote_access,

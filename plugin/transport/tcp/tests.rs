@@ -1467,3 +1467,41 @@ fn a_spent_rnr_timer_after_goodbye_does_not_make_the_thread_spin() {
     let w1 = nic.wakeups().expect("running");
     assert!(w1 - w0 <= 1, "{} wakeups in 100 ms for an idle QP", w1 - w0);
 }
+
+/// A READ longer than the tcp transport carries (`READ_MAX`, 1 MiB) completes `LocalLength`
+/// without being sent, and the QP fails as at any local error; one of exactly 1 MiB works.
+#[test]
+fn a_read_over_the_tcp_limit_completes_local_length() {
+    let t = conformance::tcp();
+    let (da, db) = t.one_device();
+    let n = 1 << 20;
+    let remote = Buf::filled(&*db, n + 1, 15);
+    let dst = Buf::new(&*da, n + 1);
+    let mut p = Pair::new(&t, &da, &db);
+    p.a.post_send(&[conformance::read(
+        1,
+        dst.sge(0, n as u32),
+        remote.addr(0),
+        remote.rkey(),
+    )])
+    .expect("post_send");
+    p.drive_to(1, 0);
+    assert_eq!(p.wa[0].status, WcStatus::Success, "{:?}", p.wa);
+    assert_eq!(p.wa[0].byte_len, n as u32);
+    assert_eq!(&dst.bytes()[..n], &remote.bytes()[..n]);
+    let mut p = Pair::new(&t, &da, &db);
+    p.a.post_send(&[conformance::read(
+        2,
+        dst.sge(0, n as u32 + 1),
+        remote.addr(0),
+        remote.rkey(),
+    )])
+    .expect("post_send");
+    p.drive_to(1, 0);
+    assert_eq!(
+        (p.wa[0].wr_id, p.wa[0].status),
+        (2, WcStatus::LocalLength),
+        "{:?}",
+        p.wa
+    );
+}
