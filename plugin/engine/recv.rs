@@ -445,14 +445,18 @@ impl RecvEngine {
     /// Moves `matched_prefix` past the receives at the front of `order` whose buffers are all
     /// matched, so that `order[matched_prefix]` is the oldest receive not fully matched.
     fn skip_matched(&mut self) {
+        self.front_unmatched();
+    }
+
+    /// [`Self::skip_matched`], then the oldest receive not fully matched: its id, buffer count
+    /// and sequence number (one lookup each, for `poll_small`, which asks on every poll).
+    fn front_unmatched(&mut self) -> Option<(ReqId, u32, u64)> {
         // Buffers are never unmatched again: the prefix only grows, until `retire`.
-        while let Some(r) = self
-            .order
-            .get(self.matched_prefix)
-            .and_then(|&id| self.reqs.get(id))
-        {
+        loop {
+            let &id = self.order.get(self.matched_prefix)?;
+            let r = self.reqs.get(id)?;
             if !r.all_matched() {
-                break;
+                return Some((id, r.n, r.r));
             }
             self.matched_prefix += 1;
         }
@@ -739,17 +743,16 @@ impl RecvEngine {
     /// comm.
     pub fn poll_small(&mut self, now: u64, mem: &dyn MemRead) -> bool {
         let mut took = false;
+        // A receiver on a virtual device gets no small sends (its CTS entries are not compact).
+        if self.p.rkeys != 1 {
+            return false;
+        }
         while self.failed.is_none() {
             // The oldest receive not fully matched: the next send into a posted receive fills it
             // (the front-group rule), and a small send only goes into a known receive.
-            self.skip_matched();
-            let Some(&id) = self.order.get(self.matched_prefix) else {
+            let Some((id, 1, r)) = self.front_unmatched() else {
                 break;
             };
-            let Some(req) = self.reqs.get(id).filter(|q| q.n == 1 && self.p.rkeys == 1) else {
-                break;
-            };
-            let r = req.r;
             let slot = self.p.rec_ring + wire::small_slot(r);
             let at = slot + wire::SMALL_MAX;
             let unreadable =
