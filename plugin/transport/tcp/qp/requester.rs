@@ -56,27 +56,25 @@ impl TcpQp {
         }
         let total = entry.wr.byte_len();
         let read = matches!(entry.wr.opcode, SendOpcode::RdmaRead { .. });
-        if read && total > u64::from(READ_MAX) {
+        let (limit, what) = if read {
+            (
+                READ_MAX,
+                "RDMA READ longer than the tcp transport's READ limit",
+            )
+        } else {
+            (MAX_MSG_LEN, "send WR longer than the tcp message limit")
+        };
+        if total > u64::from(limit) {
             debug!(
                 qp_num = self.qp_num,
                 wr_id = entry.wr.wr_id,
                 total,
-                "RDMA READ longer than the tcp transport's READ limit"
+                "{what}"
             );
             entry.status = Some(WcStatus::LocalLength);
             return false;
         }
-        if total > u64::from(MAX_MSG_LEN) {
-            debug!(
-                qp_num = self.qp_num,
-                wr_id = entry.wr.wr_id,
-                total,
-                "send WR longer than the tcp message limit"
-            );
-            entry.status = Some(WcStatus::LocalLength);
-            return false;
-        }
-        let len = total as u32; // fits: checked against MAX_MSG_LEN above
+        let len = total as u32; // fits: checked against a limit of at most MAX_MSG_LEN above
         let mut segs = Vec::with_capacity(MAX_SEND_SGE);
         // An inline WR was gathered at its post: nothing to resolve. A READ sends no payload:
         // its SGE is where the response lands (checked when it comes, as a NIC does).
