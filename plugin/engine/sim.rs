@@ -755,6 +755,12 @@ impl Pair {
     /// the engines (for WRs no engine posts yet, such as an RDMA READ).
     #[cfg(test)]
     fn step_qps_only(&mut self, out: &mut Vec<Wc>) {
+        self.exec_qp0();
+        out.extend(self.sqp.cq.drain(..).map(|(_, wc)| wc));
+    }
+
+    /// Carries the head WR of the sender's QP 0 to the receiver; true if it moved.
+    fn exec_qp0(&mut self) -> bool {
         Self::exec(
             self.now,
             &self.knobs,
@@ -764,8 +770,7 @@ impl Pair {
             &mut self.rmem,
             &mut self.rnr_naks,
             &mut self.writes,
-        );
-        out.extend(self.sqp.cq.drain(..).map(|(_, wc)| wc));
+        )
     }
 
     /// One step: apply actions, move one WR each way, deliver visible completions, read the
@@ -775,16 +780,7 @@ impl Pair {
         self.apply_actions();
         let mut busy = false;
         for _ in 0..self.knobs.wrs_per_step.max(1) {
-            let moved = Self::exec(
-                self.now,
-                &self.knobs,
-                (&mut self.sqp, 0),
-                &mut self.smem,
-                &mut self.rqp,
-                &mut self.rmem,
-                &mut self.rnr_naks,
-                &mut self.writes,
-            );
+            let moved = self.exec_qp0();
             self.qp_wrs[0] += u64::from(moved);
             busy |= moved;
         }
