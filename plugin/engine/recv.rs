@@ -431,7 +431,7 @@ impl RecvEngine {
     /// the oldest posted receive that has one. The sender applies the same rule (see
     /// [`crate::engine::SendEngine::isend`]), so both sides agree without extra messages.
     fn find_buf(&mut self, tag: i32) -> Option<(ReqId, usize)> {
-        self.skip_matched();
+        self.front_unmatched();
         let from = |start: usize| {
             self.order
                 .range(start..)
@@ -443,13 +443,9 @@ impl RecvEngine {
     }
 
     /// Moves `matched_prefix` past the receives at the front of `order` whose buffers are all
-    /// matched, so that `order[matched_prefix]` is the oldest receive not fully matched.
-    fn skip_matched(&mut self) {
-        self.front_unmatched();
-    }
-
-    /// [`Self::skip_matched`], then the oldest receive not fully matched: its id, buffer count
-    /// and sequence number (one lookup each, for `poll_small`, which asks on every poll).
+    /// matched, so that `order[matched_prefix]` is the oldest receive not fully matched, and
+    /// returns that receive: its id, buffer count and sequence number (one lookup each, for
+    /// `poll_small`, which asks on every poll).
     fn front_unmatched(&mut self) -> Option<(ReqId, u32, u64)> {
         // Buffers are never unmatched again: the prefix only grows, until `retire`.
         loop {
