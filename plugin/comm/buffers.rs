@@ -46,6 +46,9 @@ pub(crate) struct SendBuffers {
     pub(super) cts_ring: Mr,
     /// The credit word the receiver writes.
     pub(super) credit_word: Mr,
+    /// The landing ring the receiver's CTS mirror is RDMA-read into, and the wake word
+    /// values ([`crate::engine::wire::LANDING_LEN`]).
+    pub(super) landing: Mr,
 }
 
 impl SendBuffers {
@@ -56,13 +59,14 @@ impl SendBuffers {
     /// [`Op::Buffers`]: the allocation or registration failed.
     pub(crate) fn alloc(dev: &dyn Device, rkeys: u8) -> Result<SendBuffers, Error> {
         // The engine's layout: header staging, record staging, CTS ring, credit word.
-        let [hdr, rec, cts_ring, credit_word] =
+        let [hdr, rec, cts_ring, credit_word, landing] =
             Mr::alloc_parts(dev, crate::engine::wire::send_comm_buffers(rkeys))?;
         Ok(SendBuffers {
             hdr,
             rec,
             cts_ring,
             credit_word,
+            landing,
         })
     }
 

@@ -380,6 +380,8 @@ impl SendComm {
             peer_rec_ring: peer.rec_ring,
             cts_ring: bufs.cts_ring.at().0,
             credit_word: bufs.credit_word.at().0,
+            landing: bufs.landing.at(),
+            cts_pull: cfg.cts_pull,
             first_seq: peer.first_seq,
             first_gen: cfg.test_first_gen,
             rkeys: peer.rkeys.max(1),

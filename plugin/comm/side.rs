@@ -196,7 +196,11 @@ impl sealed::Side for SendSide {
         self.engine.handle_wc(now, wc)
     }
     fn after_poll(&mut self, now: u64) -> bool {
-        let written = [&self.bufs.cts_ring, &self.bufs.credit_word];
+        let written = [
+            &self.bufs.cts_ring,
+            &self.bufs.credit_word,
+            &self.bufs.landing,
+        ];
         self.engine.poll_peer_writes(now, &Regions(&written))
     }
     fn execute(
@@ -208,7 +212,7 @@ impl sealed::Side for SendSide {
         let sink = &mut CommSink {
             qp,
             data,
-            staging: &[&self.bufs.hdr, &self.bufs.rec],
+            staging: &[&self.bufs.hdr, &self.bufs.rec, &self.bufs.landing],
             recv: None,
         };
         exec.execute(&mut self.engine, sink)
@@ -272,10 +276,21 @@ impl sealed::Side for RecvSide {
         let sink = &mut CommSink {
             qp,
             data,
-            staging: &[&self.bufs.ctrl],
+            // The control staging, and the record region's CTS mirror.
+            staging: &[&self.bufs.ctrl, &self.bufs.rec_ring],
             recv: Some((&self.bufs, &self.dst)),
         };
-        exec.execute(&mut self.engine, sink)
+        exec.execute(&mut self.engine, sink)?;
+        if !self.engine.has_published() {
+            return Ok(());
+        }
+        // The mirror stores above before the wake word load in `after_execute` (a store-load
+        // order: only a full fence gives it; `RecvEngine::after_execute` says why it matters).
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        if self.engine.after_execute(&RecvMem(&self.bufs)) {
+            exec.execute(&mut self.engine, sink)?;
+        }
+        Ok(())
     }
     fn test(&mut self, id: ReqId) -> Result<Option<Sizes>, ReqError> {
         let r = self.engine.test(id);
@@ -369,7 +384,11 @@ impl CommSink<'_> {
 impl ActionSink for CommSink<'_> {
     type Error = Error;
 
+    /// In order: what an earlier stage wrote is visible to the NIC and the peer's READs no
+    /// later than this one's bytes (the receive engine stores a mirror entry's head word in a
+    /// stage of its own, after the rest).
     fn stage(&mut self, addr: u64, bytes: &[u8]) -> Result<(), Error> {
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
         Regions(self.staging).stage(addr, bytes)
     }
 

@@ -240,6 +240,29 @@ knobs! {
              receive comm does by default",
     }
 
+    /// `VERBSNET_CTS_PULL`: the sender pulls clear-to-send entries with RDMA READ once it
+    /// holds enough of them (1), or the receiver pushes every one (0).
+    cts_pull: bool {
+        var: "VERBSNET_CTS_PULL",
+        group: FlowControl,
+        kind: Kind::Bool,
+        default: true, "1",
+        parse: |v| v.bool()?,
+        show: |on| if *on { "on" } else { "off" }.into(),
+        doc: "How the sender learns of posted receives (set on the sending side). The receiver \
+             stores each one-buffer receive's CTS entry in a mirror in its own memory and \
+             RDMA-writes it to the sender only while the sender asks for that (a wake word it \
+             writes). With `1` a sender holding 8 entries it has not used asks the receiver to \
+             stop writing them, and when it next lacks one it RDMA-reads the whole mirror: one \
+             READ brings every receive posted since the last, so a stream costs about one WR \
+             per small message instead of two (the data and the CTS). A READ that finds the \
+             receiver behind asks it to push again. `0` keeps the receiver writing every entry \
+             (`cts` on the receive line counts them; `cts_reads`, `cts_pulled` and \
+             `wake_writes` count the pull). Grouped and multi-device receives are always \
+             written.",
+        nccl_ib: "none; NCCL IB's receiver RDMA-writes every CTS FIFO element",
+    }
+
     /// `VERBSNET_CREDITS`: credit gating on (1) or off (0, rely on RNR retry as NCCL does).
     credits: bool {
         var: "VERBSNET_CREDITS",

@@ -382,7 +382,7 @@ fn describe_lists_every_knob_in_order() {
         Config::default().describe(),
         "transport=auto rq_depth=128 rq_batch=16 rq_low_water=112 rq_min_depth=2 \
          rq_shrink_after=2s rq_pool_size=268435456 eager_buf_size=8192 \
-         eager_limit=8192 inline_size=auto credits=on rnr_timer=12 rnr_retry=7 ib_timeout=20 ib_retry_cnt=6 \
+         eager_limit=8192 inline_size=auto cts_pull=on credits=on rnr_timer=12 rnr_retry=7 ib_timeout=20 ib_retry_cnt=6 \
          ib_tc=auto ib_sl=auto ib_qps_per_connection=1 ib_split_data_on_qps=off ib_merge_nics=on tcp_devices=1 ib_hca=all ib_gid_index=auto socket_addr=auto socket_ifname=auto socket_keepalive=20s \
          hang_timeout=60s \
          stats_interval=off stats_file=off debug=warn connect_timeout=120s \
@@ -404,7 +404,7 @@ fn describe_lists_every_knob_in_order() {
         c.describe(),
         "transport=tcp rq_depth=4 rq_batch=4 rq_low_water=1 rq_min_depth=2 \
          rq_shrink_after=2s rq_pool_size=268435456 eager_buf_size=8192 \
-         eager_limit=8192 inline_size=auto credits=off rnr_timer=12 rnr_retry=7 ib_timeout=20 ib_retry_cnt=6 \
+         eager_limit=8192 inline_size=auto cts_pull=on credits=off rnr_timer=12 rnr_retry=7 ib_timeout=20 ib_retry_cnt=6 \
          ib_tc=auto ib_sl=auto ib_qps_per_connection=1 ib_split_data_on_qps=off ib_merge_nics=on tcp_devices=1 ib_hca=mlx5_0:1 ib_gid_index=3 socket_addr=10.0.0.1 socket_ifname=eth0 \
          socket_keepalive=20s hang_timeout=off stats_interval=0.5s stats_file=off debug=trace \
          connect_timeout=120s peer_check_interval=1s"
@@ -524,7 +524,7 @@ fn the_sources_of_the_configuration_are_named() {
 
 #[test]
 fn registry_is_complete_and_unique() {
-    assert_eq!(KNOBS.len(), 32);
+    assert_eq!(KNOBS.len(), 33);
     for (i, k) in KNOBS.iter().enumerate() {
         assert!(k.var.starts_with("VERBSNET_"), "{}", k.var);
         assert_eq!(k.var, format!("VERBSNET_{}", k.key.to_ascii_uppercase()));

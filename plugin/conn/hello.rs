@@ -22,9 +22,12 @@ const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"VNHE");
 /// receiver device. 7: a receive of one buffer on one device has a 64-byte compact CTS entry
 /// (`engine::wire::CTS_COMPACT_LEN`, sequence words flagged `CTS_COMPACT`). 8: the receiver's
 /// record region holds the small-send ring behind the record ring (`engine::wire::SMALL_SLOTS`
-/// slots), which small direct sends RDMA-write without an immediate. A peer of another
-/// version is refused at connect time instead of misplacing data.
-pub const HELLO_VERSION: u16 = 8;
+/// slots), which small direct sends RDMA-write without an immediate. 9: behind the small-send
+/// ring, the receiver's record region holds the CTS mirror and the wake word
+/// (`engine::wire::MIRROR_AT`, `WAKE_AT`), which the sender RDMA-reads and RDMA-writes (the
+/// pulled clear-to-send). A peer of another version is refused at connect time instead of
+/// misplacing data.
+pub const HELLO_VERSION: u16 = 9;
 pub(super) const READY: &[u8; 4] = b"RDY!";
 /// Longest QP info of one QP (`QueuePair::local_info`: at most 256 bytes).
 const MAX_QP_INFO: usize = 256;
@@ -386,12 +389,12 @@ mod tests {
             Hello::decode(&bad[4..]),
             Err("a hello with SL 16 (at most 15)".into())
         );
-        // a version 7 hello (no small-send ring) is refused by its version
-        let mut v7 = b[4..].to_vec();
-        v7[4..6].copy_from_slice(&7u16.to_le_bytes());
+        // a version 8 hello (no CTS mirror) is refused by its version
+        let mut v8 = b[4..].to_vec();
+        v8[4..6].copy_from_slice(&8u16.to_le_bytes());
         assert_eq!(
-            Hello::decode(&v7),
-            Err("a hello of version 7, not 8".into())
+            Hello::decode(&v8),
+            Err("a hello of version 8, not 9".into())
         );
     }
 

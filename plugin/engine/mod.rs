@@ -382,6 +382,10 @@ pub(crate) enum WrKind {
     /// inline sends, so that their acknowledgement shows; the index is the low 32 bits of the
     /// inline sequence number of the last inline send before it.
     InlineFlush = 12,
+    /// The RDMA READ of the receiver's CTS mirror into the landing ring (always signaled).
+    CtsRead = 13,
+    /// The RDMA WRITE of the wake word into the receiver's record region (unsignaled).
+    Wake = 14,
 }
 
 /// The `wr_id` index of a piece of send slot `slot` on QP `qp` (slots are below 2^16).
@@ -411,6 +415,8 @@ pub(crate) fn wr_parse(id: u64) -> Option<(WrKind, u32, u32)> {
         10 => WrKind::DataZero,
         11 => WrKind::Inline,
         12 => WrKind::InlineFlush,
+        13 => WrKind::CtsRead,
+        14 => WrKind::Wake,
         _ => return None,
     };
     Some((kind, ((id >> 32) & 0x00ff_ffff) as u32, id as u32))
@@ -484,11 +490,20 @@ pub struct Stats {
     /// consume no receive WR and the receiver polls memory instead of its CQ (sender: posted;
     /// receiver: copied out). Also counted in `rendezvous` and, on the sender, `inline_sends`.
     pub small_sends: u64,
+    /// RDMA READs of the receiver's CTS mirror (sender; docs/protocol.md, "The pulled
+    /// clear-to-send"): each brings every compact entry published since the last.
+    pub cts_reads: u64,
+    /// CTS entries that went by READ, not by the receiver's WRITE: taken from the landing
+    /// ring (sender), or stored in the mirror only because the sender pulls (receiver).
+    pub cts_pulled: u64,
+    /// Wake word writes (sender): asking the receiver to push its entries again (a READ came
+    /// back without the entry a send needs) or to stop (eight entries in hand).
+    pub wake_writes: u64,
 }
 
 impl Stats {
     /// `(name, value)` pairs in a fixed order.
-    pub fn fields(&self) -> [(&'static str, u64); 25] {
+    pub fn fields(&self) -> [(&'static str, u64); 28] {
         [
             ("ops", self.ops),
             ("bytes", self.bytes),
@@ -515,6 +530,9 @@ impl Stats {
             ("data_qp_zero_wrs", self.data_qp_zero_wrs),
             ("inline_sends", self.inline_sends),
             ("small_sends", self.small_sends),
+            ("cts_reads", self.cts_reads),
+            ("cts_pulled", self.cts_pulled),
+            ("wake_writes", self.wake_writes),
         ]
     }
 }

@@ -5,8 +5,8 @@
 use std::collections::VecDeque;
 
 use super::wire::{
-    self, CtsBuf, CtsEntry, EagerHeader, SmallTrailer, EAGER_HDR_LEN, MAX_RECVS, REC_SLOTS,
-    REC_TOO_BIG,
+    self, CtsBuf, CtsEntry, EagerHeader, SmallTrailer, CTS_COMPACT_LEN, CTS_ENTRY_LEN_STRIPED,
+    EAGER_HDR_LEN, MAX_RECVS, REC_TOO_BIG,
 };
 use super::{
     wc_error, wr_parse, Action, MemRead, ReqError, ReqId, Sizes, Slots, StageBytes, Stall, Stats,
@@ -199,6 +199,10 @@ pub struct RecvEngine {
     ctrl_seq: u64,
     /// Control WRITEs known complete (a signaled one completed at or after them).
     ctrl_done: u64,
+    /// Compact CTS entries `irecv` stored in the mirror, (receive, bytes), that
+    /// [`RecvEngine::after_execute`] has not pushed or left to the sender's READ yet; each
+    /// holds a control staging slot in reserve (`slots_full`).
+    published: Vec<(u64, [u8; CTS_COMPACT_LEN])>,
     failed: Option<ReqError>,
     actions: Vec<Action>,
     stats: Stats,
@@ -234,6 +238,7 @@ impl RecvEngine {
             last_credit_sent: 0,
             ctrl_seq: 0,
             ctrl_done: 0,
+            published: Vec::new(),
             failed: None,
             actions: Vec::new(),
             stats: Stats {
@@ -292,7 +297,7 @@ impl RecvEngine {
     /// No request slot or no control staging slot is free.
     fn slots_full(&self) -> bool {
         self.reqs.in_use() == MAX_RECV_REQUESTS
-            || self.ctrl_outstanding() as usize >= CTRL_STAGE_SLOTS
+            || self.ctrl_outstanding() as usize + self.published.len() >= CTRL_STAGE_SLOTS
     }
 
     /// The first fatal error of this comm, if any.
@@ -394,16 +399,109 @@ impl RecvEngine {
         let zeros = self.cover_posted_receives();
         self.cover_data_qps();
 
-        let (stage, cts_id, signaled) = self.ctrl_slot(WrKind::Cts).expect("checked above");
         // `len` bytes, or the 64-byte compact entry for one buffer on one device
         // (wire::CTS_COMPACT_LEN): the WRITE carries what `encode_parts` gave.
         let len = self.p.cts_entry_len();
         let granted = self.granted;
-        let bytes = StageBytes::filled(CtsEntry::len_of(bufs, len), |b| {
-            CtsEntry::encode_parts(r, granted, base, zeros, bufs, b)
-        });
+        let mut entry = [0u8; CTS_ENTRY_LEN_STRIPED];
+        let n_bytes = CtsEntry::len_of(bufs, len);
+        CtsEntry::encode_parts(r, granted, base, zeros, bufs, &mut entry[..n_bytes]);
+        if n_bytes == CTS_COMPACT_LEN {
+            // Published in the mirror, which the sender may RDMA-read: the head sequence word
+            // last, so a reader that sees it (and reads in address order, as a READ does) sees
+            // the rest ([`RecvEngine::after_execute`] then pushes it if the sender asks).
+            let at = self.p.rec_ring + wire::mirror_slot(r);
+            self.actions.push(Action::Stage {
+                addr: at + 8,
+                bytes: StageBytes::from(&entry[8..CTS_COMPACT_LEN]),
+            });
+            self.actions.push(Action::Stage {
+                addr: at,
+                bytes: StageBytes::from(&entry[..8]),
+            });
+            let mut e = [0u8; CTS_COMPACT_LEN];
+            e.copy_from_slice(&entry[..CTS_COMPACT_LEN]);
+            self.published.push((r, e));
+        } else {
+            let pushed = self.push_cts(r, &entry[..n_bytes]);
+            debug_assert!(pushed, "a staging slot was checked free");
+        }
+        self.last_credit_sent = self.granted;
+        Ok(Some(id))
+    }
+
+    /// Whether `irecv` published a CTS entry in the mirror that [`RecvEngine::after_execute`]
+    /// has not decided on yet: the comm (and the simulated pair) then calls it right after
+    /// executing this engine's actions, in the same call.
+    pub fn has_published(&self) -> bool {
+        !self.published.is_empty()
+    }
+
+    /// After the executor carried out `irecv`'s actions (the mirror stores done) and a full
+    /// fence: reads the wake word through `mem` and, when it asks for pushes
+    /// ([`wire::WAKE_PUSH`]), RDMA-writes the entries published since the last call into the
+    /// sender's CTS ring (inline when they fit, as before the mirror existed); with
+    /// [`wire::WAKE_PULL`] they stay in the mirror for the sender to read. Returns whether it
+    /// queued actions (execute them in the same call).
+    ///
+    /// Why after the executor and a fence, and not in `irecv`: the sender writes the wake word
+    /// and then RDMA-reads the mirror on the same QP, so the responder carries out the write
+    /// before the read. Either the read sees the entry (stored before it), or the entry was
+    /// stored after the read, hence after the wake word landed, and this load, ordered after
+    /// the store, sees the word: the sender never waits for an entry nobody sends
+    /// (docs/protocol.md, "The pulled clear-to-send"). A receiver that never calls again is
+    /// covered: the decision is made within the `irecv` call that posted the receive.
+    pub fn after_execute(&mut self, mem: &dyn MemRead) -> bool {
+        if self.published.is_empty() {
+            return false;
+        }
+        let push = match mem.read_u64(self.p.rec_ring + wire::WAKE_AT as u64) {
+            Some(wire::WAKE_PUSH) => true,
+            Some(wire::WAKE_PULL) => false,
+            Some(v) => {
+                self.published.clear();
+                self.fail(ReqError::Protocol(format!(
+                    "the sender wrote {v:#x} into the wake word (0: push, 1: pull)"
+                )));
+                return false;
+            }
+            None => {
+                self.published.clear();
+                self.fail(ReqError::Local("the wake word is not readable".into()));
+                return false;
+            }
+        };
+        let published = std::mem::take(&mut self.published);
+        let mut queued = false;
+        for (k, (r, e)) in published.iter().enumerate() {
+            if !push {
+                self.stats.cts_pulled += 1;
+                continue;
+            }
+            if !self.push_cts(*r, e) {
+                // No staging slot (never: `irecv` counts the published entries against them);
+                // the rest waits for the next call rather than being lost.
+                self.published.extend_from_slice(&published[k..]);
+                break;
+            }
+            queued = true;
+        }
+        queued
+    }
+
+    /// RDMA-writes CTS entry `bytes` of receive `r` into its slot of the sender's CTS ring,
+    /// through a control staging slot (inline when it fits what QP 0 granted). False when no
+    /// staging slot is free (nothing queued).
+    fn push_cts(&mut self, r: u64, bytes: &[u8]) -> bool {
+        let Some((stage, cts_id, signaled)) = self.ctrl_slot(WrKind::Cts) else {
+            return false;
+        };
+        let len = self.p.cts_entry_len();
         let written = bytes.len() as u32;
-        self.actions.push(Action::Stage { addr: stage, bytes });
+        self.actions.push(Action::Stage {
+            addr: stage,
+            bytes: StageBytes::from(bytes),
+        });
         self.actions.push(Action::PostSend(SendWr {
             wr_id: cts_id,
             sgl: [
@@ -422,9 +520,8 @@ impl RecvEngine {
             signaled,
             inline: u64::from(written) <= self.p.inline_max,
         }));
-        self.last_credit_sent = self.granted;
         self.stats.cts += 1;
-        Ok(Some(id))
+        true
     }
 
     /// The buffer the next send tagged `tag` takes: the first unmatched buffer with that tag in
@@ -712,11 +809,9 @@ impl RecvEngine {
         req.done |= 1 << i;
         req.arrived += 1;
         let cap = req.bufs[i].cap;
-        let slot = (req.r % REC_SLOTS as u64) as usize * MAX_RECVS + i;
+        // The one record slot (a refusal fails the sender's comm: at most one per connection).
         let mut rb = [0u8; 8];
-        let rec = mem
-            .read(rec_ring + slot as u64 * 8, &mut rb)
-            .then(|| u64::from_le_bytes(rb));
+        let rec = mem.read(rec_ring, &mut rb).then(|| u64::from_le_bytes(rb));
         let e = match rec {
             Some(v) if v & REC_TOO_BIG != 0 => ReqError::Usage(format!(
                 "the peer tried to send {} bytes (send {s}) into a receive buffer of {cap} bytes \

@@ -4,7 +4,7 @@ use std::collections::VecDeque;
 
 use super::wire::{
     self, CtsBuf, CtsEntry, EagerHeader, Keys, SmallTrailer, CTS_ENTRY_LEN_STRIPED, EAGER_HDR_LEN,
-    MAX_RECVS, REC_SLOTS, REC_TOO_BIG, SMALL_TRAILER_LEN,
+    REC_TOO_BIG, SMALL_TRAILER_LEN,
 };
 use super::{
     piece_index, piece_parse, wc_error, wr_id, wr_parse, Action, MemRead, ReqError, ReqId, Slots,
@@ -37,10 +37,10 @@ pub struct SendParams {
     pub initial_credits: u64,
     /// Our staging area for eager headers: `MAX_SEND_REQUESTS * EAGER_HDR_LEN` bytes (addr, lkey).
     pub hdr_stage: (u64, u32),
-    /// Our staging area for completion records: `MAX_SEND_REQUESTS * 8` bytes (addr, lkey).
+    /// Our staging word for the refusal record: 8 bytes (addr, lkey).
     pub rec_stage: (u64, u32),
-    /// The receiver's record region (addr, rkey): the record ring (`REC_SLOTS * MAX_RECVS * 8`
-    /// bytes) and behind it the small-send ring, [`wire::REC_REGION_LEN`] bytes in all.
+    /// The receiver's record region (addr, rkey): the record slot, the small-send ring, the
+    /// CTS mirror and the wake word, [`wire::REC_REGION_LEN`] bytes in all.
     pub peer_rec_ring: (u64, u32),
     /// Our CTS ring, which the receiver RDMA-writes: `CTS_RING_ENTRIES * cts_entry_len(rkeys)`
     /// bytes.
@@ -51,6 +51,14 @@ pub struct SendParams {
     pub rkeys: u8,
     /// Our credit word (cumulative credits granted), which the receiver RDMA-writes: 8 bytes.
     pub credit_word: u64,
+    /// Our landing ring ([`wire::LANDING_LEN`] bytes, addr and lkey): the receiver's CTS
+    /// mirror is RDMA-read into its first [`wire::MIRROR_LEN`] bytes; the two words behind
+    /// are the sources of the wake word WRITEs.
+    pub landing: (u64, u32),
+    /// Pull the clear-to-send (`VERBSNET_CTS_PULL`): once eight entries are in hand, ask the
+    /// receiver to stop pushing them and RDMA-read its mirror when one is needed. Off: the
+    /// receiver pushes every entry, as before wire version 9.
+    pub cts_pull: bool,
     /// Sequence number of the first send and the first receive (0 in production; tests start
     /// near wrap points).
     pub first_seq: u64,
@@ -194,12 +202,35 @@ pub struct SendEngine {
     /// When the oldest unacknowledged inline send was posted, and whether its stall was
     /// reported (hang watchdog).
     inline_since: Option<(u64, bool)>,
+    /// What the receiver's wake word says, as we last wrote it: it pushes its compact CTS
+    /// entries (true, [`wire::WAKE_PUSH`], where every connection starts) or leaves them in its
+    /// mirror for us to READ (false).
+    pushing: bool,
+    /// The READ of the receiver's CTS mirror.
+    read: Pull,
 }
+
+/// Where the sender's RDMA READ of the receiver's CTS mirror stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pull {
+    /// None in flight; the landing ring is not looked at.
+    Idle,
+    /// Posted, not completed: the landing ring is being written. `woke`: the wake word
+    /// ([`wire::WAKE_PUSH`]) was written just before it on QP 0.
+    InFlight { woke: bool },
+    /// Completed: the landing ring holds the mirror as the READ found it, not yet examined
+    /// by `poll_peer_writes`.
+    Landed { woke: bool },
+}
+
+/// Known receive groups in hand at which a sender that is being pushed CTS entries asks the
+/// receiver to stop (the receiver is ahead: one READ will bring many).
+const PULL_AT_GROUPS: usize = 8;
 
 impl SendEngine {
     /// A send engine for a freshly connected comm.
     pub fn new(p: SendParams) -> SendEngine {
-        SendEngine {
+        let mut e = SendEngine {
             next_s: p.first_seq,
             next_r: p.first_seq,
             next_base: p.first_seq,
@@ -223,8 +254,24 @@ impl SendEngine {
             inline_acked: 0,
             inline_flushed: 0,
             inline_since: None,
+            pushing: true,
+            read: Pull::Idle,
             p,
+        };
+        if e.p.cts_pull {
+            // The sources of the wake word WRITEs: never rewritten, so a WRITE posted without
+            // inline may read its word whenever the NIC gets to it.
+            let words = e.p.landing.0 + wire::MIRROR_LEN as u64;
+            e.actions.push(Action::Stage {
+                addr: words,
+                bytes: StageBytes::from(&wire::WAKE_PUSH.to_le_bytes()[..]),
+            });
+            e.actions.push(Action::Stage {
+                addr: words + 8,
+                bytes: StageBytes::from(&wire::WAKE_PULL.to_le_bytes()[..]),
+            });
         }
+        e
     }
 
     /// The receive sequence number whose CTS is expected next (CTS ring slot
@@ -245,74 +292,198 @@ impl SendEngine {
         while self.failed.is_none() {
             let r = self.next_r;
             let at = self.p.cts_ring + (r % CTS_RING_ENTRIES as u64) * len as u64;
-            let unreadable =
-                || ReqError::Local(format!("CTS ring slot at {at:#x} is not readable"));
-            // The head sequence word first: most polls find no new entry, and then the rest
-            // needs no copy. Once it names the entry, the entry is copied once, up to where its
-            // tail word ends (a compact entry's at 64, a full one's at the slot's end), and
-            // `decode` checks both words of the copy: a tail not landed yet leaves the entry
-            // for a later poll.
-            let Some(head) = mem.read_u64(at) else {
-                self.fail(unreadable());
-                break;
-            };
-            if CtsEntry::head_pending(head, r) {
-                break;
-            }
-            let end = CtsEntry::tail_at(head, len) + 8;
-            // The tail word on its own before the copy: the receiver's WRITE lands in address
-            // order, the tail last, so once the tail names the entry a copy read after it is
-            // whole. (A copy alone reads the tail last, and could pair an entry's new tail with
-            // body bytes read before they landed.)
-            let Some(tail) = mem.read_u64(at + end as u64 - 8) else {
-                self.fail(unreadable());
-                break;
-            };
-            match CtsEntry::landed(head, tail, r) {
-                Ok(true) => {}
-                Ok(false) => break,
-                Err(m) => {
-                    self.fail(ReqError::Protocol(m));
-                    break;
-                }
-            }
-            // Zeroed only once an entry's head landed: most polls stop above. Past a compact
-            // entry's end the slot holds an older lap's bytes, not read.
-            let mut whole = [0u8; CTS_ENTRY_LEN_STRIPED];
-            let b = &mut whole[..len];
-            if !mem.read(at, &mut b[..end]) {
-                self.fail(unreadable());
-                break;
-            }
-            // Decoded where it is kept, the newest known group (no copy of the entry); taken
-            // out again unless it landed whole and valid.
-            self.groups.push_back(Group {
-                e: CtsEntry::BLANK,
-                used: 0,
-            });
-            let newest = &mut self.groups.back_mut().expect("just pushed").e;
-            match CtsEntry::decode_into(b, r, newest) {
-                Ok(true) => {
+            match self.take_entry(now, at, len, r, mem) {
+                Some(true) => {
                     got = true;
-                    if self.adopt_newest(now).is_err() {
-                        break;
-                    }
+                    continue;
                 }
-                Ok(false) => {
-                    self.groups.pop_back();
-                    break;
+                Some(false) => {}
+                None => break,
+            }
+            // Pushed or not, the same entry may be in the landing ring, once a READ of the
+            // mirror completed (not while one is in flight: it may be landing).
+            if !matches!(self.read, Pull::Landed { .. }) {
+                break;
+            }
+            let at = self.p.landing.0 + wire::mirror_slot(r) - wire::MIRROR_AT as u64;
+            match self.take_entry(now, at, wire::CTS_COMPACT_LEN, r, mem) {
+                Some(true) => {
+                    got = true;
+                    self.stats.cts_pulled += 1;
                 }
-                Err(m) => {
-                    self.groups.pop_back();
-                    self.fail(ReqError::Protocol(m));
-                    break;
-                }
+                _ => break,
             }
         }
         if let Some(word) = word.filter(|&w| w != 0) {
             self.handle_credit(word);
         }
+        if self.failed.is_none() {
+            self.after_entries();
+        }
         got
+    }
+
+    /// Takes receive `r`'s entry from the slot at `at` (of `len` bytes: the CTS ring's stride,
+    /// or [`wire::CTS_COMPACT_LEN`] in the landing ring, which holds compact entries only) as
+    /// the newest known group. `Some(true)`: taken; `Some(false)`: not (fully) there; `None`:
+    /// the comm failed (an unreadable slot, a corrupt or out-of-sequence entry).
+    fn take_entry(
+        &mut self,
+        now: u64,
+        at: u64,
+        len: usize,
+        r: u64,
+        mem: &dyn MemRead,
+    ) -> Option<bool> {
+        let unreadable = || ReqError::Local(format!("CTS slot at {at:#x} is not readable"));
+        // The head sequence word first: most polls find no new entry, and then the rest needs
+        // no copy. Once it names the entry, the entry is copied once, up to where its tail word
+        // ends (a compact entry's at 64, a full one's at the slot's end), and `decode` checks
+        // both words of the copy: a tail not landed yet leaves the entry for a later poll.
+        let Some(head) = mem.read_u64(at) else {
+            self.fail(unreadable());
+            return None;
+        };
+        if CtsEntry::head_pending(head, r) {
+            return Some(false);
+        }
+        if len == wire::CTS_COMPACT_LEN && head & wire::CTS_COMPACT == 0 {
+            self.fail(ReqError::Protocol(format!(
+                "the CTS mirror's slot for receive {r} holds a full entry (head {head:#x}); it \
+                 holds compact ones only"
+            )));
+            return None;
+        }
+        let stride = wire::cts_entry_len(self.p.rkeys);
+        let end = CtsEntry::tail_at(head, stride) + 8;
+        // The tail word on its own before the copy: the receiver's WRITE lands in address
+        // order, the tail last, so once the tail names the entry a copy read after it is
+        // whole. (A copy alone reads the tail last, and could pair an entry's new tail with
+        // body bytes read before they landed.)
+        let Some(tail) = mem.read_u64(at + end as u64 - 8) else {
+            self.fail(unreadable());
+            return None;
+        };
+        match CtsEntry::landed(head, tail, r) {
+            Ok(true) => {}
+            Ok(false) => return Some(false),
+            Err(m) => {
+                self.fail(ReqError::Protocol(m));
+                return None;
+            }
+        }
+        // Zeroed only once an entry's head landed: most polls stop above. Past a compact
+        // entry's end the slot holds an older lap's bytes, not read.
+        let mut whole = [0u8; CTS_ENTRY_LEN_STRIPED];
+        let b = &mut whole[..stride];
+        if !mem.read(at, &mut b[..end]) {
+            self.fail(unreadable());
+            return None;
+        }
+        // Decoded where it is kept, the newest known group (no copy of the entry); taken out
+        // again unless it landed whole and valid.
+        self.groups.push_back(Group {
+            e: CtsEntry::BLANK,
+            used: 0,
+        });
+        let newest = &mut self.groups.back_mut().expect("just pushed").e;
+        match CtsEntry::decode_into(b, r, newest) {
+            Ok(true) => self.adopt_newest(now).ok().map(|()| true),
+            Ok(false) => {
+                self.groups.pop_back();
+                Some(false)
+            }
+            Err(m) => {
+                self.groups.pop_back();
+                self.fail(ReqError::Protocol(m));
+                None
+            }
+        }
+    }
+
+    /// Whether we pull: `VERBSNET_CTS_PULL` is on and the receiver was asked to stop pushing
+    /// its CTS entries (a receive posted since is learnt of by a READ, when a send needs it).
+    pub fn pulls(&self) -> bool {
+        self.p.cts_pull && !self.pushing
+    }
+
+    /// After the entries were read: what a completed READ of the mirror means, and whether
+    /// to ask the receiver to stop pushing.
+    ///
+    /// - A READ that left no receive known (the receiver had not posted the one a send
+    ///   needs) is followed by the wake word ([`wire::WAKE_PUSH`]) and a second READ, in that
+    ///   order on QP 0: either that READ finds the entry, or the receiver sees the word when
+    ///   it posts the receive and pushes it (its `after_execute`). A second READ that finds
+    ///   nothing leaves us waiting for the push, not polling with READs.
+    /// - While the receiver pushes, with [`PULL_AT_GROUPS`] receives known and no speculative
+    ///   send unmatched, the wake word goes to [`wire::WAKE_PULL`]: the receiver is ahead.
+    fn after_entries(&mut self) {
+        if let Pull::Landed { woke } = self.read {
+            self.read = Pull::Idle;
+            if self.groups.is_empty() && !woke {
+                self.post_wake(true);
+                self.post_read(true);
+            }
+        }
+        if self.p.cts_pull
+            && self.pushing
+            && self.read == Pull::Idle
+            && self.groups.len() >= PULL_AT_GROUPS
+            && self.unassigned.is_empty()
+        {
+            self.post_wake(false);
+        }
+    }
+
+    /// RDMA-writes the wake word into the receiver's record region (unsignaled, from one of
+    /// the two constant words behind our landing ring; inline when 8 bytes fit).
+    fn post_wake(&mut self, push: bool) {
+        let src = self.p.landing.0 + wire::MIRROR_LEN as u64 + if push { 0 } else { 8 };
+        self.actions.push(Action::PostSend(SendWr {
+            wr_id: wr_id(WrKind::Wake, 0, u32::from(push)),
+            sgl: [
+                Sge {
+                    addr: src,
+                    length: 8,
+                    lkey: self.p.landing.1,
+                },
+                Sge::default(),
+            ],
+            num_sge: 1,
+            opcode: SendOpcode::RdmaWrite {
+                remote_addr: self.p.peer_rec_ring.0 + wire::WAKE_AT as u64,
+                rkey: self.p.peer_rec_ring.1,
+            },
+            signaled: false,
+            inline: 8 <= self.p.inline_max,
+        }));
+        self.pushing = push;
+        self.stats.wake_writes += 1;
+    }
+
+    /// RDMA-reads the receiver's whole CTS mirror into our landing ring (signaled: its
+    /// completion lets `poll_peer_writes` look there). `woke`: the wake word went just before.
+    fn post_read(&mut self, woke: bool) {
+        self.actions.push(Action::PostSend(SendWr {
+            wr_id: wr_id(WrKind::CtsRead, 0, u32::from(woke)),
+            sgl: [
+                Sge {
+                    addr: self.p.landing.0,
+                    length: wire::MIRROR_LEN as u32,
+                    lkey: self.p.landing.1,
+                },
+                Sge::default(),
+            ],
+            num_sge: 1,
+            opcode: SendOpcode::RdmaRead {
+                remote_addr: self.p.peer_rec_ring.0 + wire::MIRROR_AT as u64,
+                rkey: self.p.peer_rec_ring.1,
+            },
+            signaled: true,
+            inline: false,
+        }));
+        self.read = Pull::InFlight { woke };
+        self.stats.cts_reads += 1;
     }
 
     /// Receive WRs our sends consumed so far (small sends consume none).
@@ -449,6 +620,15 @@ impl SendEngine {
                 Some(i) => Some(i),
                 None => return Ok(self.refuse(now, Refusal::Tag(tag))),
             },
+            // Pulling: the entry is (or will be) in the receiver's mirror; a READ brings it
+            // and every one posted since, where a speculative eager send would cost the
+            // receiver a bounce-backed receive WR to re-post.
+            None if self.pulls() => {
+                if self.read == Pull::Idle {
+                    self.post_read(false);
+                }
+                return Ok(self.refuse(now, Refusal::Cts));
+            }
             None if size <= self.p.eager_limit
                 && self.unassigned.len() < MAX_SPECULATIVE
                 && self.bounce_backed(k) =>
@@ -834,11 +1014,11 @@ impl SendEngine {
 
     /// Stages the 8-byte refusal record `value` (with [`REC_TOO_BIG`]) for buffer `buf_idx` of
     /// receive `r` and posts, unsignaled (the comm fails with the refusal anyway), the
-    /// WRITE_WITH_IMM on QP 0 that delivers it into the receiver's record ring (immediate:
-    /// `r`, `buf_idx`, the record bit, `starved`).
+    /// WRITE_WITH_IMM on QP 0 that delivers it into the receiver's record slot (immediate:
+    /// `r`, `buf_idx`, the record bit, `starved`). The comm fails right after, so this runs
+    /// at most once per comm and one staging word and one record slot suffice.
     fn post_record(&mut self, id: ReqId, r: u64, buf_idx: usize, value: u64, starved: bool) {
-        let stage = self.p.rec_stage.0 + u64::from(id.slot) * 8;
-        let slot = (r % REC_SLOTS as u64) as usize * MAX_RECVS + buf_idx;
+        let stage = self.p.rec_stage.0;
         self.actions.push(Action::Stage {
             addr: stage,
             bytes: StageBytes::from(&value.to_le_bytes()[..]),
@@ -855,7 +1035,7 @@ impl SendEngine {
             ],
             num_sge: 1,
             opcode: SendOpcode::RdmaWriteWithImm {
-                remote_addr: self.p.peer_rec_ring.0 + slot as u64 * 8,
+                remote_addr: self.p.peer_rec_ring.0,
                 rkey: self.p.peer_rec_ring.1,
                 imm: wire::imm_encode(r, buf_idx, true, starved),
             },
@@ -1008,6 +1188,12 @@ impl SendEngine {
             self.inline_acked_through(now, index);
             return;
         }
+        if kind == WrKind::CtsRead && wc.status == WcStatus::Success {
+            if let Pull::InFlight { woke } = self.read {
+                self.read = Pull::Landed { woke };
+            }
+            return;
+        }
         if kind == WrKind::InlineFlush {
             // The flush carries no data: the inline sends before it completed, or completed with
             // their own error (unsignaled WRs too), which fails the comm. It fails when the peer
@@ -1029,6 +1215,8 @@ impl SendEngine {
                 WrKind::InlineFlush => "zero-length RDMA WRITE after inline sends (their \
                                         requests had completed; the peer may lack their data)"
                     .to_string(),
+                WrKind::CtsRead => "RDMA READ of the receiver's CTS mirror".to_string(),
+                WrKind::Wake => "RDMA WRITE of the receiver's wake word".to_string(),
                 _ => "send-side WR".to_string(),
             };
             if wc.status != WcStatus::WrFlush || self.failed.is_none() {

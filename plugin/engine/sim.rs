@@ -229,6 +229,7 @@ pub const S_REC: u64 = 0x1100_0000;
 pub const S_CTS: u64 = 0x1200_0000;
 pub const S_CREDIT: u64 = 0x1300_0000;
 pub const S_USER: u64 = 0x1400_0000;
+pub const S_LANDING: u64 = 0x1380_0000;
 /// Receiver address map.
 pub const R_BOUNCE: u64 = 0x2000_0000;
 pub const R_REC: u64 = 0x2100_0000;
@@ -327,6 +328,8 @@ pub struct PairCfg {
     pub qps: u8,
     /// Split direct sends over all QPs (`VERBSNET_IB_SPLIT_DATA_ON_QPS`).
     pub split: bool,
+    /// The sender pulls clear-to-send entries once it holds enough (`VERBSNET_CTS_PULL`).
+    pub cts_pull: bool,
     /// Devices of (sender, receiver): `1..=MAX_DEVS` each (a virtual device, `makeVDevice`).
     /// QP `q` runs on device `q % devices` of its side; the user buffers have one key per
     /// device, and a WR with another device's key fails (lkey: a panic; rkey: an access error).
@@ -351,6 +354,7 @@ impl Default for PairCfg {
             first_gen: 0,
             qps: 1,
             split: false,
+            cts_pull: true,
             devs: (1, 1),
         }
     }
@@ -425,11 +429,12 @@ impl Pair {
         let mut rmem = Mem::default();
         // The same layout the comms register (engine::wire).
         let (sdevs, rdevs) = (c.devs.0.max(1), c.devs.1.max(1));
-        let [hdr, rec, cts, credit] = super::wire::send_comm_buffers(rdevs);
+        let [hdr, rec, cts, credit, landing] = super::wire::send_comm_buffers(rdevs);
         smem.add(S_HDR, hdr, 0);
         smem.add(S_REC, rec, 0);
         smem.add(S_CTS, cts, RKEY_CTS);
         smem.add(S_CREDIT, credit, RKEY_CREDIT);
+        smem.add(S_LANDING, landing, 0);
         smem.add(S_USER, USER_LEN, 0);
         smem.user = Some((S_USER, (0..sdevs).map(lkey_user).collect()));
         let stride = super::wire::bounce_stride(c.eager_buf_size) as usize;
@@ -479,6 +484,8 @@ impl Pair {
             peer_rec_ring: (R_REC, RKEY_REC),
             cts_ring: S_CTS,
             credit_word: S_CREDIT,
+            landing: (S_LANDING, 6),
+            cts_pull: c.cts_pull,
             first_seq: c.first_seq,
             first_gen: c.first_gen,
             rkeys: rdevs,
@@ -523,20 +530,27 @@ impl Pair {
                 recv: None,
             },
         );
-        let Ok(()) = self.exec.execute(
-            &mut self.rcv,
-            &mut SimSink {
-                mem: &mut self.rmem,
-                qp: &mut self.rqp,
-                data: &mut self.rdata,
-                recv: Some(RecvSink {
-                    withhold: self.knobs.withhold_recvs,
-                    withheld: &mut self.withheld,
-                    pool: &mut self.pool,
-                    recv_bufs: &self.recv_bufs,
-                }),
-            },
-        );
+        // As the receive comm does: after the mirror stores, the wake word decides whether
+        // the entries just published are pushed, in the same call.
+        for pass in 0..2 {
+            if pass == 1 && !(self.rcv.has_published() && self.rcv.after_execute(&self.rmem)) {
+                break;
+            }
+            let Ok(()) = self.exec.execute(
+                &mut self.rcv,
+                &mut SimSink {
+                    mem: &mut self.rmem,
+                    qp: &mut self.rqp,
+                    data: &mut self.rdata,
+                    recv: Some(RecvSink {
+                        withhold: self.knobs.withhold_recvs,
+                        withheld: &mut self.withheld,
+                        pool: &mut self.pool,
+                        recv_bufs: &self.recv_bufs,
+                    }),
+                },
+            );
+        }
     }
 
     /// Lets withheld receive WRs through.

@@ -60,10 +60,12 @@
 //! (`ibv_poll_cq(3)`: "relevant for … RDMA Write with immediate") and the buffer from the
 //! immediate.
 //!
-//! **Records** — 8 bytes written by the sender's RDMA_WRITE_WITH_IMM into slot
-//! `(r % REC_SLOTS) * MAX_RECVS + i` of the receiver's record ring. A **refusal record** when
-//! it refuses a send that is larger than its matching buffer: the size with bit 63
-//! ([`REC_TOO_BIG`]) set (nothing was written). Records go on QP 0 only.
+//! **Records** — 8 bytes written by the sender's RDMA_WRITE_WITH_IMM into the receiver's
+//! record slot, the first 8 bytes of its record region (wire version 9; before, a ring of one
+//! slot per receive buffer). A **refusal record** when it refuses a send that is larger than its
+//! matching buffer: the size with bit 63 ([`REC_TOO_BIG`]) set (nothing was written); the
+//! immediate names the receive and buffer. A refusal fails the send comm, so a connection
+//! carries at most one record and one slot holds it. Records go on QP 0 only.
 //!
 //! **Small-send ring** (wire version 8) — behind the record ring, in the same registration
 //! and under the same rkey, [`SMALL_SLOTS`] slots of [`SMALL_SLOT_LEN`] (128) bytes, slot
@@ -78,6 +80,19 @@
 //! outstanding) and its clear-to-send lets the sender write there. The sequence word names one
 //! receive, so an older lap's trailer is never taken for a newer one and needs no clearing. The
 //! reader relies on a WRITE landing in address order (the trailer last), as the CTS ring does.
+//!
+//! **CTS mirror and wake word** (wire version 9) — behind the small-send ring, in the same
+//! registration and under the same rkey: [`MIRROR_SLOTS`] slots of [`CTS_COMPACT_LEN`] bytes
+//! ([`MIRROR_LEN`] at [`MIRROR_AT`]), slot `r % MIRROR_SLOTS` for receive `r`, then the 8-byte
+//! wake word at [`WAKE_AT`]. The receiver stores every compact CTS entry there, bytes 8..64
+//! first and the head sequence word last, so a reader that sees the head and reads in address
+//! order sees the rest; an older lap's entry names an older receive and is never taken for a
+//! newer one (at most 32 receives are outstanding, so slot `r % 32` is reused only after receive
+//! `r` completed, which needs its entry to have been taken). The sender writes the wake word:
+//! [`WAKE_PUSH`] (0, where a connection starts) asks the receiver to RDMA-write each compact
+//! entry into the CTS ring too, [`WAKE_PULL`] (1) not to: the sender RDMA-reads the whole
+//! mirror into a landing ring of the same layout when it needs an entry. Grouped and
+//! multi-device entries are always written, never mirrored.
 //!
 //! **Immediate data** of a WRITE_WITH_IMM: bit 31 = record (1: a record into the record
 //! ring; 0: a direct write of the payload), bit 30 = the sender waited for a credit since its
@@ -194,14 +209,14 @@ impl Keys {
         &self.keys[..usize::from(self.n)]
     }
 }
-/// Record slots per receive comm: at least the receive request limit, so a slot is free again
-/// by the time its index comes round.
-pub const REC_SLOTS: usize = 32;
 /// Bit 63 of a record: the send was larger than the receive buffer and was refused.
 pub const REC_TOO_BIG: u64 = 1 << 63;
-/// Bytes of the record ring (`REC_SLOTS × MAX_RECVS` records of 8 bytes); the small-send ring
-/// follows it in the same registration.
-pub const REC_RING_LEN: usize = REC_SLOTS * MAX_RECVS * 8;
+/// Bytes of the record slot at the start of the record region: one 8-byte record (a refusal
+/// fails the send comm, so a connection carries at most one), padded to 64 so that the
+/// small-send ring behind it starts on a cache line. (Wire version 8 kept a ring of one record
+/// per receive buffer, 2 KiB; version 9 spends the room on the CTS mirror, and an idle
+/// connection still pins 16 pages.)
+pub const REC_RING_LEN: usize = 64;
 /// Slots of the small-send ring: one per outstanding receive (slot `r % SMALL_SLOTS`).
 pub const SMALL_SLOTS: usize = super::MAX_RECV_REQUESTS;
 /// Bytes of one small-send slot: the payload, right-aligned, then the 16-byte trailer.
@@ -210,8 +225,30 @@ pub const SMALL_SLOT_LEN: usize = 128;
 pub const SMALL_TRAILER_LEN: usize = 16;
 /// Largest payload of a small send, in bytes.
 pub const SMALL_MAX: u64 = (SMALL_SLOT_LEN - SMALL_TRAILER_LEN) as u64;
-/// Bytes the receiver registers for the record ring and the small-send ring behind it.
-pub const REC_REGION_LEN: usize = REC_RING_LEN + SMALL_SLOTS * SMALL_SLOT_LEN;
+/// Slots of the receiver's CTS mirror: one per outstanding receive (slot `r % MIRROR_SLOTS`),
+/// each a compact entry of [`CTS_COMPACT_LEN`] bytes.
+pub const MIRROR_SLOTS: usize = super::MAX_RECV_REQUESTS;
+/// Bytes of the CTS mirror, which the sender RDMA-reads whole (and of its landing ring).
+pub const MIRROR_LEN: usize = MIRROR_SLOTS * CTS_COMPACT_LEN;
+/// Offset of the CTS mirror from the start of the record region: behind the small-send ring.
+pub const MIRROR_AT: usize = REC_RING_LEN + SMALL_SLOTS * SMALL_SLOT_LEN;
+/// Offset of the wake word from the start of the record region: behind the CTS mirror.
+pub const WAKE_AT: usize = MIRROR_AT + MIRROR_LEN;
+/// Wake word value: the receiver RDMA-writes every compact CTS entry to the sender (the value
+/// of a fresh, zeroed registration: a connection starts pushing).
+pub const WAKE_PUSH: u64 = 0;
+/// Wake word value: the receiver only stores its compact CTS entries in the mirror, and the
+/// sender RDMA-reads them.
+pub const WAKE_PULL: u64 = 1;
+/// Bytes the receiver registers for the record ring, the small-send ring, the CTS mirror and
+/// the wake word, in that order.
+pub const REC_REGION_LEN: usize = WAKE_AT + 8;
+
+/// Offset of receive `r`'s CTS mirror slot from the start of the record region.
+#[must_use]
+pub const fn mirror_slot(r: u64) -> u64 {
+    (MIRROR_AT + (r % MIRROR_SLOTS as u64) as usize * CTS_COMPACT_LEN) as u64
+}
 
 /// Offset of receive `r`'s small-send slot from the start of the record region.
 #[must_use]
@@ -269,19 +306,25 @@ impl SmallTrailer {
 
 /// The registered buffers of a send comm to a receiver on one device, in bytes, in the order
 /// the comm allocates them: eager-header staging (one header per send slot), record staging
-/// (one 8-byte record per send slot), the CTS ring the receiver writes, and the credit word it
-/// writes ([`send_comm_buffers`]`(1)`).
-pub const SEND_COMM_BUFFERS: [usize; 4] = send_comm_buffers(1);
+/// (the one 8-byte refusal record a comm may send), the CTS ring the receiver writes, the credit word it
+/// writes, and the landing ring its CTS mirror is RDMA-read into, followed by the two wake
+/// word values the sender RDMA-writes from ([`LANDING_LEN`]; [`send_comm_buffers`]`(1)`).
+pub const SEND_COMM_BUFFERS: [usize; 5] = send_comm_buffers(1);
+
+/// Bytes of the sender's landing ring ([`MIRROR_LEN`]) and the two 8-byte words behind it that
+/// hold [`WAKE_PUSH`] and [`WAKE_PULL`], the sources of its wake word WRITEs.
+pub const LANDING_LEN: usize = MIRROR_LEN + 16;
 
 /// [`SEND_COMM_BUFFERS`] for a receiver whose buffers carry `rkeys` rkeys each (its devices):
 /// the CTS ring's entries are [`cts_entry_len`]`(rkeys)` bytes.
 #[must_use]
-pub const fn send_comm_buffers(rkeys: u8) -> [usize; 4] {
+pub const fn send_comm_buffers(rkeys: u8) -> [usize; 5] {
     [
         super::MAX_SEND_REQUESTS * EAGER_HDR_LEN,
-        super::MAX_SEND_REQUESTS * 8,
+        8,
         super::CTS_RING_ENTRIES * cts_entry_len(rkeys),
         8,
+        LANDING_LEN,
     ]
 }
 

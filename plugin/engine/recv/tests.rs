@@ -54,8 +54,10 @@ fn a_receive_without_data_is_reported_once_naming_what_is_missing() {
     assert!(e.stalls(100_000, 100).is_empty(), "reported once");
 }
 
-/// The control WRITEs `e` queued since the last call: (wr_id, signaled).
+/// The control WRITEs `e` queued since the last call: (wr_id, signaled). The wake word reads
+/// 0 ([`wire::WAKE_PUSH`]): published entries are pushed.
 fn ctrl_writes(e: &mut RecvEngine) -> Vec<(u64, bool)> {
+    e.after_execute(&Blank);
     e.drain_actions()
         .into_iter()
         .filter_map(|a| match a {
@@ -114,6 +116,7 @@ fn one_cts_write_in_sixteen_is_signaled_and_its_completion_frees_the_slots_befor
 
 /// The CTS WRITEs `e` queued since the last call: (bytes, posted inline).
 fn cts_inline(e: &mut RecvEngine) -> Vec<(u64, bool)> {
+    e.after_execute(&Blank);
     e.drain_actions()
         .into_iter()
         .filter_map(|a| match a {
@@ -504,4 +507,112 @@ fn fail_all_fails_a_receive_that_is_complete_but_untested() {
         let err = e.test(id).unwrap_err().to_string();
         assert!(err.contains("post_send failed"), "{err}");
     }
+}
+
+/// Memory where only the wake word (at `rec_ring + WAKE_AT`) holds `wake`.
+struct Wake(u64);
+impl MemRead for Wake {
+    fn read(&self, addr: u64, out: &mut [u8]) -> bool {
+        out.fill(0);
+        if addr == params().rec_ring + wire::WAKE_AT as u64 && out.len() == 8 {
+            out.copy_from_slice(&self.0.to_le_bytes());
+        }
+        true
+    }
+}
+
+#[test]
+fn a_compact_entry_is_stored_in_the_mirror_head_last_and_pushed_only_while_the_sender_asks() {
+    let mut e = RecvEngine::new(params());
+    e.drain_actions();
+    // Pulled: the entry is in the mirror, nothing is written to the sender, and no control
+    // staging slot is held, so receives go on past CTRL_STAGE_SLOTS without a completion.
+    for k in 0..(CTRL_STAGE_SLOTS as u64 + 8) {
+        let id = e
+            .irecv(0, &[buf(1)])
+            .unwrap()
+            .expect("never short of staging slots");
+        assert!(e.has_published());
+        let stages: Vec<(u64, Vec<u8>)> = e
+            .drain_actions()
+            .into_iter()
+            .filter_map(|a| match a {
+                Action::Stage { addr, bytes } => Some((addr, bytes.to_vec())),
+                Action::PostSend(w) => {
+                    panic!("receive {k}: a WR before the wake word was read: {w:?}")
+                }
+                _ => None,
+            })
+            .collect();
+        let at = params().rec_ring + wire::mirror_slot(k);
+        assert_eq!(
+            stages
+                .iter()
+                .map(|(a, b)| (*a, b.len()))
+                .collect::<Vec<_>>(),
+            [(at + 8, 56), (at, 8)],
+            "receive {k}: the body and tail, then the head word"
+        );
+        let mut entry = [0u8; wire::CTS_ENTRY_LEN];
+        entry[..8].copy_from_slice(&stages[1].1);
+        entry[8..64].copy_from_slice(&stages[0].1);
+        let got = CtsEntry::decode(&entry, k).unwrap().expect("a whole entry");
+        assert_eq!((got.r, got.n, got.bufs[0].tag), (k, 1, 1));
+        assert!(
+            !e.after_execute(&Wake(wire::WAKE_PULL)),
+            "nothing to execute"
+        );
+        assert!(!e.has_published());
+        assert!(e.drain_actions().is_empty());
+        let r = e.reqs.get_mut(id).unwrap();
+        r.arrived = r.n;
+        e.test(id).unwrap().unwrap();
+    }
+    assert_eq!(e.ctrl_outstanding(), 0);
+    assert_eq!(
+        (e.stats().cts, e.stats().cts_pulled),
+        (0, CTRL_STAGE_SLOTS as u64 + 8)
+    );
+    // Pushed: the same entry goes to the sender's CTS ring slot (stride 256).
+    e.irecv(0, &[buf(7)]).unwrap().unwrap();
+    e.drain_actions();
+    assert!(e.after_execute(&Wake(wire::WAKE_PUSH)));
+    let writes: Vec<SendWr> = e
+        .drain_actions()
+        .into_iter()
+        .filter_map(|a| match a {
+            Action::PostSend(w) => Some(w),
+            _ => None,
+        })
+        .collect();
+    let r = CTRL_STAGE_SLOTS as u64 + 8;
+    assert_eq!(writes.len(), 1);
+    assert_eq!(
+        writes[0].opcode,
+        SendOpcode::RdmaWrite {
+            remote_addr: params().peer_cts_ring.0 + (r % CTS_RING_ENTRIES as u64) * 256,
+            rkey: params().peer_cts_ring.1
+        }
+    );
+    assert_eq!(writes[0].byte_len(), 64);
+    assert_eq!(e.stats().cts, 1);
+    // A grouped receive's entry is not mirrored: it is written at once, whatever the word.
+    e.irecv(0, &[buf(1), buf(2)]).unwrap().unwrap();
+    assert!(!e.has_published());
+    assert_eq!(
+        e.drain_actions()
+            .iter()
+            .filter(|a| matches!(a, Action::PostSend(_)))
+            .count(),
+        1
+    );
+}
+
+#[test]
+fn a_wake_word_that_is_neither_push_nor_pull_fails_the_comm() {
+    let mut e = RecvEngine::new(params());
+    e.irecv(0, &[buf(1)]).unwrap().unwrap();
+    assert!(!e.after_execute(&Wake(0xdead)));
+    let f = e.failure().expect("failed").to_string();
+    assert!(f.contains("wake word"), "{f}");
 }

@@ -1,7 +1,7 @@
 //! Unit tests of the send engine (`super`), fed by hand.
 
 use super::*;
-use crate::engine::wire::{CTS_ENTRY_LEN, SMALL_SLOT_LEN};
+use crate::engine::wire::{CTS_ENTRY_LEN, MAX_RECVS, SMALL_SLOT_LEN};
 
 fn params(credits: bool, initial: u64) -> SendParams {
     SendParams {
@@ -16,6 +16,8 @@ fn params(credits: bool, initial: u64) -> SendParams {
         peer_rec_ring: (0x30_0000, 3),
         cts_ring: 0x50_0000,
         credit_word: 0x60_0000,
+        landing: (0x70_0000, 7),
+        cts_pull: false,
         first_seq: 0,
         first_gen: 0,
         rkeys: 1,

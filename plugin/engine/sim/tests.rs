@@ -1050,7 +1050,11 @@ fn credits_off_a_slow_receiver_grows_its_queue_and_meets_fewer_rnr_naks() {
         let recvs: Vec<ReqId> = (0..32u64)
             .map(|k| p.irecv(&[(k * 512, 512, 0)]).unwrap())
             .collect();
-        p.drive_until(1000, |p| p.snd.expected_cts() == (round + 1) * 32);
+        // Every entry known, or the sender pulls (its next isend READs the rest, which
+        // needs nothing of the idle receiver).
+        p.drive_until(1000, |p| {
+            p.snd.expected_cts() == (round + 1) * 32 || p.snd.pulls()
+        });
         p.knobs.recv_idle = true;
         let sends: Vec<ReqId> = (0..32u64)
             .map(|k| p.isend(k * 512, &pattern(round * 32 + k, 300), 0).unwrap())
@@ -1142,7 +1146,7 @@ fn mqp_batch(p: &mut Pair, sizes: &[usize], seed: u64) {
         off += (size as u64).div_ceil(128) * 128 + 128;
     }
     let cts = cts0 + plan.len() as u64;
-    p.drive_until(10_000, |p| p.snd.stats().cts >= cts);
+    p.drive_until(10_000, |p| p.snd.stats().cts >= cts || p.snd.pulls());
     let mut sends = Vec::new();
     for (k, &(r, off, size)) in plan.iter().enumerate() {
         let data = pattern(seed + k as u64, size);
@@ -1830,4 +1834,162 @@ fn the_simulated_qp_reads_the_peers_memory() {
     assert_eq!(wcs.len(), 1);
     assert_eq!((wcs[0].wr_id, wcs[0].status), (2, WcStatus::RemoteAccess));
     assert!(p.smem.get(S_USER + 64, 300).iter().all(|&b| b == 0));
+}
+
+/// Posts `n` one-buffer receives of 64 KiB (tag 0) at slots of 64 KiB from `first`.
+fn post_slots(p: &mut Pair, first: u64, n: u64) -> Vec<ReqId> {
+    (first..first + n)
+        .map(|k| p.irecv(&[((k % 16) * 65536, 65536, 0)]).unwrap())
+        .collect()
+}
+
+/// Sends `sizes[k]` bytes into the `k`-th receive of `recvs` and checks every byte.
+fn stream_into(p: &mut Pair, recvs: Vec<ReqId>, first: u64, size: usize) {
+    let mut sends = Vec::new();
+    for (k, &r) in recvs.iter().enumerate() {
+        let k = first + k as u64;
+        let data = pattern(k, size);
+        p.expect(r, vec![data.clone()]);
+        sends.push(p.isend((k % 16) * 65536, &data, 0).unwrap());
+    }
+    for r in recvs {
+        assert_eq!(p.wait_recv(r).unwrap(), vec![size as u64]);
+    }
+    for s in sends {
+        assert_eq!(p.wait_send(s).unwrap(), size as u64);
+    }
+}
+
+/// A pair whose sender pulls: eight entries were pushed (then it asked the receiver to stop)
+/// and used.
+fn pulling_pair(cfg: PairCfg) -> Pair {
+    let mut p = Pair::new(cfg, Knobs::default());
+    let recvs = post_slots(&mut p, 0, 8);
+    p.drive_until(1000, |p| p.snd.pulls());
+    stream_into(&mut p, recvs, 0, 100);
+    assert!(p.snd.pulls());
+    p
+}
+
+#[test]
+fn a_stream_reads_the_receivers_entries_once_eight_are_in_hand_one_read_for_many() {
+    for size in [8usize, 100, 4096] {
+        let mut p = pulling_pair(PairCfg::default());
+        let (s0, r0) = (p.snd.stats().clone(), p.rcv.stats().clone());
+        assert_eq!(
+            (s0.cts_reads, s0.wake_writes, r0.cts),
+            (0, 1, 8),
+            "pushed, then stopped"
+        );
+        // Four rounds of 16 receives posted before the sends: no WRITE from the receiver,
+        // one READ per round brings all 16.
+        for round in 0..4u64 {
+            let recvs = post_slots(&mut p, 8 + round * 16, 16);
+            stream_into(&mut p, recvs, 8 + round * 16, size);
+        }
+        let (s, r) = (p.snd.stats().clone(), p.rcv.stats().clone());
+        let ctx = format!("size {size}: sender {s:?} receiver {r:?}");
+        assert_eq!(r.cts, 8, "no entry pushed after the sender asked: {ctx}");
+        assert_eq!(r.cts_pulled, 64, "{ctx}");
+        assert_eq!(s.cts_reads, 4, "one READ per round: {ctx}");
+        assert_eq!(s.cts_pulled, 64, "{ctx}");
+        assert_eq!(s.wake_writes, 1, "{ctx}");
+        assert_eq!((s.eager, s.rendezvous), (0, 72), "{ctx}");
+        assert_eq!(p.rnr_naks, 0);
+    }
+}
+
+#[test]
+fn a_read_that_finds_no_receive_wakes_the_receiver_and_no_read_polls_while_it_waits() {
+    let mut p = pulling_pair(PairCfg::default());
+    let s0 = p.snd.stats().clone();
+    // Nothing posted: the send READs, finds nothing, writes the wake word and READs again,
+    // then waits for the push; many steps later no further READ went.
+    let data = pattern(99, 4096);
+    assert!(p.smem.write(S_USER, &data));
+    assert_eq!(p.snd.isend(p.now, S_USER, p.lkeys, 4096, 0), Ok(None));
+    for _ in 0..1000 {
+        p.step();
+        assert_eq!(p.snd.isend(p.now, S_USER, p.lkeys, 4096, 0), Ok(None));
+    }
+    let s = p.snd.stats().clone();
+    assert_eq!(s.cts_reads - s0.cts_reads, 2, "{s:?}");
+    assert_eq!(s.wake_writes - s0.wake_writes, 1, "{s:?}");
+    assert!(!p.snd.pulls(), "pushes asked for");
+    // The receive, posted now, is pushed at its irecv; the send goes.
+    let r = post_slots(&mut p, 8, 1);
+    p.expect(r[0], vec![data.clone()]);
+    let s = p.isend(0, &data, 0).unwrap();
+    assert_eq!(p.wait_recv(r[0]).unwrap(), vec![4096]);
+    assert_eq!(p.wait_send(s).unwrap(), 4096);
+    assert_eq!(p.snd.stats().cts_reads - s0.cts_reads, 2);
+    assert_eq!(p.rcv.stats().cts, 9, "the ninth entry was pushed");
+}
+
+/// The receive posted at every point of the sender's READ, wake, READ sequence (before the
+/// first READ moved, between it and the wake word, between the wake word and the second
+/// READ, after it): the send completes, and with the receiver making no call after its
+/// `irecv` (the push, when one is due, is decided within it).
+#[test]
+fn a_receive_posted_anywhere_around_the_wake_word_is_found_by_a_read_or_pushed() {
+    // (delay, the entry was pushed, READs the send took)
+    let mut ways = Vec::new();
+    for delay in 0..12u64 {
+        for idle in [false, true] {
+            let mut p = pulling_pair(PairCfg::default());
+            let (s0, r0) = (p.snd.stats().clone(), p.rcv.stats().clone());
+            let data = pattern(delay, 4096);
+            assert!(p.smem.write(S_USER, &data));
+            let mut sent = p.snd.isend(p.now, S_USER, p.lkeys, 4096, 0).unwrap();
+            for _ in 0..delay {
+                p.step();
+                if sent.is_none() {
+                    sent = p.snd.isend(p.now, S_USER, p.lkeys, 4096, 0).unwrap();
+                }
+            }
+            let r = post_slots(&mut p, 8, 1)[0];
+            p.knobs.recv_idle = idle;
+            let s = match sent {
+                Some(s) => s,
+                None => p.isend(0, &data, 0).unwrap(),
+            };
+            let ctx = format!("delay {delay} idle {idle}: {}", p.snd.debug_state());
+            assert_eq!(p.wait_send(s), Ok(4096), "{ctx}");
+            p.knobs.recv_idle = false;
+            p.expect(r, vec![data.clone()]);
+            assert_eq!(p.wait_recv(r).unwrap(), vec![4096], "{ctx}");
+            let (s, rs) = (p.snd.stats().clone(), p.rcv.stats().clone());
+            // The entry came one way or the other, and at most twice (pushed and read).
+            assert_eq!(rs.cts - r0.cts + rs.cts_pulled - r0.cts_pulled, 1, "{ctx}");
+            assert!(s.cts_reads - s0.cts_reads <= 2, "{ctx}: {s:?}");
+            assert_eq!(s.eager, 0, "no speculative send while pulling: {ctx}");
+            ways.push((delay, rs.cts > r0.cts, s.cts_reads - s0.cts_reads));
+        }
+    }
+    // Every way happened: found by the first READ, by the second, and pushed.
+    for (pushed, reads) in [(false, 1), (false, 2), (true, 2)] {
+        assert!(
+            ways.iter().any(|&(_, p, r)| (p, r) == (pushed, reads)),
+            "no case pushed={pushed} with {reads} READs: {ways:?}"
+        );
+    }
+}
+
+#[test]
+fn with_cts_pull_off_every_entry_is_pushed_and_nothing_is_read() {
+    let mut p = Pair::new(
+        PairCfg {
+            cts_pull: false,
+            ..PairCfg::default()
+        },
+        Knobs::default(),
+    );
+    for round in 0..3u64 {
+        let recvs = post_slots(&mut p, round * 16, 16);
+        stream_into(&mut p, recvs, round * 16, 100);
+    }
+    let (s, r) = (p.snd.stats().clone(), p.rcv.stats().clone());
+    assert_eq!((r.cts, r.cts_pulled), (48, 0));
+    assert_eq!((s.cts_reads, s.cts_pulled, s.wake_writes), (0, 0, 0));
+    assert!(!p.snd.pulls());
 }
