@@ -857,7 +857,10 @@ fn wait_on<A: Role, B: Role>(c: &Comm<A>, id: ReqId, other: &Comm<B>) -> Vec<u64
 /// Makes progress on the send comm until it has read `n` clear-to-sends in all.
 fn wait_for_cts(l: &Link, n: u64) {
     for k in 0..POLLS {
-        if counter(&l.send, "cts") == n {
+        // Or the sender asked the receiver to stop writing entries (it holds 8): it READs the
+        // rest when a send needs them (docs/protocol.md, "The pulled clear-to-send").
+        let cts = counter(&l.send, "cts");
+        if cts == n || (cts >= 8 && counter(&l.send, "wake_writes") > 0) {
             return;
         }
         assert!(k + 1 < POLLS, "the clear-to-sends never arrived");
@@ -1254,11 +1257,9 @@ fn inline_sends_complete_at_the_post_and_a_close_right_after_still_delivers_them
     wait_for_cts(&l, N as u64);
     for j in 0..N {
         sb.fill(0, &payload(j as u64, SIZE));
-        let id = l
-            .send
-            .isend(sb.addr(0), SIZE as u64, 0, &sb.mr)
-            .unwrap()
-            .expect("send started");
+        // Started at once while the clear-to-send is in hand; once the sender pulls, after a
+        // READ of the receiver's mirror.
+        let id = isend_on(&l, &sb, 0, SIZE, 0);
         // Done at the first test, whatever the peer did meanwhile.
         let done = l.send.test(id).unwrap();
         assert_eq!(
@@ -1273,14 +1274,21 @@ fn inline_sends_complete_at_the_post_and_a_close_right_after_still_delivers_them
     // The close's wait: the 16th send was signaled, the last 4 are acknowledged through the
     // zero-length flush write, which must itself complete without error.
     send.goodbye();
+    // Besides: the wake word write that asked the receiver to stop writing entries once 8 were
+    // in hand, and any READ of its mirror (signaled: one completion each).
+    let (wakes, reads) = (counter(&send, "wake_writes"), counter(&send, "cts_reads"));
     assert_eq!(
         counter(&send, "sq_wrs_posted"),
-        N as u64 + 1,
+        N as u64 + 1 + wakes + reads,
         "{N} sends and one flush write"
     );
     assert_eq!(counter(&send, "error_completions"), 0);
     // It waited: the 16th send's completion and the flush's were both polled.
-    assert_eq!(counter(&send, "wcs_polled"), 2);
+    assert_eq!(
+        counter(&send, "wcs_polled"),
+        2 + reads,
+        "wakes {wakes} reads {reads}"
+    );
     assert!(send.sticky_error().is_none(), "{:?}", send.sticky_error());
     send.close();
     for (j, &r) in recvs.iter().enumerate() {

@@ -208,6 +208,10 @@ pub struct SendEngine {
     pushing: bool,
     /// The READ of the receiver's CTS mirror.
     read: Pull,
+    /// `next_r` when the last READ was posted: the entries taken since (from the landing
+    /// ring, or from the CTS ring where the receiver wrote them meanwhile) tell whether the
+    /// receiver is ahead.
+    read_from: u64,
 }
 
 /// Where the sender's RDMA READ of the receiver's CTS mirror stands.
@@ -226,6 +230,11 @@ enum Pull {
 /// Known receive groups in hand at which a sender that is being pushed CTS entries asks the
 /// receiver to stop (the receiver is ahead: one READ will bring many).
 const PULL_AT_GROUPS: usize = 8;
+
+/// A READ a send waited for that brought fewer entries than this says the receiver posts its
+/// receives about when the sender needs them: it is asked to push again, which costs it no
+/// more WRs than the READs would and the sender no round trip per entry.
+const PULL_MIN_PER_READ: u64 = 4;
 
 impl SendEngine {
     /// A send engine for a freshly connected comm.
@@ -256,6 +265,7 @@ impl SendEngine {
             inline_since: None,
             pushing: true,
             read: Pull::Idle,
+            read_from: p.first_seq,
             p,
         };
         if e.p.cts_pull {
@@ -410,26 +420,36 @@ impl SendEngine {
     /// After the entries were read: what a completed READ of the mirror means, and whether
     /// to ask the receiver to stop pushing.
     ///
-    /// - A READ that left no receive known (the receiver had not posted the one a send
-    ///   needs) is followed by the wake word ([`wire::WAKE_PUSH`]) and a second READ, in that
-    ///   order on QP 0: either that READ finds the entry, or the receiver sees the word when
-    ///   it posts the receive and pushes it (its `after_execute`). A second READ that finds
-    ///   nothing leaves us waiting for the push, not polling with READs.
-    /// - While the receiver pushes, with [`PULL_AT_GROUPS`] receives known and no speculative
-    ///   send unmatched, the wake word goes to [`wire::WAKE_PULL`]: the receiver is ahead.
+    /// - A READ (a send waited for it) that brought fewer than [`PULL_MIN_PER_READ`] entries,
+    ///   none included (the receiver had not posted the one the send needs), is followed by the wake word ([`wire::WAKE_PUSH`]) and a second READ, in
+    ///   that order on QP 0: either that READ finds the entry, or the receiver sees the word
+    ///   when it posts the receive and pushes it (its `after_execute`). A second READ that
+    ///   finds nothing leaves us waiting for the push, not polling with READs.
+    /// - While the receiver pushes, with [`PULL_AT_GROUPS`] receives known, all of one buffer
+    ///   on one device (the entries the receiver mirrors: grouped and multi-device ones are
+    ///   always written, and a READ would bring none of them) and no speculative send
+    ///   unmatched, the wake word goes to [`wire::WAKE_PULL`]: the receiver is ahead.
     fn after_entries(&mut self) {
         if let Pull::Landed { woke } = self.read {
             self.read = Pull::Idle;
-            if self.groups.is_empty() && !woke {
+            let took = self.next_r.wrapping_sub(self.read_from);
+            if !woke && self.pulls() && took < PULL_MIN_PER_READ {
+                // A send waited for this READ, and too few entries came since it went (maybe
+                // none, not the one the send needs): ask for pushes, and READ again behind the
+                // wake word for what the receiver posted before it sees the word.
                 self.post_wake(true);
                 self.post_read(true);
             }
+            // Else the second READ after the wake word (the receiver pushes from here on), or
+            // one that paid off.
         }
         if self.p.cts_pull
             && self.pushing
             && self.read == Pull::Idle
             && self.groups.len() >= PULL_AT_GROUPS
             && self.unassigned.is_empty()
+            && self.p.rkeys == 1
+            && self.groups.iter().all(|g| g.e.n == 1)
         {
             self.post_wake(false);
         }
@@ -483,6 +503,7 @@ impl SendEngine {
             inline: false,
         }));
         self.read = Pull::InFlight { woke };
+        self.read_from = self.next_r;
         self.stats.cts_reads += 1;
     }
 
@@ -1351,6 +1372,19 @@ impl SendEngine {
                 }
             }
         }
+        // How the clear-to-send is expected to come (docs/protocol.md, "The pulled
+        // clear-to-send").
+        let cts_way = match (self.read, self.pulls()) {
+            (Pull::InFlight { .. }, _) => {
+                "; an RDMA READ of the receiver's CTS mirror is in flight (the peer's NIC has \
+                 not answered it)"
+            }
+            (_, true) => "; a READ of the receiver's CTS mirror will fetch it",
+            (_, false) if self.p.cts_pull && self.stats.wake_writes > 0 => {
+                "; the receiver was asked to write it (a READ found it not posted)"
+            }
+            _ => "",
+        };
         if let Some((since, why, reported)) = &mut self.refusing {
             if !*reported && now.saturating_sub(*since) >= timeout_ns {
                 *reported = true;
@@ -1359,11 +1393,12 @@ impl SendEngine {
                                         is not calling irecv/test, or VERBSNET_RQ_DEPTH is too \
                                         small)"
                         .to_string(),
-                    Refusal::Cts => "a clear-to-send: the peer has not posted the matching irecv \
-                                     (a send waits for it when it is larger than the eager \
-                                     limit, when 16 eager sends are unmatched already, or \
-                                     when the peer's next receive WR is a zero-length one)"
-                        .to_string(),
+                    Refusal::Cts => format!(
+                        "a clear-to-send: the peer has not posted the matching irecv (a send \
+                         waits for it when it is larger than the eager limit, when 16 eager \
+                         sends are unmatched already, when the peer's next receive WR is a \
+                         zero-length one, or while it pulls entries){cts_way}"
+                    ),
                     Refusal::Tag(tag) => format!(
                         "a receive buffer with tag {tag} in the oldest posted receive: its \
                          buffers with that tag are matched already, and it completes only when \

@@ -1916,6 +1916,13 @@ fn a_read_that_finds_no_receive_wakes_the_receiver_and_no_read_polls_while_it_wa
     assert_eq!(s.cts_reads - s0.cts_reads, 2, "{s:?}");
     assert_eq!(s.wake_writes - s0.wake_writes, 1, "{s:?}");
     assert!(!p.snd.pulls(), "pushes asked for");
+    // The watchdog says how the entry is expected.
+    let st = p.snd.stalls(p.now, 500_000);
+    assert!(
+        st.iter()
+            .any(|x| x.waiting_for.contains("the receiver was asked to write it")),
+        "{st:?}"
+    );
     // The receive, posted now, is pushed at its irecv; the send goes.
     let r = post_slots(&mut p, 8, 1);
     p.expect(r[0], vec![data.clone()]);
@@ -1966,11 +1973,12 @@ fn a_receive_posted_anywhere_around_the_wake_word_is_found_by_a_read_or_pushed()
             ways.push((delay, rs.cts > r0.cts, s.cts_reads - s0.cts_reads));
         }
     }
-    // Every way happened: found by the first READ, by the second, and pushed.
-    for (pushed, reads) in [(false, 1), (false, 2), (true, 2)] {
+    // Both ways happened: found by a READ, and pushed. A READ that brings one entry (fewer
+    // than PULL_MIN_PER_READ) is always followed by the wake word and a second READ.
+    for pushed in [false, true] {
         assert!(
-            ways.iter().any(|&(_, p, r)| (p, r) == (pushed, reads)),
-            "no case pushed={pushed} with {reads} READs: {ways:?}"
+            ways.iter().any(|&(_, p, r)| (p, r) == (pushed, 2)),
+            "no case pushed={pushed}: {ways:?}"
         );
     }
 }
@@ -1992,4 +2000,70 @@ fn with_cts_pull_off_every_entry_is_pushed_and_nothing_is_read() {
     assert_eq!((r.cts, r.cts_pulled), (48, 0));
     assert_eq!((s.cts_reads, s.cts_pulled, s.wake_writes), (0, 0, 0));
     assert!(!p.snd.pulls());
+}
+
+#[test]
+fn grouped_and_multi_device_receives_are_never_pulled() {
+    // Their entries are written, never mirrored: a sender holding many asks for no pull.
+    for (devs, n) in [((1u8, 1u8), 2usize), ((1, 2), 1)] {
+        let mut p = Pair::new(
+            PairCfg {
+                devs,
+                ..PairCfg::default()
+            },
+            Knobs::default(),
+        );
+        for round in 0..2u64 {
+            let recvs: Vec<ReqId> = (0..16u64)
+                .map(|k| {
+                    let bufs: Vec<(u64, u64, i32)> = (0..n as u64)
+                        .map(|i| ((k * n as u64 + i) * 4096, 4096, 0))
+                        .collect();
+                    p.irecv(&bufs).unwrap()
+                })
+                .collect();
+            p.drive_until(1000, |p| p.snd.expected_cts() >= (round + 1) * 16);
+            let mut sends = Vec::new();
+            for k in 0..16 * n as u64 {
+                let data = pattern(round * 1000 + k, 100);
+                sends.push(p.isend(k * 4096, &data, 0).unwrap());
+            }
+            for r in recvs {
+                assert_eq!(p.wait_recv(r).unwrap(), vec![100; n]);
+            }
+            for s in sends {
+                assert_eq!(p.wait_send(s).unwrap(), 100);
+            }
+        }
+        let (s, r) = (p.snd.stats().clone(), p.rcv.stats().clone());
+        let ctx = format!("devs {devs:?} n {n}: {s:?}");
+        assert_eq!(
+            (s.cts_reads, s.wake_writes, r.cts_pulled),
+            (0, 0, 0),
+            "{ctx}"
+        );
+        assert_eq!(r.cts, 32, "{ctx}");
+        assert!(!p.snd.pulls(), "{ctx}");
+    }
+}
+
+#[test]
+fn a_read_that_brings_few_entries_asks_the_receiver_to_push_again() {
+    let mut p = pulling_pair(PairCfg::default());
+    let s0 = p.snd.stats().clone();
+    // Two receives posted, then their sends: the READ the first send waits for brings 2
+    // entries (fewer than PULL_MIN_PER_READ), so the receiver is asked to push.
+    let recvs = post_slots(&mut p, 8, 2);
+    stream_into(&mut p, recvs, 8, 100);
+    let s = p.snd.stats().clone();
+    assert_eq!(s.cts_reads - s0.cts_reads, 2, "{s:?}");
+    assert_eq!(s.cts_pulled - s0.cts_pulled, 2, "{s:?}");
+    assert_eq!(s.wake_writes - s0.wake_writes, 1, "{s:?}");
+    assert!(!p.snd.pulls());
+    // From here the receiver writes its entries: the next two go without a READ.
+    let r0 = p.rcv.stats().cts;
+    let recvs = post_slots(&mut p, 10, 2);
+    stream_into(&mut p, recvs, 10, 100);
+    assert_eq!(p.snd.stats().cts_reads, s.cts_reads);
+    assert_eq!(p.rcv.stats().cts - r0, 2);
 }
