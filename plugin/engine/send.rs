@@ -208,6 +208,12 @@ pub struct SendEngine {
     pushing: bool,
     /// The READ of the receiver's CTS mirror.
     read: Pull,
+    /// The landing ring holds a completed READ's snapshot of the mirror, consulted for every
+    /// entry not in the CTS ring until the next READ is posted (not only right after the
+    /// READ: an entry behind a grouped one still on its way in the CTS ring is taken once that
+    /// one landed; the receiver never writes it if it saw us pulling). Immutable meanwhile;
+    /// the sequence words tell an older lap's slot.
+    landing_valid: bool,
     /// `next_r` when the last READ was posted: the entries taken since (from the landing
     /// ring, or from the CTS ring where the receiver wrote them meanwhile) tell whether the
     /// receiver is ahead.
@@ -217,13 +223,13 @@ pub struct SendEngine {
 /// Where the sender's RDMA READ of the receiver's CTS mirror stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Pull {
-    /// None in flight; the landing ring is not looked at.
+    /// None in flight (the landing ring holds the last one's snapshot, if any).
     Idle,
     /// Posted, not completed: the landing ring is being written. `woke`: the wake word
     /// ([`wire::WAKE_PUSH`]) was written just before it on QP 0.
     InFlight { woke: bool },
-    /// Completed: the landing ring holds the mirror as the READ found it, not yet examined
-    /// by `poll_peer_writes`.
+    /// Completed: the landing ring holds the mirror as the READ found it, and
+    /// `poll_peer_writes` has not yet decided what the READ means (`after_entries`).
     Landed { woke: bool },
 }
 
@@ -266,6 +272,7 @@ impl SendEngine {
             pushing: true,
             read: Pull::Idle,
             read_from: p.first_seq,
+            landing_valid: false,
             p,
         };
         if e.p.cts_pull {
@@ -312,7 +319,7 @@ impl SendEngine {
             }
             // Pushed or not, the same entry may be in the landing ring, once a READ of the
             // mirror completed (not while one is in flight: it may be landing).
-            if !matches!(self.read, Pull::Landed { .. }) {
+            if !self.landing_valid {
                 break;
             }
             let at = self.p.landing.0 + wire::mirror_slot(r) - wire::MIRROR_AT as u64;
@@ -420,11 +427,12 @@ impl SendEngine {
     /// After the entries were read: what a completed READ of the mirror means, and whether
     /// to ask the receiver to stop pushing.
     ///
-    /// - A READ (a send waited for it) that brought fewer than [`PULL_MIN_PER_READ`] entries,
-    ///   none included (the receiver had not posted the one the send needs), is followed by the wake word ([`wire::WAKE_PUSH`]) and a second READ, in
-    ///   that order on QP 0: either that READ finds the entry, or the receiver sees the word
-    ///   when it posts the receive and pushes it (its `after_execute`). A second READ that
-    ///   finds nothing leaves us waiting for the push, not polling with READs.
+    /// - A READ (a send waited for it) followed by fewer than [`PULL_MIN_PER_READ`] entries,
+    ///   none included (the receiver had not posted the one the send needs), is followed by
+    ///   the wake word ([`wire::WAKE_PUSH`]) and a second READ, in that order on QP 0: either
+    ///   that READ finds the entry, or the receiver sees the word when it posts the receive
+    ///   and pushes it (its `after_execute`). A second READ that finds nothing leaves us
+    ///   waiting for the push, not polling with READs.
     /// - While the receiver pushes, with [`PULL_AT_GROUPS`] receives known, all of one buffer
     ///   on one device (the entries the receiver mirrors: grouped and multi-device ones are
     ///   always written, and a READ would bring none of them) and no speculative send
@@ -503,6 +511,7 @@ impl SendEngine {
             inline: false,
         }));
         self.read = Pull::InFlight { woke };
+        self.landing_valid = false;
         self.read_from = self.next_r;
         self.stats.cts_reads += 1;
     }
@@ -1212,6 +1221,7 @@ impl SendEngine {
         if kind == WrKind::CtsRead && wc.status == WcStatus::Success {
             if let Pull::InFlight { woke } = self.read {
                 self.read = Pull::Landed { woke };
+                self.landing_valid = true;
             }
             return;
         }
