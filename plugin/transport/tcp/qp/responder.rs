@@ -356,6 +356,10 @@ impl TcpQp {
         }
         self.rnr_nak_outstanding = false;
         self.rcv_nxt = psn.wrapping_add(1);
+        // What this QP's earlier WRITEs stored before what this READ loads, as a NIC's
+        // responder orders them: a store-load order, which only a full fence gives (the pulled
+        // clear-to-send's wake word, then its READ of the mirror, docs/protocol.md).
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
         let mut bytes = Vec::with_capacity(len as usize);
         if len > 0 {
             let read = self.registry.resolve(rkey, remote_addr, len).and_then(|r| {
