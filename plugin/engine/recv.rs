@@ -280,9 +280,10 @@ impl RecvEngine {
         self.reqs.in_use()
     }
 
-    /// Whether actions are queued that no executor has taken yet.
+    /// Whether actions are queued that no executor has taken yet, or entries published in the
+    /// mirror wait for [`RecvEngine::after_execute`] (which the comm runs with the executor).
     pub fn has_actions(&self) -> bool {
-        !self.actions.is_empty()
+        !self.actions.is_empty() || !self.published.is_empty()
     }
 
     /// Whether [`RecvEngine::irecv`] would start a receive from what this engine knows

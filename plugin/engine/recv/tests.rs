@@ -616,3 +616,26 @@ fn a_wake_word_that_is_neither_push_nor_pull_fails_the_comm() {
     let f = e.failure().expect("failed").to_string();
     assert!(f.contains("wake word"), "{f}");
 }
+
+#[test]
+fn an_entry_published_and_not_decided_on_holds_a_staging_slot_in_reserve() {
+    let mut e = RecvEngine::new(params());
+    e.drain_actions();
+    // CTRL_STAGE_SLOTS - 1 pushed entries in flight (receives completed by hand).
+    for _ in 0..CTRL_STAGE_SLOTS - 1 {
+        let id = e.irecv(0, &[buf(1)]).unwrap().unwrap();
+        assert!(e.after_execute(&Wake(wire::WAKE_PUSH)));
+        let r = e.reqs.get_mut(id).unwrap();
+        r.arrived = r.n;
+        e.test(id).unwrap().unwrap();
+    }
+    assert_eq!(e.ctrl_outstanding() as usize, CTRL_STAGE_SLOTS - 1);
+    // One more is published: it holds the last slot until `after_execute`, so a further
+    // irecv waits, and the push then finds its slot.
+    e.irecv(0, &[buf(1)]).unwrap().unwrap();
+    assert!(e.has_published() && e.has_actions());
+    assert_eq!(e.irecv(0, &[buf(1)]), Ok(None));
+    assert!(e.after_execute(&Wake(wire::WAKE_PUSH)));
+    assert_eq!(e.ctrl_outstanding() as usize, CTRL_STAGE_SLOTS);
+    assert_eq!(e.stats().cts, CTRL_STAGE_SLOTS as u64);
+}
