@@ -58,7 +58,8 @@ impl SendBuffers {
     /// # Errors
     /// [`Op::Buffers`]: the allocation or registration failed.
     pub(crate) fn alloc(dev: &dyn Device, rkeys: u8) -> Result<SendBuffers, Error> {
-        // The engine's layout: header staging, record staging, CTS ring, credit word.
+        // The engine's layout: header staging, record staging, CTS ring, credit word, landing
+        // ring (and the wake word values).
         let [hdr, rec, cts_ring, credit_word, landing] =
             Mr::alloc_parts(dev, crate::engine::wire::send_comm_buffers(rkeys))?;
         Ok(SendBuffers {

@@ -88,7 +88,11 @@
 //! first and the head sequence word last, so a reader that sees the head and reads in address
 //! order sees the rest; an older lap's entry names an older receive and is never taken for a
 //! newer one (at most 32 receives are outstanding, so slot `r % 32` is reused only after receive
-//! `r` completed, which needs its entry to have been taken). The sender writes the wake word:
+//! `r` completed). Receive `r` completes before the sender took its entry only through
+//! speculative eager sends, which go only while the receiver pushes: entry `r` is then in the
+//! CTS ring, or in the snapshot of the READ that followed the wake word, which the sender keeps
+//! until its next READ, and a newer lap in the mirror does not change either. The sender writes
+//! the wake word:
 //! [`WAKE_PUSH`] (0, where a connection starts) asks the receiver to RDMA-write each compact
 //! entry into the CTS ring too, [`WAKE_PULL`] (1) not to: the sender RDMA-reads the whole
 //! mirror into a landing ring of the same layout when it needs an entry. Grouped and

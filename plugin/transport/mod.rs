@@ -84,8 +84,8 @@ pub enum SendOpcode {
     /// requests in order). Verbs devices keep at most `max_rd_atomic` reads in flight per QP
     /// (1 here); later WRs wait behind them. The tcp transport carries at most 1 MiB per
     /// READ (a longer one completes `LocalLength`).
-    /// Not used by the engine yet: the building block for a clear-to-send the sender pulls
-    /// (docs/performance.md, "The next step").
+    /// The send engine READs the receiver's CTS mirror with it (docs/protocol.md, "The pulled
+    /// clear-to-send").
     RdmaRead {
         /// Peer virtual address of the first byte read.
         remote_addr: u64,
