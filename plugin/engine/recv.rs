@@ -503,23 +503,19 @@ impl RecvEngine {
             addr: stage,
             bytes: StageBytes::from(bytes),
         });
+        let sge = Sge {
+            addr: stage,
+            length: written,
+            lkey: self.p.ctrl_stage.1,
+        };
+        let opcode = SendOpcode::RdmaWrite {
+            remote_addr: self.p.peer_cts_ring.0 + (r % CTS_RING_ENTRIES as u64) * len as u64,
+            rkey: self.p.peer_cts_ring.1,
+        };
         self.actions.push(Action::PostSend(SendWr {
-            wr_id: cts_id,
-            sgl: [
-                Sge {
-                    addr: stage,
-                    length: written,
-                    lkey: self.p.ctrl_stage.1,
-                },
-                Sge::default(),
-            ],
-            num_sge: 1,
-            opcode: SendOpcode::RdmaWrite {
-                remote_addr: self.p.peer_cts_ring.0 + (r % CTS_RING_ENTRIES as u64) * len as u64,
-                rkey: self.p.peer_cts_ring.1,
-            },
             signaled,
             inline: u64::from(written) <= self.p.inline_max,
+            ..SendWr::one(cts_id, sge, opcode)
         }));
         self.stats.cts += 1;
         true

@@ -467,23 +467,18 @@ impl SendEngine {
     /// the two constant words behind our landing ring; inline when 8 bytes fit).
     fn post_wake(&mut self, push: bool) {
         let src = self.p.landing.0 + wire::MIRROR_LEN as u64 + if push { 0 } else { 8 };
+        let sge = Sge {
+            addr: src,
+            length: 8,
+            lkey: self.p.landing.1,
+        };
+        let opcode = SendOpcode::RdmaWrite {
+            remote_addr: self.p.peer_rec_ring.0 + wire::WAKE_AT as u64,
+            rkey: self.p.peer_rec_ring.1,
+        };
         self.actions.push(Action::PostSend(SendWr {
-            wr_id: wr_id(WrKind::Wake, 0, u32::from(push)),
-            sgl: [
-                Sge {
-                    addr: src,
-                    length: 8,
-                    lkey: self.p.landing.1,
-                },
-                Sge::default(),
-            ],
-            num_sge: 1,
-            opcode: SendOpcode::RdmaWrite {
-                remote_addr: self.p.peer_rec_ring.0 + wire::WAKE_AT as u64,
-                rkey: self.p.peer_rec_ring.1,
-            },
-            signaled: false,
             inline: 8 <= self.p.inline_max,
+            ..SendWr::one(wr_id(WrKind::Wake, 0, u32::from(push)), sge, opcode)
         }));
         self.pushing = push;
         self.stats.wake_writes += 1;
@@ -492,23 +487,18 @@ impl SendEngine {
     /// RDMA-reads the receiver's whole CTS mirror into our landing ring (signaled: its
     /// completion lets `poll_peer_writes` look there). `woke`: the wake word went just before.
     fn post_read(&mut self, woke: bool) {
+        let sge = Sge {
+            addr: self.p.landing.0,
+            length: wire::MIRROR_LEN as u32,
+            lkey: self.p.landing.1,
+        };
+        let opcode = SendOpcode::RdmaRead {
+            remote_addr: self.p.peer_rec_ring.0 + wire::MIRROR_AT as u64,
+            rkey: self.p.peer_rec_ring.1,
+        };
         self.actions.push(Action::PostSend(SendWr {
-            wr_id: wr_id(WrKind::CtsRead, 0, u32::from(woke)),
-            sgl: [
-                Sge {
-                    addr: self.p.landing.0,
-                    length: wire::MIRROR_LEN as u32,
-                    lkey: self.p.landing.1,
-                },
-                Sge::default(),
-            ],
-            num_sge: 1,
-            opcode: SendOpcode::RdmaRead {
-                remote_addr: self.p.peer_rec_ring.0 + wire::MIRROR_AT as u64,
-                rkey: self.p.peer_rec_ring.1,
-            },
             signaled: true,
-            inline: false,
+            ..SendWr::one(wr_id(WrKind::CtsRead, 0, u32::from(woke)), sge, opcode)
         }));
         self.read = Pull::InFlight { woke };
         self.landing_valid = false;
@@ -1053,25 +1043,21 @@ impl SendEngine {
             addr: stage,
             bytes: StageBytes::from(&value.to_le_bytes()[..]),
         });
-        self.actions.push(Action::PostSend(SendWr {
-            wr_id: wr_id(WrKind::ErrNotify, id.gen, id.slot),
-            sgl: [
-                Sge {
-                    addr: stage,
-                    length: 8,
-                    lkey: self.p.rec_stage.1,
-                },
-                Sge::default(),
-            ],
-            num_sge: 1,
-            opcode: SendOpcode::RdmaWriteWithImm {
-                remote_addr: self.p.peer_rec_ring.0,
-                rkey: self.p.peer_rec_ring.1,
-                imm: wire::imm_encode(r, buf_idx, true, starved),
-            },
-            signaled: false,
-            inline: false,
-        }));
+        let sge = Sge {
+            addr: stage,
+            length: 8,
+            lkey: self.p.rec_stage.1,
+        };
+        let opcode = SendOpcode::RdmaWriteWithImm {
+            remote_addr: self.p.peer_rec_ring.0,
+            rkey: self.p.peer_rec_ring.1,
+            imm: wire::imm_encode(r, buf_idx, true, starved),
+        };
+        self.actions.push(Action::PostSend(SendWr::one(
+            wr_id(WrKind::ErrNotify, id.gen, id.slot),
+            sge,
+            opcode,
+        )));
     }
 
     /// Marks buffer `i` of known group `g` (0 = the front) matched, drops fully matched groups

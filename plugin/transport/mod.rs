@@ -120,6 +120,20 @@ pub struct SendWr {
 }
 
 impl SendWr {
+    /// A WR of one SGE (the control WRITEs and READs of the protocol), unsignaled and not
+    /// inline: set `signaled` and `inline` with struct update syntax where they differ.
+    #[must_use]
+    pub fn one(wr_id: u64, sge: Sge, opcode: SendOpcode) -> SendWr {
+        SendWr {
+            wr_id,
+            sgl: [sge, Sge::default()],
+            num_sge: 1,
+            opcode,
+            signaled: false,
+            inline: false,
+        }
+    }
+
     /// The valid part of the gather list.
     pub fn sges(&self) -> &[Sge] {
         &self.sgl[..usize::from(self.num_sge).min(MAX_SEND_SGE)]

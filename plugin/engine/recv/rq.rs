@@ -381,23 +381,19 @@ impl RecvEngine {
             addr: stage,
             bytes: StageBytes::from(&wire::credit_word(self.granted, self.z_end).to_le_bytes()[..]),
         });
+        let sge = Sge {
+            addr: stage,
+            length: 8,
+            lkey: self.p.ctrl_stage.1,
+        };
+        let opcode = SendOpcode::RdmaWrite {
+            remote_addr: self.p.peer_credit_word.0,
+            rkey: self.p.peer_credit_word.1,
+        };
         self.actions.push(Action::PostSend(SendWr {
-            wr_id: id,
-            sgl: [
-                Sge {
-                    addr: stage,
-                    length: 8,
-                    lkey: self.p.ctrl_stage.1,
-                },
-                Sge::default(),
-            ],
-            num_sge: 1,
-            opcode: SendOpcode::RdmaWrite {
-                remote_addr: self.p.peer_credit_word.0,
-                rkey: self.p.peer_credit_word.1,
-            },
             signaled,
             inline: 8 <= self.p.inline_max,
+            ..SendWr::one(id, sge, opcode)
         }));
         self.last_credit_sent = self.granted;
         self.stats.credit_msgs += 1;
