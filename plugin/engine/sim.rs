@@ -530,27 +530,30 @@ impl Pair {
                 recv: None,
             },
         );
+        self.execute_recv();
         // As the receive comm does: after the mirror stores, the wake word decides whether
         // the entries just published are pushed, in the same call.
-        for pass in 0..2 {
-            if pass == 1 && !(self.rcv.has_published() && self.rcv.after_execute(&self.rmem)) {
-                break;
-            }
-            let Ok(()) = self.exec.execute(
-                &mut self.rcv,
-                &mut SimSink {
-                    mem: &mut self.rmem,
-                    qp: &mut self.rqp,
-                    data: &mut self.rdata,
-                    recv: Some(RecvSink {
-                        withhold: self.knobs.withhold_recvs,
-                        withheld: &mut self.withheld,
-                        pool: &mut self.pool,
-                        recv_bufs: &self.recv_bufs,
-                    }),
-                },
-            );
+        if self.rcv.has_published() && self.rcv.after_execute(&self.rmem) {
+            self.execute_recv();
         }
+    }
+
+    /// Carries out the receive engine's actions.
+    fn execute_recv(&mut self) {
+        let Ok(()) = self.exec.execute(
+            &mut self.rcv,
+            &mut SimSink {
+                mem: &mut self.rmem,
+                qp: &mut self.rqp,
+                data: &mut self.rdata,
+                recv: Some(RecvSink {
+                    withhold: self.knobs.withhold_recvs,
+                    withheld: &mut self.withheld,
+                    pool: &mut self.pool,
+                    recv_bufs: &self.recv_bufs,
+                }),
+            },
+        );
     }
 
     /// Lets withheld receive WRs through.
