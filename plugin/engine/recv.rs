@@ -404,26 +404,26 @@ impl RecvEngine {
         // (wire::CTS_COMPACT_LEN): the WRITE carries what `encode_parts` gave.
         let len = self.p.cts_entry_len();
         let granted = self.granted;
-        let mut entry = [0u8; CTS_ENTRY_LEN_STRIPED];
         let n_bytes = CtsEntry::len_of(bufs, len);
-        CtsEntry::encode_parts(r, granted, base, zeros, bufs, &mut entry[..n_bytes]);
         if n_bytes == CTS_COMPACT_LEN {
+            let mut e = [0u8; CTS_COMPACT_LEN];
+            CtsEntry::encode_parts(r, granted, base, zeros, bufs, &mut e);
             // Published in the mirror, which the sender may RDMA-read: the head sequence word
             // last, so a reader that sees it (and reads in address order, as a READ does) sees
             // the rest ([`RecvEngine::after_execute`] then pushes it if the sender asks).
             let at = self.p.rec_ring + wire::mirror_slot(r);
             self.actions.push(Action::Stage {
                 addr: at + 8,
-                bytes: StageBytes::from(&entry[8..CTS_COMPACT_LEN]),
+                bytes: StageBytes::from(&e[8..]),
             });
             self.actions.push(Action::Stage {
                 addr: at,
-                bytes: StageBytes::from(&entry[..8]),
+                bytes: StageBytes::from(&e[..8]),
             });
-            let mut e = [0u8; CTS_COMPACT_LEN];
-            e.copy_from_slice(&entry[..CTS_COMPACT_LEN]);
             self.published.push((r, e));
         } else {
+            let mut entry = [0u8; CTS_ENTRY_LEN_STRIPED];
+            CtsEntry::encode_parts(r, granted, base, zeros, bufs, &mut entry[..n_bytes]);
             let pushed = self.push_cts(r, &entry[..n_bytes]);
             debug_assert!(pushed, "a staging slot was checked free");
         }
