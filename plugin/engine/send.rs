@@ -218,6 +218,26 @@ pub struct SendEngine {
     /// ring, or from the CTS ring where the receiver wrote them meanwhile) tell whether the
     /// receiver is ahead.
     read_from: u64,
+    /// One-buffer entries the receiver pushed since we last asked it to stop (or since the
+    /// connection began): at [`SendEngine::probe_every`] of them we try pulling again.
+    pushed_since: u64,
+    /// Pushed entries after which a sender that is being pushed tries pulling again
+    /// ([`PROBE_MIN`]; doubled up to [`PROBE_MAX`] after each pull phase that brought fewer
+    /// than [`PROBE_PAID`] entries, back to the minimum after one that brought more).
+    probe_every: u64,
+    /// `next_r` when we last asked the receiver to stop pushing: the entries known since
+    /// tell, when we ask for pushes again, whether that pull phase paid.
+    pull_since: u64,
+    /// READs in a row that a send waited for and that brought no entry, each followed by
+    /// another READ later rather than by the wake word ([`READ_PATIENCE`]).
+    empty_reads: u32,
+    /// `now` when the READ in flight was posted, and the last READ's round trip as we saw it
+    /// (post to the poll that found its completion), in ns.
+    read_posted_at: u64,
+    read_rtt: u64,
+    /// A send that lacks its entry posts no READ before this time (ns): the one after an
+    /// empty READ waits for the receiver to get to its next receives.
+    read_not_before: u64,
 }
 
 /// Where the sender's RDMA READ of the receiver's CTS mirror stands.
@@ -241,6 +261,43 @@ const PULL_AT_GROUPS: usize = 8;
 /// receives about when the sender needs them: it is asked to push again, which costs it no
 /// more WRs than the READs would and the sender no round trip per entry.
 const PULL_MIN_PER_READ: u64 = 4;
+
+/// Pushed one-buffer entries after which a sender that is being pushed tries pulling again,
+/// at first and after a pull phase that paid. Pushing is sticky: a receiver that pushes
+/// spends a WR per receive and falls behind the sends, so entries arrive one by one just in
+/// time and [`PULL_AT_GROUPS`] are never in hand; once it stops pushing it often gets ahead
+/// again (in a stream both ways on rxe, READs then brought 26 entries each). A probe that
+/// finds it still behind costs a wake word, a READ, the wake word back and a second READ.
+const PROBE_MIN: u64 = 32;
+
+/// The longest interval between probes, in pushed entries: a pattern where pushes are right
+/// (the receiver posts each receive just before the send needs it) pays at most 4 WRs per
+/// this many messages for the probes.
+const PROBE_MAX: u64 = 1024;
+
+/// A pull phase that brought at least this many entries paid for its probe: the next probe
+/// comes after [`PROBE_MIN`] pushed entries again; one that brought fewer doubles the
+/// interval.
+const PROBE_PAID: u64 = 2 * PROBE_MIN;
+
+/// Empty READs in a row (a send waited for each, none brought an entry) after which the
+/// sender asks for pushes; before that it READs again after a pause, twice as long each time
+/// (2, 4, then 8 of its last READ's round trips, between [`READ_PAUSE_MIN_NS`] and
+/// [`READ_PAUSE_MAX_NS`]). A receiver
+/// whose process is busy sending (traffic both ways) re-posts its receives in bursts, a
+/// while after the data landed: a READ sent right after our last send finds none of them,
+/// and asking for pushes then would cost it a WR per receive (pushing is sticky, see
+/// [`PROBE_MIN`]); the READ a little later brings the whole burst. A receiver that stays
+/// idle costs this many READs before the wake word, spaced over about 14 round trips.
+pub(crate) const READ_PATIENCE: u32 = 3;
+
+/// The shortest pause before the READ after an empty one (ns), whatever the measured round
+/// trip.
+const READ_PAUSE_MIN_NS: u64 = 1_000;
+
+/// The longest pause before the READ after an empty one (ns): a READ that took long (a
+/// congested or slow path) makes no send wait more than this for the next.
+const READ_PAUSE_MAX_NS: u64 = 1_000_000;
 
 impl SendEngine {
     /// A send engine for a freshly connected comm.
@@ -273,6 +330,13 @@ impl SendEngine {
             read: Pull::Idle,
             read_from: p.first_seq,
             landing_valid: false,
+            pushed_since: 0,
+            probe_every: PROBE_MIN,
+            pull_since: p.first_seq,
+            empty_reads: 0,
+            read_posted_at: 0,
+            read_rtt: 0,
+            read_not_before: 0,
             p,
         };
         if e.p.cts_pull {
@@ -335,7 +399,7 @@ impl SendEngine {
             self.handle_credit(word);
         }
         if self.failed.is_none() {
-            self.after_entries();
+            self.after_entries(now);
         }
         got
     }
@@ -405,7 +469,14 @@ impl SendEngine {
         });
         let newest = &mut self.groups.back_mut().expect("just pushed").e;
         match CtsEntry::decode_into(b, r, newest) {
-            Ok(true) => self.adopt_newest(now).ok().map(|()| true),
+            Ok(true) => {
+                // A one-buffer entry the receiver wrote into the CTS ring (not the landing
+                // ring's compact stride) while asked to push: toward a probe.
+                if self.pushing && newest.n == 1 && len != wire::CTS_COMPACT_LEN {
+                    self.pushed_since += 1;
+                }
+                self.adopt_newest(now).ok().map(|()| true)
+            }
             Ok(false) => {
                 self.groups.pop_back();
                 Some(false)
@@ -432,21 +503,43 @@ impl SendEngine {
     ///   the wake word ([`wire::WAKE_PUSH`]) and a second READ, in that order on QP 0: either
     ///   that READ finds the entry, or the receiver sees the word when it posts the receive
     ///   and pushes it (its `after_execute`). A second READ that finds nothing leaves us
-    ///   waiting for the push, not polling with READs.
-    /// - While the receiver pushes, with [`PULL_AT_GROUPS`] receives known, all of one buffer
-    ///   on one device (the entries the receiver mirrors: grouped and multi-device ones are
-    ///   always written, and a READ would bring none of them) and no speculative send
-    ///   unmatched, the wake word goes to [`wire::WAKE_PULL`]: the receiver is ahead.
-    fn after_entries(&mut self) {
+    ///   waiting for the push, not polling with READs. Before that, a READ that brought no
+    ///   entry at all is followed by up to [`READ_PATIENCE`] more, each after a longer pause
+    ///   (the next `isend` posts it once `read_not_before` passed).
+    /// - While the receiver pushes, with [`PULL_AT_GROUPS`] receives known (the receiver is
+    ///   ahead) or [`SendEngine::probe_every`] one-buffer entries pushed since the last pull
+    ///   phase (a probe: it may be ahead once it stops pushing), all known receives of one
+    ///   buffer on one device (the entries the receiver mirrors: grouped and multi-device ones
+    ///   are always written, and a READ would bring none of them) and no speculative send
+    ///   unmatched, the wake word goes to [`wire::WAKE_PULL`].
+    fn after_entries(&mut self, now: u64) {
         if let Pull::Landed { woke } = self.read {
             self.read = Pull::Idle;
             let took = self.next_r.wrapping_sub(self.read_from);
-            if !woke && self.pulls() && took < PULL_MIN_PER_READ {
+            if took > 0 || woke || !self.pulls() {
+                self.empty_reads = 0;
+            }
+            if !woke && self.pulls() && took == 0 && self.empty_reads < READ_PATIENCE {
+                // A send waited for this READ and it brought nothing: the receiver may be
+                // busy; the send's next try READs again after a pause, not before.
+                self.empty_reads += 1;
+                let pause = (self.read_rtt.clamp(READ_PAUSE_MIN_NS, READ_PAUSE_MAX_NS)
+                    << self.empty_reads)
+                    .min(READ_PAUSE_MAX_NS);
+                self.read_not_before = now.saturating_add(pause);
+            } else if !woke && self.pulls() && took < PULL_MIN_PER_READ {
                 // A send waited for this READ, and too few entries came since it went (maybe
                 // none, not the one the send needs): ask for pushes, and READ again behind the
                 // wake word for what the receiver posted before it sees the word.
+                let paid = self.next_r.wrapping_sub(self.pull_since) >= PROBE_PAID;
+                self.probe_every = if paid {
+                    PROBE_MIN
+                } else {
+                    (self.probe_every * 2).min(PROBE_MAX)
+                };
+                self.empty_reads = 0;
                 self.post_wake(true);
-                self.post_read(true);
+                self.post_read(now, true);
             }
             // Else the second READ after the wake word (the receiver pushes from here on), or
             // one that paid off.
@@ -454,7 +547,7 @@ impl SendEngine {
         if self.p.cts_pull
             && self.pushing
             && self.read == Pull::Idle
-            && self.groups.len() >= PULL_AT_GROUPS
+            && (self.groups.len() >= PULL_AT_GROUPS || self.pushed_since >= self.probe_every)
             && self.unassigned.is_empty()
             && self.p.rkeys == 1
             && self.groups.iter().all(|g| g.e.n == 1)
@@ -481,12 +574,16 @@ impl SendEngine {
             ..SendWr::one(wr_id(WrKind::Wake, 0, u32::from(push)), sge, opcode)
         }));
         self.pushing = push;
+        if !push {
+            self.pushed_since = 0;
+            self.pull_since = self.next_r;
+        }
         self.stats.wake_writes += 1;
     }
 
     /// RDMA-reads the receiver's whole CTS mirror into our landing ring (signaled: its
     /// completion lets `poll_peer_writes` look there). `woke`: the wake word went just before.
-    fn post_read(&mut self, woke: bool) {
+    fn post_read(&mut self, now: u64, woke: bool) {
         let sge = Sge {
             addr: self.p.landing.0,
             length: wire::MIRROR_LEN as u32,
@@ -501,9 +598,16 @@ impl SendEngine {
             ..SendWr::one(wr_id(WrKind::CtsRead, 0, u32::from(woke)), sge, opcode)
         }));
         self.read = Pull::InFlight { woke };
+        self.read_posted_at = now;
         self.landing_valid = false;
         self.read_from = self.next_r;
         self.stats.cts_reads += 1;
+    }
+
+    /// Whether a READ of the receiver's CTS mirror is posted and not yet completed (tests).
+    #[cfg(test)]
+    pub(crate) fn debug_read_in_flight(&self) -> bool {
+        matches!(self.read, Pull::InFlight { .. })
     }
 
     /// Receive WRs our sends consumed so far (small sends consume none).
@@ -644,8 +748,8 @@ impl SendEngine {
             // and every one posted since, where a speculative eager send would cost the
             // receiver a bounce-backed receive WR to re-post.
             None if self.pulls() => {
-                if self.read == Pull::Idle {
-                    self.post_read(false);
+                if self.read == Pull::Idle && now >= self.read_not_before {
+                    self.post_read(now, false);
                 }
                 return Ok(self.refuse(now, Refusal::Cts));
             }
@@ -1207,6 +1311,7 @@ impl SendEngine {
         if kind == WrKind::CtsRead && wc.status == WcStatus::Success {
             if let Pull::InFlight { woke } = self.read {
                 self.read = Pull::Landed { woke };
+                self.read_rtt = now.saturating_sub(self.read_posted_at);
                 self.landing_valid = true;
             }
             return;
@@ -1374,6 +1479,10 @@ impl SendEngine {
             (Pull::InFlight { .. }, _) => {
                 "; an RDMA READ of the receiver's CTS mirror is in flight (the peer's NIC has \
                  not answered it)"
+            }
+            (_, true) if self.empty_reads > 0 => {
+                "; READs of the receiver's CTS mirror found it not posted; another goes after a \
+                 pause, then the receiver is asked to write it"
             }
             (_, true) => "; a READ of the receiver's CTS mirror will fetch it",
             (_, false) if self.p.cts_pull && self.stats.wake_writes > 0 => {

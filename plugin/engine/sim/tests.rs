@@ -1670,8 +1670,10 @@ fn small_mix(window: usize, drain: u64) {
         let s = match sent {
             Some(s) => s,
             None => {
-                // Its clear-to-send read first: a direct send (small when it fits).
-                p.drive_until(100_000, |p| p.snd.expected_cts() > i);
+                // Its clear-to-send read first: a direct send (small when it fits). A sender
+                // that pulls (it probes after 32 pushed entries) learns of it by a READ when
+                // the send asks, and sends nothing eagerly meanwhile.
+                p.drive_until(100_000, |p| p.snd.expected_cts() > i || p.snd.pulls());
                 p.isend(off, &data, 0).unwrap()
             }
         };
@@ -1903,8 +1905,9 @@ fn a_stream_reads_the_receivers_entries_once_eight_are_in_hand_one_read_for_many
 fn a_read_that_finds_no_receive_wakes_the_receiver_and_no_read_polls_while_it_waits() {
     let mut p = pulling_pair(PairCfg::default());
     let s0 = p.snd.stats().clone();
-    // Nothing posted: the send READs, finds nothing, writes the wake word and READs again,
-    // then waits for the push; many steps later no further READ went.
+    // Nothing posted: the send READs and finds nothing, READs again after growing pauses
+    // (READ_PATIENCE times), writes the wake word and READs once more, then waits for the
+    // push; many steps later no further READ went.
     let data = pattern(99, 4096);
     assert!(p.smem.write(S_USER, &data));
     assert_eq!(p.snd.isend(p.now, S_USER, p.lkeys, 4096, 0), Ok(None));
@@ -1913,7 +1916,8 @@ fn a_read_that_finds_no_receive_wakes_the_receiver_and_no_read_polls_while_it_wa
         assert_eq!(p.snd.isend(p.now, S_USER, p.lkeys, 4096, 0), Ok(None));
     }
     let s = p.snd.stats().clone();
-    assert_eq!(s.cts_reads - s0.cts_reads, 2, "{s:?}");
+    let reads = 2 + u64::from(send::READ_PATIENCE);
+    assert_eq!(s.cts_reads - s0.cts_reads, reads, "{s:?}");
     assert_eq!(s.wake_writes - s0.wake_writes, 1, "{s:?}");
     assert!(!p.snd.pulls(), "pushes asked for");
     // The watchdog says how the entry is expected.
@@ -1929,19 +1933,21 @@ fn a_read_that_finds_no_receive_wakes_the_receiver_and_no_read_polls_while_it_wa
     let s = p.isend(0, &data, 0).unwrap();
     assert_eq!(p.wait_recv(r[0]).unwrap(), vec![4096]);
     assert_eq!(p.wait_send(s).unwrap(), 4096);
-    assert_eq!(p.snd.stats().cts_reads - s0.cts_reads, 2);
+    assert_eq!(p.snd.stats().cts_reads - s0.cts_reads, reads);
     assert_eq!(p.rcv.stats().cts, 9, "the ninth entry was pushed");
 }
 
-/// The receive posted at every point of the sender's READ, wake, READ sequence (before the
-/// first READ moved, between it and the wake word, between the wake word and the second
-/// READ, after it): the send completes, and with the receiver making no call after its
-/// `irecv` (the push, when one is due, is decided within it).
+/// The receive posted at every point of the sender's READ, pause, READ, ..., wake, READ
+/// sequence (before the first READ moved, during a pause, between a READ and the wake word,
+/// between the wake word and the last READ, after it): the send completes, and with the
+/// receiver making no call after its `irecv` (the push, when one is due, is decided within
+/// it).
 #[test]
 fn a_receive_posted_anywhere_around_the_wake_word_is_found_by_a_read_or_pushed() {
     // (delay, the entry was pushed, READs the send took)
     let mut ways = Vec::new();
-    for delay in 0..12u64 {
+    let most = 2 + u64::from(send::READ_PATIENCE);
+    for delay in 0..120u64 {
         for idle in [false, true] {
             let mut p = pulling_pair(PairCfg::default());
             let (s0, r0) = (p.snd.stats().clone(), p.rcv.stats().clone());
@@ -1968,17 +1974,18 @@ fn a_receive_posted_anywhere_around_the_wake_word_is_found_by_a_read_or_pushed()
             let (s, rs) = (p.snd.stats().clone(), p.rcv.stats().clone());
             // The sender took the one entry, pushed or read.
             assert_eq!(s.cts - s0.cts, 1, "{ctx}");
-            assert!(s.cts_reads - s0.cts_reads <= 2, "{ctx}: {s:?}");
+            assert!(s.cts_reads - s0.cts_reads <= most, "{ctx}: {s:?}");
             assert_eq!(s.eager, 0, "no speculative send while pulling: {ctx}");
             ways.push((delay, rs.cts > r0.cts, s.cts_reads - s0.cts_reads));
         }
     }
-    // Both ways happened: found by a READ, and pushed. A READ that brings one entry (fewer
-    // than PULL_MIN_PER_READ) is always followed by the wake word and a second READ.
-    for pushed in [false, true] {
+    // Every way happened: found by the first READ, by a READ after an empty one (a READ
+    // that brings one entry, fewer than PULL_MIN_PER_READ, is always followed by the wake
+    // word and one more READ), by the READ behind the wake word, and pushed.
+    for (pushed, reads) in [(false, 2), (false, 3), (false, most), (true, most)] {
         assert!(
-            ways.iter().any(|&(_, p, r)| (p, r) == (pushed, 2)),
-            "no case pushed={pushed}: {ways:?}"
+            ways.iter().any(|&(_, p, r)| (p, r) == (pushed, reads)),
+            "no case pushed={pushed} reads={reads}: {ways:?}"
         );
     }
 }
@@ -2066,6 +2073,127 @@ fn a_read_that_brings_few_entries_asks_the_receiver_to_push_again() {
     stream_into(&mut p, recvs, 10, 100);
     assert_eq!(p.snd.stats().cts_reads, s.cts_reads);
     assert_eq!(p.rcv.stats().cts - r0, 2);
+}
+
+/// A READ that finds no receive posted is followed, after a pause, by another rather than by
+/// the wake word: a receiver busy with its own sends posts its receives in a burst a while
+/// later, and that READ brings the whole burst (without the pause the pair went back to
+/// pushes, a WR per receive). The send's retries during the pause post no READ.
+#[test]
+fn an_empty_read_is_followed_by_a_later_read_that_brings_the_burst_not_by_the_wake_word() {
+    let mut p = pulling_pair(PairCfg::default());
+    let (s0, r0) = (p.snd.stats().clone(), p.rcv.stats().clone());
+    let data = pattern(7, 100);
+    assert!(p.smem.write(S_USER, &data));
+    // Nothing posted: the first READ goes and lands empty.
+    assert_eq!(p.snd.isend(p.now, S_USER, p.lkeys, 100, 0), Ok(None));
+    p.drive_until(1000, |p| {
+        p.snd.poll_peer_writes(p.now, &p.smem);
+        p.snd.stats().cts_reads == s0.cts_reads + 1 && !p.snd.debug_read_in_flight()
+    });
+    // Retries right after it post nothing: the pause (twice the READ's round trip).
+    for _ in 0..2 {
+        assert_eq!(p.snd.isend(p.now, S_USER, p.lkeys, 100, 0), Ok(None));
+    }
+    assert_eq!(p.snd.stats().cts_reads, s0.cts_reads + 1);
+    // The receiver posts a burst of 8 meanwhile; the READ after the pause brings them all.
+    let recvs = post_slots(&mut p, 8, 8);
+    p.expect(recvs[0], vec![data.clone()]);
+    let first = p.isend(0, &data, 0).unwrap();
+    let rest = recvs[1..].to_vec();
+    stream_into(&mut p, rest, 9, 100);
+    assert_eq!(p.wait_recv(recvs[0]).unwrap(), vec![100]);
+    assert_eq!(p.wait_send(first).unwrap(), 100);
+    let (s, r) = (p.snd.stats().clone(), p.rcv.stats().clone());
+    assert_eq!(s.cts_reads - s0.cts_reads, 2, "{s:?}");
+    assert_eq!(s.cts_pulled - s0.cts_pulled, 8, "{s:?}");
+    assert_eq!(s.wake_writes, s0.wake_writes, "no wake word: {s:?}");
+    assert_eq!(r.cts, r0.cts, "nothing pushed: {r:?}");
+    assert!(p.snd.pulls());
+}
+
+/// Runs rounds of `n` receives posted and then sent into (from receive `*k` on), until the
+/// sender has asked to pull `probes` times; returns the receiver's pushed entries (`cts`) at
+/// each of those asks.
+fn probe_rounds(p: &mut Pair, k: &mut u64, n: u64, probes: usize) -> Vec<u64> {
+    let mut pushed_at = Vec::new();
+    let mut was = p.snd.pulls();
+    while pushed_at.len() < probes {
+        let recvs = post_slots(p, *k, n);
+        stream_into(p, recvs, *k, 100);
+        *k += n;
+        if p.snd.pulls() && !was {
+            pushed_at.push(p.rcv.stats().cts);
+        }
+        was = p.snd.pulls();
+        assert!(*k < 10_000, "no probe: {}", p.snd.debug_state());
+    }
+    pushed_at
+}
+
+/// Pushing is sticky: a receiver that pushes spends a WR per receive and stays behind the
+/// sends, so the sender never holds the eight entries that would make it ask to pull. A
+/// pushed sender therefore probes pulling again after 32 pushed entries, doubles the interval
+/// (up to 1,024) while probes find the receiver behind (each costs two wake words and two
+/// READs), and stays pulling, one READ per round, once the receiver is ahead; a pull phase
+/// that paid brings the interval back to 32.
+#[test]
+fn a_pushed_sender_probes_pulling_again_and_backs_off_while_the_receiver_stays_behind() {
+    let mut p = pulling_pair(PairCfg::default());
+    // A READ that brings 2: pushes again; this pull phase brought 10 entries (not paid).
+    let recvs = post_slots(&mut p, 8, 2);
+    stream_into(&mut p, recvs, 8, 100);
+    assert!(!p.snd.pulls());
+    let mut k = 10;
+    // Just in time, one receive before each send: every probe finds the receiver behind.
+    let s0 = p.snd.stats().clone();
+    let c0 = p.rcv.stats().cts;
+    let at = probe_rounds(&mut p, &mut k, 1, 4);
+    let gaps: Vec<u64> = std::iter::once(c0)
+        .chain(at.iter().copied())
+        .collect::<Vec<_>>()
+        .windows(2)
+        .map(|w| w[1] - w[0])
+        .collect();
+    // (One more where the probe's own entry was pushed: the receiver posted it after the
+    // wake word back.)
+    assert!(
+        gaps.iter()
+            .zip([64, 128, 256, 512])
+            .all(|(&g, want)| g == want || g == want + 1),
+        "pushed entries between probes: {gaps:?}"
+    );
+    let s1 = p.snd.stats().clone();
+    // Each of the first three probes: the ask, the READ, the wake word back, a second READ
+    // (the fourth is still pulling).
+    assert_eq!(s1.wake_writes - s0.wake_writes, 3 * 2 + 1, "{s1:?}");
+    assert_eq!(s1.cts_reads - s0.cts_reads, 3 * 2, "{s1:?}");
+    // Rounds of 6 posted before their sends (fewer than 8 in hand): the pull that probe 4
+    // started pays. The first round's entries are pushed (the receiver posted them before
+    // the ask landed); from then on one READ per round and no push.
+    let recvs = post_slots(&mut p, k, 6);
+    stream_into(&mut p, recvs, k, 100);
+    k += 6;
+    let (c1, s1) = (p.rcv.stats().cts, p.snd.stats().clone());
+    for _ in 0..10 {
+        let recvs = post_slots(&mut p, k, 6);
+        stream_into(&mut p, recvs, k, 100);
+        k += 6;
+    }
+    assert!(p.snd.pulls());
+    let s2 = p.snd.stats().clone();
+    assert_eq!(p.rcv.stats().cts, c1, "nothing pushed: {s2:?}");
+    assert_eq!(s2.cts_reads - s1.cts_reads, 10, "{s2:?}");
+    assert_eq!(s2.cts_pulled - s1.cts_pulled, 60, "{s2:?}");
+    assert_eq!(s2.wake_writes, s1.wake_writes, "{s2:?}");
+    // A READ that brings 2 ends a phase that paid: the next probe after 32 pushed entries.
+    let recvs = post_slots(&mut p, k, 2);
+    stream_into(&mut p, recvs, k, 100);
+    k += 2;
+    assert!(!p.snd.pulls());
+    let c2 = p.rcv.stats().cts;
+    let at = probe_rounds(&mut p, &mut k, 1, 1);
+    assert_eq!(at[0] - c2, 32, "{}", p.snd.debug_state());
 }
 
 /// Grouped receives' entries are only written, never mirrored, and their WRITEs queue on the
