@@ -283,12 +283,12 @@ const PROBE_PAID: u64 = 2 * PROBE_MIN;
 /// Empty READs in a row (a send waited for each, none brought an entry) after which the
 /// sender asks for pushes; before that it READs again after a pause, twice as long each time
 /// (2, 4, then 8 of its last READ's round trips, between [`READ_PAUSE_MIN_NS`] and
-/// [`READ_PAUSE_MAX_NS`]). A receiver
-/// whose process is busy sending (traffic both ways) re-posts its receives in bursts, a
-/// while after the data landed: a READ sent right after our last send finds none of them,
-/// and asking for pushes then would cost it a WR per receive (pushing is sticky, see
-/// [`PROBE_MIN`]); the READ a little later brings the whole burst. A receiver that stays
-/// idle costs this many READs before the wake word, spaced over about 14 round trips.
+/// [`READ_PAUSE_MAX_NS`]). A receiver whose process is busy sending (traffic both ways)
+/// re-posts its receives in bursts, a while after the data landed: a READ sent right after
+/// our last send finds none of them, and asking for pushes then would cost it a WR per
+/// receive (pushing is sticky, see [`PROBE_MIN`]); the READ a little later brings the whole
+/// burst. A receiver that stays idle costs this many READs before the wake word, spaced over
+/// about 14 round trips.
 pub(crate) const READ_PATIENCE: u32 = 3;
 
 /// The shortest pause before the READ after an empty one (ns), whatever the measured round

@@ -2112,6 +2112,57 @@ fn an_empty_read_is_followed_by_a_later_read_that_brings_the_burst_not_by_the_wa
     assert!(p.snd.pulls());
 }
 
+/// A READ of the mirror that completes with an error (a peer that closed and deregistered
+/// its memory, a dead path) fails the send comm with an error that names the READ: the send
+/// waiting for it gets the error on its next try instead of waiting for ever.
+#[test]
+fn a_read_of_the_mirror_that_completes_with_an_error_fails_the_comm_naming_it() {
+    let mut p = pulling_pair(PairCfg::default());
+    assert!(p.smem.write(S_USER, &pattern(1, 100)));
+    assert_eq!(p.snd.isend(p.now, S_USER, p.lkeys, 100, 0), Ok(None));
+    assert!(p.snd.debug_read_in_flight(), "{}", p.snd.debug_state());
+    p.snd.handle_wc(
+        p.now,
+        &Wc {
+            wr_id: wr_id(WrKind::CtsRead, 0, 0),
+            status: WcStatus::RemoteAccess,
+            opcode: WcOpcode::RdmaRead,
+            byte_len: 0,
+            imm: None,
+        },
+    );
+    let e = p
+        .snd
+        .isend(p.now, S_USER, p.lkeys, 100, 0)
+        .expect_err("the comm failed");
+    let m = e.to_string();
+    assert!(m.contains("RDMA READ of the receiver's CTS mirror"), "{m}");
+    assert_eq!(p.snd.stats().error_completions, 1);
+}
+
+/// Pulling across the wrap points the connection tests start near (receive sequence numbers
+/// from 2^29 - 20, request generations from 2^24 - 3): the mirror's slots (`r % 32`) and the
+/// CTS ring's sequence words carry on, one READ per round of 16 receives, every byte checked.
+#[test]
+fn pulling_carries_on_across_the_sequence_wrap_points() {
+    let cfg = PairCfg {
+        first_seq: (1u64 << 29) - 20,
+        first_gen: (1u32 << 24) - 3,
+        ..PairCfg::default()
+    };
+    let mut p = pulling_pair(cfg);
+    let (s0, r0) = (p.snd.stats().clone(), p.rcv.stats().clone());
+    for round in 0..4u64 {
+        let recvs = post_slots(&mut p, 8 + round * 16, 16);
+        stream_into(&mut p, recvs, 8 + round * 16, 100);
+    }
+    let (s, r) = (p.snd.stats().clone(), p.rcv.stats().clone());
+    assert_eq!(s.cts_reads - s0.cts_reads, 4, "{s:?}");
+    assert_eq!(s.cts_pulled - s0.cts_pulled, 64, "{s:?}");
+    assert_eq!(r.cts, r0.cts, "nothing pushed: {r:?}");
+    assert!(p.snd.expected_cts() > 1u64 << 29, "crossed 2^29");
+}
+
 /// Runs rounds of `n` receives posted and then sent into (from receive `*k` on), until the
 /// sender has asked to pull `probes` times; returns the receiver's pushed entries (`cts`) at
 /// each of those asks.
