@@ -258,8 +258,8 @@ knobs! {
              per small message instead of two (the data and the CTS). A READ that finds no \
              receive is tried again after a pause (up to 3 times); one that still finds the \
              receiver behind asks it to push again, and a sender being pushed tries pulling \
-             again after 32 entries (after 64, 128, ... up to 1,024 while it keeps finding \
-             the receiver behind). `0` keeps the receiver writing every entry \
+             again after 32 to 1,024 pushed entries (the interval doubles while it keeps \
+             finding the receiver behind). `0` keeps the receiver writing every entry \
              (`cts` on the receive line counts them; `cts_reads`, `cts_pulled` and \
              `wake_writes` count the pull). Grouped and multi-device receives are always \
              written.",

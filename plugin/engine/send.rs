@@ -229,15 +229,18 @@ pub struct SendEngine {
     /// tell, when we ask for pushes again, whether that pull phase paid.
     pull_since: u64,
     /// READs in a row that a send waited for and that brought no entry, each followed by
-    /// another READ later rather than by the wake word ([`READ_PATIENCE`]).
+    /// another READ later rather than by the wake word ([`READ_PATIENCE`]); back to 0 once
+    /// any entry arrives.
     empty_reads: u32,
-    /// `now` when the READ in flight was posted, and the last READ's round trip as we saw it
-    /// (post to the poll that found its completion), in ns.
-    read_posted_at: u64,
-    read_rtt: u64,
-    /// A send that lacks its entry posts no READ before this time (ns): the one after an
-    /// empty READ waits for the receiver to get to its next receives.
-    read_not_before: u64,
+    /// `isend` calls refused for want of an entry while the READ in flight was in flight:
+    /// its round trip in the caller's own retries (no clock: the comm's is the kernel's
+    /// tick, milliseconds, far coarser than a READ).
+    read_wait_calls: u64,
+    /// The last READ's round trip in those calls (at least 1).
+    read_rtt_calls: u64,
+    /// Refused `isend` calls still to go before the READ after an empty one is posted (the
+    /// pause).
+    read_skip: u64,
 }
 
 /// Where the sender's RDMA READ of the receiver's CTS mirror stands.
@@ -267,12 +270,13 @@ const PULL_MIN_PER_READ: u64 = 4;
 /// spends a WR per receive and falls behind the sends, so entries arrive one by one just in
 /// time and [`PULL_AT_GROUPS`] are never in hand; once it stops pushing it often gets ahead
 /// again (in a stream both ways on rxe, READs then brought 26 entries each). A probe that
-/// finds it still behind costs a wake word, a READ, the wake word back and a second READ.
+/// finds it still behind costs a wake word, a READ, the wake word back and a second READ
+/// (and up to [`READ_PATIENCE`] READs more when its first READ comes back empty).
 const PROBE_MIN: u64 = 32;
 
 /// The longest interval between probes, in pushed entries: a pattern where pushes are right
-/// (the receiver posts each receive just before the send needs it) pays at most 4 WRs per
-/// this many messages for the probes.
+/// (the receiver posts each receive just before the send needs it) pays one probe, 4 to 7
+/// WRs, per this many messages.
 const PROBE_MAX: u64 = 1024;
 
 /// A pull phase that brought at least this many entries paid for its probe: the next probe
@@ -280,24 +284,20 @@ const PROBE_MAX: u64 = 1024;
 /// interval.
 const PROBE_PAID: u64 = 2 * PROBE_MIN;
 
-/// Empty READs in a row (a send waited for each, none brought an entry) after which the
-/// sender asks for pushes; before that it READs again after a pause, twice as long each time
-/// (2, 4, then 8 of its last READ's round trips, between [`READ_PAUSE_MIN_NS`] and
-/// [`READ_PAUSE_MAX_NS`]). A receiver whose process is busy sending (traffic both ways)
-/// re-posts its receives in bursts, a while after the data landed: a READ sent right after
-/// our last send finds none of them, and asking for pushes then would cost it a WR per
-/// receive (pushing is sticky, see [`PROBE_MIN`]); the READ a little later brings the whole
-/// burst. A receiver that stays idle costs this many READs before the wake word, spaced over
-/// about 14 round trips.
+/// READs after an empty one before the sender asks for pushes: a READ a send waited for
+/// that brought no entry is followed by up to this many more, each after a pause twice as
+/// long as the one before (2, 4, then 8 of the last READ's round trips, counted in the
+/// caller's refused `isend` calls, at most [`READ_PAUSE_MAX_CALLS`]); the wake word comes
+/// only after the last of them came back empty too. A receiver whose process is busy sending
+/// (traffic both ways) re-posts its receives in bursts, a while after the data landed: a
+/// READ sent right after our last send finds none of them, and asking for pushes then would
+/// cost it a WR per receive (pushing is sticky, see [`PROBE_MIN`]); the READ a little later
+/// brings the whole burst. A receiver that stays idle costs 1 + this many READs before the
+/// wake word, spread over about 17 round trips.
 pub(crate) const READ_PATIENCE: u32 = 3;
 
-/// The shortest pause before the READ after an empty one (ns), whatever the measured round
-/// trip.
-const READ_PAUSE_MIN_NS: u64 = 1_000;
-
-/// The longest pause before the READ after an empty one (ns): a READ that took long (a
-/// congested or slow path) makes no send wait more than this for the next.
-const READ_PAUSE_MAX_NS: u64 = 1_000_000;
+/// The longest pause before a READ after an empty one, in refused `isend` calls.
+const READ_PAUSE_MAX_CALLS: u64 = 1 << 16;
 
 impl SendEngine {
     /// A send engine for a freshly connected comm.
@@ -334,9 +334,9 @@ impl SendEngine {
             probe_every: PROBE_MIN,
             pull_since: p.first_seq,
             empty_reads: 0,
-            read_posted_at: 0,
-            read_rtt: 0,
-            read_not_before: 0,
+            read_wait_calls: 0,
+            read_rtt_calls: 1,
+            read_skip: 0,
             p,
         };
         if e.p.cts_pull {
@@ -398,8 +398,14 @@ impl SendEngine {
         if let Some(word) = word.filter(|&w| w != 0) {
             self.handle_credit(word);
         }
+        if got {
+            // The receiver is posting: no pause, and a later empty READ starts the count
+            // again.
+            self.empty_reads = 0;
+            self.read_skip = 0;
+        }
         if self.failed.is_none() {
-            self.after_entries(now);
+            self.after_entries();
         }
         got
     }
@@ -505,14 +511,14 @@ impl SendEngine {
     ///   and pushes it (its `after_execute`). A second READ that finds nothing leaves us
     ///   waiting for the push, not polling with READs. Before that, a READ that brought no
     ///   entry at all is followed by up to [`READ_PATIENCE`] more, each after a longer pause
-    ///   (the next `isend` posts it once `read_not_before` passed).
+    ///   (the pause counted in the sends' refused `isend` calls, `read_skip`).
     /// - While the receiver pushes, with [`PULL_AT_GROUPS`] receives known (the receiver is
     ///   ahead) or [`SendEngine::probe_every`] one-buffer entries pushed since the last pull
     ///   phase (a probe: it may be ahead once it stops pushing), all known receives of one
     ///   buffer on one device (the entries the receiver mirrors: grouped and multi-device ones
     ///   are always written, and a READ would bring none of them) and no speculative send
     ///   unmatched, the wake word goes to [`wire::WAKE_PULL`].
-    fn after_entries(&mut self, now: u64) {
+    fn after_entries(&mut self) {
         if let Pull::Landed { woke } = self.read {
             self.read = Pull::Idle;
             let took = self.next_r.wrapping_sub(self.read_from);
@@ -521,12 +527,10 @@ impl SendEngine {
             }
             if !woke && self.pulls() && took == 0 && self.empty_reads < READ_PATIENCE {
                 // A send waited for this READ and it brought nothing: the receiver may be
-                // busy; the send's next try READs again after a pause, not before.
+                // busy; the send READs again after a pause, not at its next try.
                 self.empty_reads += 1;
-                let pause = (self.read_rtt.clamp(READ_PAUSE_MIN_NS, READ_PAUSE_MAX_NS)
-                    << self.empty_reads)
-                    .min(READ_PAUSE_MAX_NS);
-                self.read_not_before = now.saturating_add(pause);
+                self.read_skip =
+                    (self.read_rtt_calls << self.empty_reads).min(READ_PAUSE_MAX_CALLS);
             } else if !woke && self.pulls() && took < PULL_MIN_PER_READ {
                 // A send waited for this READ, and too few entries came since it went (maybe
                 // none, not the one the send needs): ask for pushes, and READ again behind the
@@ -539,7 +543,7 @@ impl SendEngine {
                 };
                 self.empty_reads = 0;
                 self.post_wake(true);
-                self.post_read(now, true);
+                self.post_read(true);
             }
             // Else the second READ after the wake word (the receiver pushes from here on), or
             // one that paid off.
@@ -583,7 +587,7 @@ impl SendEngine {
 
     /// RDMA-reads the receiver's whole CTS mirror into our landing ring (signaled: its
     /// completion lets `poll_peer_writes` look there). `woke`: the wake word went just before.
-    fn post_read(&mut self, now: u64, woke: bool) {
+    fn post_read(&mut self, woke: bool) {
         let sge = Sge {
             addr: self.p.landing.0,
             length: wire::MIRROR_LEN as u32,
@@ -598,7 +602,7 @@ impl SendEngine {
             ..SendWr::one(wr_id(WrKind::CtsRead, 0, u32::from(woke)), sge, opcode)
         }));
         self.read = Pull::InFlight { woke };
-        self.read_posted_at = now;
+        self.read_wait_calls = 0;
         self.landing_valid = false;
         self.read_from = self.next_r;
         self.stats.cts_reads += 1;
@@ -748,8 +752,11 @@ impl SendEngine {
             // and every one posted since, where a speculative eager send would cost the
             // receiver a bounce-backed receive WR to re-post.
             None if self.pulls() => {
-                if self.read == Pull::Idle && now >= self.read_not_before {
-                    self.post_read(now, false);
+                match self.read {
+                    Pull::Idle if self.read_skip == 0 => self.post_read(false),
+                    Pull::Idle => self.read_skip -= 1,
+                    Pull::InFlight { .. } => self.read_wait_calls += 1,
+                    Pull::Landed { .. } => {}
                 }
                 return Ok(self.refuse(now, Refusal::Cts));
             }
@@ -1311,7 +1318,7 @@ impl SendEngine {
         if kind == WrKind::CtsRead && wc.status == WcStatus::Success {
             if let Pull::InFlight { woke } = self.read {
                 self.read = Pull::Landed { woke };
-                self.read_rtt = now.saturating_sub(self.read_posted_at);
+                self.read_rtt_calls = self.read_wait_calls.max(1);
                 self.landing_valid = true;
             }
             return;

@@ -1911,10 +1911,29 @@ fn a_read_that_finds_no_receive_wakes_the_receiver_and_no_read_polls_while_it_wa
     let data = pattern(99, 4096);
     assert!(p.smem.write(S_USER, &data));
     assert_eq!(p.snd.isend(p.now, S_USER, p.lkeys, 4096, 0), Ok(None));
-    for _ in 0..1000 {
+    // The refused call at which each READ went (one call per step).
+    let mut posted_at = vec![0u64];
+    for call in 1..=1000u64 {
         p.step();
+        let before = p.snd.stats().cts_reads;
         assert_eq!(p.snd.isend(p.now, S_USER, p.lkeys, 4096, 0), Ok(None));
+        if p.snd.stats().cts_reads > before {
+            posted_at.push(call);
+        }
     }
+    // Each READ took the same round trip in calls; the pauses after the empty ones double
+    // (2, 4, 8 round trips), so the gaps between the patient READs grow by a round trip
+    // times 2, then 4. The READ behind the wake word went with it, in the call that saw the
+    // last patient READ land (counted in the stats, not here: it is posted by progress).
+    let gaps: Vec<u64> = posted_at.windows(2).map(|w| w[1] - w[0]).collect();
+    assert_eq!(gaps.len(), send::READ_PATIENCE as usize, "{posted_at:?}");
+    let rtt = gaps[0] / 3;
+    assert!(rtt >= 1, "{gaps:?}");
+    assert_eq!(
+        gaps,
+        [3 * rtt, 5 * rtt, 9 * rtt],
+        "round trip + 2, 4, 8 round trips"
+    );
     let s = p.snd.stats().clone();
     let reads = 2 + u64::from(send::READ_PATIENCE);
     assert_eq!(s.cts_reads - s0.cts_reads, reads, "{s:?}");
@@ -2185,13 +2204,15 @@ fn probe_rounds(p: &mut Pair, k: &mut u64, n: u64, probes: usize) -> Vec<u64> {
 /// Pushing is sticky: a receiver that pushes spends a WR per receive and stays behind the
 /// sends, so the sender never holds the eight entries that would make it ask to pull. A
 /// pushed sender therefore probes pulling again after 32 pushed entries, doubles the interval
-/// (up to 1,024) while probes find the receiver behind (each costs two wake words and two
-/// READs), and stays pulling, one READ per round, once the receiver is ahead; a pull phase
-/// that paid brings the interval back to 32.
+/// up to 1,024 while probes find the receiver behind (here each READ brings the one receive
+/// posted before its send, so a probe costs two wake words and two READs), and stays
+/// pulling, one READ per round, once the receiver is ahead; a pull phase that paid brings the
+/// interval back to 32.
 #[test]
 fn a_pushed_sender_probes_pulling_again_and_backs_off_while_the_receiver_stays_behind() {
     let mut p = pulling_pair(PairCfg::default());
-    // A READ that brings 2: pushes again; this pull phase brought 10 entries (not paid).
+    // A READ that brings 2: pushes again; this pull phase (from the 8 in hand) brought 2
+    // entries, not paid: the first probe after 64.
     let recvs = post_slots(&mut p, 8, 2);
     stream_into(&mut p, recvs, 8, 100);
     assert!(!p.snd.pulls());
@@ -2199,7 +2220,7 @@ fn a_pushed_sender_probes_pulling_again_and_backs_off_while_the_receiver_stays_b
     // Just in time, one receive before each send: every probe finds the receiver behind.
     let s0 = p.snd.stats().clone();
     let c0 = p.rcv.stats().cts;
-    let at = probe_rounds(&mut p, &mut k, 1, 4);
+    let at = probe_rounds(&mut p, &mut k, 1, 6);
     let gaps: Vec<u64> = std::iter::once(c0)
         .chain(at.iter().copied())
         .collect::<Vec<_>>()
@@ -2210,16 +2231,16 @@ fn a_pushed_sender_probes_pulling_again_and_backs_off_while_the_receiver_stays_b
     // wake word back.)
     assert!(
         gaps.iter()
-            .zip([64, 128, 256, 512])
+            .zip([64, 128, 256, 512, 1024, 1024])
             .all(|(&g, want)| g == want || g == want + 1),
         "pushed entries between probes: {gaps:?}"
     );
     let s1 = p.snd.stats().clone();
-    // Each of the first three probes: the ask, the READ, the wake word back, a second READ
-    // (the fourth is still pulling).
-    assert_eq!(s1.wake_writes - s0.wake_writes, 3 * 2 + 1, "{s1:?}");
-    assert_eq!(s1.cts_reads - s0.cts_reads, 3 * 2, "{s1:?}");
-    // Rounds of 6 posted before their sends (fewer than 8 in hand): the pull that probe 4
+    // Each of the first five probes: the ask, the READ (it brings the one receive posted
+    // before its send), the wake word back, a second READ (the sixth is still pulling).
+    assert_eq!(s1.wake_writes - s0.wake_writes, 5 * 2 + 1, "{s1:?}");
+    assert_eq!(s1.cts_reads - s0.cts_reads, 5 * 2, "{s1:?}");
+    // Rounds of 6 posted before their sends (fewer than 8 in hand): the pull that probe 6
     // started pays. The first round's entries are pushed (the receiver posted them before
     // the ask landed); from then on one READ per round and no push.
     let recvs = post_slots(&mut p, k, 6);
