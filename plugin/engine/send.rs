@@ -232,7 +232,7 @@ pub struct SendEngine {
     /// another READ later rather than by the wake word ([`READ_PATIENCE`]); back to 0 once
     /// any entry arrives.
     empty_reads: u32,
-    /// `isend` calls refused for want of an entry while the READ in flight was in flight:
+    /// `isend` calls refused for want of an entry while the current READ was in flight:
     /// its round trip in the caller's own retries (no clock: the comm's is the kernel's
     /// tick, milliseconds, far coarser than a READ).
     read_wait_calls: u64,
@@ -293,7 +293,7 @@ const PROBE_PAID: u64 = 2 * PROBE_MIN;
 /// READ sent right after our last send finds none of them, and asking for pushes then would
 /// cost it a WR per receive (pushing is sticky, see [`PROBE_MIN`]); the READ a little later
 /// brings the whole burst. A receiver that stays idle costs 1 + this many READs before the
-/// wake word, spread over about 17 round trips.
+/// wake word, spread over about 18 round trips.
 pub(crate) const READ_PATIENCE: u32 = 3;
 
 /// The longest pause before a READ after an empty one, in refused `isend` calls.
