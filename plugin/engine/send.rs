@@ -230,14 +230,13 @@ pub struct SendEngine {
     pull_since: u64,
     /// READs in a row that a send waited for and that brought no entry, each followed by
     /// another READ later rather than by the wake word ([`READ_PATIENCE`]); back to 0 once
-    /// any entry arrives.
+    /// any entry arrives ([`SendEngine::adopt_newest`]) or the wake word goes.
     empty_reads: u32,
-    /// `isend` calls refused for want of an entry while the current READ was in flight:
-    /// its round trip in the caller's own retries (no clock: the comm's is the kernel's
-    /// tick, milliseconds, far coarser than a READ).
+    /// `isend` calls refused for want of an entry while the last READ was in flight: its
+    /// round trip in the caller's own retries (no clock: the comm's is the kernel's tick,
+    /// milliseconds, far coarser than a READ). Counted from the READ's post, read when it
+    /// has landed (no call counts then).
     read_wait_calls: u64,
-    /// The last READ's round trip in those calls (at least 1).
-    read_rtt_calls: u64,
     /// Refused `isend` calls still to go before the READ after an empty one is posted (the
     /// pause).
     read_skip: u64,
@@ -335,7 +334,6 @@ impl SendEngine {
             pull_since: p.first_seq,
             empty_reads: 0,
             read_wait_calls: 0,
-            read_rtt_calls: 1,
             read_skip: 0,
             p,
         };
@@ -397,12 +395,6 @@ impl SendEngine {
         }
         if let Some(word) = word.filter(|&w| w != 0) {
             self.handle_credit(word);
-        }
-        if got {
-            // The receiver is posting: no pause, and a later empty READ starts the count
-            // again.
-            self.empty_reads = 0;
-            self.read_skip = 0;
         }
         if self.failed.is_none() {
             self.after_entries();
@@ -522,15 +514,12 @@ impl SendEngine {
         if let Pull::Landed { woke } = self.read {
             self.read = Pull::Idle;
             let took = self.next_r.wrapping_sub(self.read_from);
-            if took > 0 || woke || !self.pulls() {
-                self.empty_reads = 0;
-            }
             if !woke && self.pulls() && took == 0 && self.empty_reads < READ_PATIENCE {
                 // A send waited for this READ and it brought nothing: the receiver may be
                 // busy; the send READs again after a pause, not at its next try.
                 self.empty_reads += 1;
                 self.read_skip =
-                    (self.read_rtt_calls << self.empty_reads).min(READ_PAUSE_MAX_CALLS);
+                    (self.read_wait_calls.max(1) << self.empty_reads).min(READ_PAUSE_MAX_CALLS);
             } else if !woke && self.pulls() && took < PULL_MIN_PER_READ {
                 // A send waited for this READ, and too few entries came since it went (maybe
                 // none, not the one the send needs): ask for pushes, and READ again behind the
@@ -1223,6 +1212,10 @@ impl SendEngine {
         let (n, credits, zeros) = (e.n, e.credits, e.zeros);
         self.stats.cts += 1;
         self.next_r = self.next_r.wrapping_add(1);
+        // The receiver is posting: no pause before the next READ, and a later empty READ
+        // starts the count again.
+        self.empty_reads = 0;
+        self.read_skip = 0;
         self.next_base = self.next_base.wrapping_add(u64::from(n));
         self.credits_granted = self.credits_granted.max(credits);
         if zeros > 0 {
@@ -1318,7 +1311,6 @@ impl SendEngine {
         if kind == WrKind::CtsRead && wc.status == WcStatus::Success {
             if let Pull::InFlight { woke } = self.read {
                 self.read = Pull::Landed { woke };
-                self.read_rtt_calls = self.read_wait_calls.max(1);
                 self.landing_valid = true;
             }
             return;
