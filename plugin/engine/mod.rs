@@ -67,7 +67,7 @@ pub mod sim;
 
 use std::fmt;
 
-use crate::transport::{RecvWr, SendWr, WcStatus};
+use crate::transport::{RecvWr, SendWr, Sge, WcStatus};
 
 pub use exec::{ActionQueue, ActionSink, Executor};
 pub use recv::{RecvBuf, RecvEngine, RecvParams};
@@ -254,6 +254,21 @@ impl Eq for StageBytes {}
 impl std::fmt::Debug for StageBytes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         (**self).fmt(f)
+    }
+}
+
+/// Queues an [`Action::Stage`] of `bytes` at `addr` (a staging buffer registered under `lkey`)
+/// and returns the SGE that sends them from there: the staged control words and headers of
+/// the protocol (CTS entry, credit word, refusal record, eager header, small-send trailer).
+pub(crate) fn stage_sge(actions: &mut Vec<Action>, addr: u64, lkey: u32, bytes: &[u8]) -> Sge {
+    actions.push(Action::Stage {
+        addr,
+        bytes: StageBytes::from(bytes),
+    });
+    Sge {
+        addr,
+        length: bytes.len() as u32,
+        lkey,
     }
 }
 

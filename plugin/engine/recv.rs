@@ -9,10 +9,10 @@ use super::wire::{
     EAGER_HDR_LEN, MAX_RECVS, REC_TOO_BIG,
 };
 use super::{
-    wc_error, wr_parse, Action, MemRead, ReqError, ReqId, Sizes, Slots, StageBytes, Stall, Stats,
-    WrKind, CTRL_STAGE_SLOTS, CTS_RING_ENTRIES, MAX_RECV_REQUESTS,
+    stage_sge, wc_error, wr_parse, Action, MemRead, ReqError, ReqId, Sizes, Slots, StageBytes,
+    Stall, Stats, WrKind, CTRL_STAGE_SLOTS, CTS_RING_ENTRIES, MAX_RECV_REQUESTS,
 };
-use crate::transport::{SendOpcode, SendWr, Sge, Wc, WcOpcode, WcStatus};
+use crate::transport::{SendOpcode, SendWr, Wc, WcOpcode, WcStatus};
 
 mod rq;
 
@@ -498,23 +498,14 @@ impl RecvEngine {
             return false;
         };
         let len = self.p.cts_entry_len();
-        let written = bytes.len() as u32;
-        self.actions.push(Action::Stage {
-            addr: stage,
-            bytes: StageBytes::from(bytes),
-        });
-        let sge = Sge {
-            addr: stage,
-            length: written,
-            lkey: self.p.ctrl_stage.1,
-        };
+        let sge = stage_sge(&mut self.actions, stage, self.p.ctrl_stage.1, bytes);
         let opcode = SendOpcode::RdmaWrite {
             remote_addr: self.p.peer_cts_ring.0 + (r % CTS_RING_ENTRIES as u64) * len as u64,
             rkey: self.p.peer_cts_ring.1,
         };
         self.actions.push(Action::PostSend(SendWr {
             signaled,
-            inline: u64::from(written) <= self.p.inline_max,
+            inline: u64::from(sge.length) <= self.p.inline_max,
             ..SendWr::one(cts_id, sge, opcode)
         }));
         self.stats.cts += 1;

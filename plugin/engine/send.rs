@@ -7,9 +7,9 @@ use super::wire::{
     REC_TOO_BIG, SMALL_TRAILER_LEN,
 };
 use super::{
-    piece_index, piece_parse, wc_error, wr_id, wr_parse, Action, MemRead, ReqError, ReqId, Slots,
-    StageBytes, Stall, Stats, WrKind, CTS_RING_ENTRIES, INLINE_SIGNAL_EVERY, MAX_INLINE_UNACKED,
-    MAX_SEND_REQUESTS, MAX_SPECULATIVE, SPLIT_ALIGN,
+    piece_index, piece_parse, stage_sge, wc_error, wr_id, wr_parse, Action, MemRead, ReqError,
+    ReqId, Slots, StageBytes, Stall, Stats, WrKind, CTS_RING_ENTRIES, INLINE_SIGNAL_EVERY,
+    MAX_INLINE_UNACKED, MAX_SEND_REQUESTS, MAX_SPECULATIVE, SPLIT_ALIGN,
 };
 use crate::transport::{SendOpcode, SendWr, Sge, Wc, WcStatus};
 
@@ -843,26 +843,18 @@ impl SendEngine {
                 self.unassigned.push_back(id);
                 self.stats.eager += 1;
                 let hdr_addr = self.p.hdr_stage.0 + u64::from(id.slot) * EAGER_HDR_LEN as u64;
-                self.actions.push(Action::Stage {
-                    addr: hdr_addr,
-                    bytes: StageBytes::from(
-                        &EagerHeader {
-                            tag,
-                            seq: s,
-                            size,
-                            starved,
-                        }
-                        .encode()[..],
-                    ),
-                });
+                let hdr = EagerHeader {
+                    tag,
+                    seq: s,
+                    size,
+                    starved,
+                }
+                .encode();
+                let hdr = stage_sge(&mut self.actions, hdr_addr, self.p.hdr_stage.1, &hdr);
                 self.actions.push(Action::PostSend(SendWr {
                     wr_id: wr_id(WrKind::Eager, id.gen, id.slot),
                     sgl: [
-                        Sge {
-                            addr: hdr_addr,
-                            length: EAGER_HDR_LEN as u32,
-                            lkey: self.p.hdr_stage.1,
-                        },
+                        hdr,
                         Sge {
                             addr,
                             length: size as u32,
@@ -927,15 +919,7 @@ impl SendEngine {
             s_low: s as u32,
         }
         .encode(r);
-        self.actions.push(Action::Stage {
-            addr: at,
-            bytes: StageBytes::from(&trailer[..]),
-        });
-        let tail = Sge {
-            addr: at,
-            length: SMALL_TRAILER_LEN as u32,
-            lkey: self.p.hdr_stage.1,
-        };
+        let tail = stage_sge(&mut self.actions, at, self.p.hdr_stage.1, &trailer);
         let data = Sge {
             addr,
             length: size as u32,
@@ -1138,16 +1122,8 @@ impl SendEngine {
     /// `r`, `buf_idx`, the record bit, `starved`). The comm fails right after, so this runs
     /// at most once per comm and one staging word and one record slot suffice.
     fn post_record(&mut self, id: ReqId, r: u64, buf_idx: usize, value: u64, starved: bool) {
-        let stage = self.p.rec_stage.0;
-        self.actions.push(Action::Stage {
-            addr: stage,
-            bytes: StageBytes::from(&value.to_le_bytes()[..]),
-        });
-        let sge = Sge {
-            addr: stage,
-            length: 8,
-            lkey: self.p.rec_stage.1,
-        };
+        let (stage, lkey) = self.p.rec_stage;
+        let sge = stage_sge(&mut self.actions, stage, lkey, &value.to_le_bytes());
         let opcode = SendOpcode::RdmaWriteWithImm {
             remote_addr: self.p.peer_rec_ring.0,
             rkey: self.p.peer_rec_ring.1,

@@ -6,7 +6,7 @@
 use super::RecvEngine;
 use crate::engine::wire;
 use crate::engine::{
-    wr_id, Action, BounceSource, StageBytes, WrKind, CTRL_SIGNAL_EVERY, CTRL_STAGE_SLOTS,
+    stage_sge, wr_id, Action, BounceSource, WrKind, CTRL_SIGNAL_EVERY, CTRL_STAGE_SLOTS,
     MAX_SPECULATIVE, MAX_ZERO_WRS, ZERO_BATCH,
 };
 use crate::transport::{RecvWr, SendOpcode, SendWr, Sge};
@@ -377,15 +377,8 @@ impl RecvEngine {
         let Some((stage, id, signaled)) = self.ctrl_slot(WrKind::Credit) else {
             return;
         };
-        self.actions.push(Action::Stage {
-            addr: stage,
-            bytes: StageBytes::from(&wire::credit_word(self.granted, self.z_end).to_le_bytes()[..]),
-        });
-        let sge = Sge {
-            addr: stage,
-            length: 8,
-            lkey: self.p.ctrl_stage.1,
-        };
+        let word = wire::credit_word(self.granted, self.z_end).to_le_bytes();
+        let sge = stage_sge(&mut self.actions, stage, self.p.ctrl_stage.1, &word);
         let opcode = SendOpcode::RdmaWrite {
             remote_addr: self.p.peer_credit_word.0,
             rkey: self.p.peer_credit_word.1,
