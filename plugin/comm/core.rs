@@ -274,6 +274,9 @@ impl<R: Role> Core<R> {
         }
         let n = wcs.len();
         self.wcs_polled += n as u64;
+        if n > 0 {
+            self.side.clock_if_wanted(super::fine_ns);
+        }
         let mut peer_gone = self.watch.warned_peer;
         for wc in &wcs {
             if wc.status != WcStatus::Success && !peer_gone {

@@ -82,6 +82,15 @@ pub fn now_ns() -> u64 {
     }
 }
 
+/// Nanoseconds since the first call of this function in this process, on the precise
+/// monotonic clock ([`Instant`], `CLOCK_MONOTONIC`): read only where a pause must be timed to
+/// an RDMA READ's round trip (microseconds; [`now_ns`] moves in ticks of milliseconds), i.e.
+/// by a send that is pulling its clear-to-send and has none ([`SendEngine::wants_clock`]).
+pub fn fine_ns() -> u64 {
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    BASE.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
 /// The coarse clock's resolution in nanoseconds (`clock_getres(2)` of
 /// `CLOCK_MONOTONIC_COARSE`: the kernel's tick, 4 ms at `HZ=250`), or 0 where [`now_ns`] uses
 /// [`Instant`].
@@ -399,6 +408,7 @@ impl SendComm {
             let now = now_ns();
             let startable = g.side.can_start(tag);
             g.progress_unless_startable(now, startable)?;
+            side::sealed::Side::clock_if_wanted(&mut g.side, fine_ns);
             let r = g.side.isend(now, data, mr.lkeys(), size, tag);
             let id = g.after_engine_call(r, Op::Isend)?;
             g.execute()?;

@@ -56,6 +56,11 @@ pub(super) mod sealed {
         }
         /// Requests idle for `timeout_ns`, each once.
         fn stalls(&mut self, now: u64, timeout_ns: u64) -> Vec<Stall>;
+        /// Gives the engine the fine clock (`fine` reads it) where it wants one: before an
+        /// `isend`, and before a poll's completions are fed (a send comm timing the READ of
+        /// its clear-to-send, [`crate::engine::SendEngine::wants_clock`]; nothing on a
+        /// receive comm).
+        fn clock_if_wanted(&mut self, _fine: fn() -> u64) {}
         /// Feeds one completion to the engine.
         fn handle_wc(&mut self, now: u64, wc: &Wc);
         /// After a CQ poll: the sender reads the CTS ring and credit word, the receiver
@@ -191,6 +196,11 @@ impl sealed::Side for SendSide {
     }
     fn stalls(&mut self, now: u64, timeout_ns: u64) -> Vec<Stall> {
         self.engine.stalls(now, timeout_ns)
+    }
+    fn clock_if_wanted(&mut self, fine: fn() -> u64) {
+        if self.engine.wants_clock() {
+            self.engine.set_clock(fine());
+        }
     }
     fn handle_wc(&mut self, now: u64, wc: &Wc) {
         self.engine.handle_wc(now, wc)

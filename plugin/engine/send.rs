@@ -232,14 +232,20 @@ pub struct SendEngine {
     /// another READ later rather than by the wake word ([`READ_PATIENCE`]); back to 0 once
     /// any entry arrives ([`SendEngine::adopt_newest`]) or the wake word goes.
     empty_reads: u32,
-    /// `isend` calls refused for want of an entry while the last READ was in flight: its
-    /// round trip in the caller's own retries (no clock: the comm's is the kernel's tick,
-    /// milliseconds, far coarser than a READ). Counted from the READ's post, read when it
-    /// has landed (no call counts then).
-    read_wait_calls: u64,
-    /// Refused `isend` calls still to go before the READ after an empty one is posted (the
-    /// pause).
-    read_skip: u64,
+    /// The caller's fine clock (ns, [`SendEngine::set_clock`]) as last given: the comm reads
+    /// one only while [`SendEngine::wants_clock`] (a READ is in flight, or a send may READ or
+    /// is pausing), so every other call keeps its coarse clock. 0 before any.
+    clock_ns: u64,
+    /// `clock_ns` when the last READ was posted and when its completion was polled: a pause
+    /// after an empty READ is a multiple of that round trip.
+    read_times: (u64, u64),
+    /// The fine clock's time at which a send that needs an entry may READ again, after an
+    /// empty READ ([`READ_PATIENCE`]); `None`: at once.
+    pause_until: Option<u64>,
+    /// Refused `isend` calls while a pause lasts: it also ends after
+    /// [`READ_PAUSE_MAX_CALLS`] of them, so a caller that gives no clock (its time never
+    /// moves) still gets its next READ.
+    pause_calls: u64,
 }
 
 /// Where the sender's RDMA READ of the receiver's CTS mirror stands.
@@ -283,20 +289,34 @@ const PROBE_MAX: u64 = 1024;
 /// interval.
 const PROBE_PAID: u64 = 2 * PROBE_MIN;
 
-/// READs after an empty one before the sender asks for pushes: a READ a send waited for
-/// that brought no entry is followed by up to this many more, each after a pause twice as
-/// long as the one before (2, 4, then 8 of the last READ's round trips, counted in the
-/// caller's refused `isend` calls, at most [`READ_PAUSE_MAX_CALLS`]); the wake word comes
+/// READs after an empty one before the sender asks for pushes: a READ a send waited for that
+/// brought no entry is followed by up to this many more, each after a pause twice as long as
+/// the one before ([`READ_PAUSE_RTTS`], then twice and four times that many of the last READ's
+/// round trips on the caller's fine clock, at most [`READ_PAUSE_MAX_NS`]); the wake word comes
 /// only after the last of them came back empty too. A receiver whose process is busy sending
-/// (traffic both ways) re-posts its receives in bursts, a while after the data landed: a
-/// READ sent right after our last send finds none of them, and asking for pushes then would
-/// cost it a WR per receive (pushing is sticky, see [`PROBE_MIN`]); the READ a little later
-/// brings the whole burst. A receiver that stays idle costs 1 + this many READs before the
-/// wake word, spread over about 18 round trips.
+/// (traffic both ways) re-posts its receives in bursts, a while after the data landed: a READ
+/// sent right after our last send finds none of them, and asking for pushes then would cost it
+/// a WR per receive (pushing is sticky, see [`PROBE_MIN`]); the READ a little later brings the
+/// whole burst. A receiver that stays idle costs 1 + this many READs before the wake word,
+/// spread over 18 round trips (4 READs, pauses of 2, 4 and 8).
 pub(crate) const READ_PATIENCE: u32 = 3;
 
-/// The longest pause before a READ after an empty one, in refused `isend` calls.
-const READ_PAUSE_MAX_CALLS: u64 = 1 << 16;
+/// The first pause after an empty READ, in that READ's round trips, from its post to the
+/// poll that found its completion (the next pauses are twice and four times as long). Timed
+/// on the caller's fine clock ([`SendEngine::set_clock`]): counted in the caller's refused
+/// `isend` calls instead (`3ec1619`), the same rule left a 64 B stream both ways on rxe at
+/// 1.25–1.52 WRs per message by boot and round, where on the clock it took 1.08–1.10
+/// (docs/performance.md, "The READ pause on a fine clock").
+pub(crate) const READ_PAUSE_RTTS: u64 = 2;
+
+/// The longest pause before a READ after an empty one, in nanoseconds: it bounds the wait of
+/// a send whose receiver posts just after an empty READ when the round trip itself is long
+/// (a loaded soft-RoCE peer: hundreds of microseconds; a hardware NIC's READ takes a few).
+pub(crate) const READ_PAUSE_MAX_NS: u64 = 1_000_000;
+
+/// The longest pause before a READ after an empty one, in refused `isend` calls: where the
+/// caller gives no clock, its time never moves, and only this ends the pause.
+pub(crate) const READ_PAUSE_MAX_CALLS: u64 = 1 << 16;
 
 impl SendEngine {
     /// A send engine for a freshly connected comm.
@@ -333,8 +353,10 @@ impl SendEngine {
             probe_every: PROBE_MIN,
             pull_since: p.first_seq,
             empty_reads: 0,
-            read_wait_calls: 0,
-            read_skip: 0,
+            clock_ns: 0,
+            read_times: (0, 0),
+            pause_until: None,
+            pause_calls: 0,
             p,
         };
         if e.p.cts_pull {
@@ -503,7 +525,7 @@ impl SendEngine {
     ///   and pushes it (its `after_execute`). A second READ that finds nothing leaves us
     ///   waiting for the push, not polling with READs. Before that, a READ that brought no
     ///   entry at all is followed by up to [`READ_PATIENCE`] more, each after a longer pause
-    ///   (the pause counted in the sends' refused `isend` calls, `read_skip`).
+    ///   (the pause timed on the caller's fine clock, [`SendEngine::set_clock`]).
     /// - While the receiver pushes, with [`PULL_AT_GROUPS`] receives known (the receiver is
     ///   ahead) or [`SendEngine::probe_every`] one-buffer entries pushed since the last pull
     ///   phase (a probe: it may be ahead once it stops pushing), all known receives of one
@@ -518,8 +540,12 @@ impl SendEngine {
                 // A send waited for this READ and it brought nothing: the receiver may be
                 // busy; the send READs again after a pause, not at its next try.
                 self.empty_reads += 1;
-                self.read_skip =
-                    (self.read_wait_calls.max(1) << self.empty_reads).min(READ_PAUSE_MAX_CALLS);
+                let (posted, landed) = self.read_times;
+                let rtt = landed.saturating_sub(posted).max(1);
+                let rtts = READ_PAUSE_RTTS << (self.empty_reads - 1);
+                let pause = rtt.saturating_mul(rtts).min(READ_PAUSE_MAX_NS);
+                self.pause_until = Some(landed.saturating_add(pause));
+                self.pause_calls = 0;
             } else if !woke && self.pulls() && took < PULL_MIN_PER_READ {
                 // A send waited for this READ, and too few entries came since it went (maybe
                 // none, not the one the send needs): ask for pushes, and READ again behind the
@@ -531,6 +557,7 @@ impl SendEngine {
                     (self.probe_every * 2).min(PROBE_MAX)
                 };
                 self.empty_reads = 0;
+                self.pause_until = None;
                 self.post_wake(true);
                 self.post_read(true);
             }
@@ -591,10 +618,51 @@ impl SendEngine {
             ..SendWr::one(wr_id(WrKind::CtsRead, 0, u32::from(woke)), sge, opcode)
         }));
         self.read = Pull::InFlight { woke };
-        self.read_wait_calls = 0;
+        self.read_times = (self.clock_ns, self.clock_ns);
         self.landing_valid = false;
         self.read_from = self.next_r;
         self.stats.cts_reads += 1;
+    }
+
+    /// Whether the engine needs the caller's fine clock ([`SendEngine::set_clock`]) before
+    /// its next `isend` or completion: a READ of the receiver's mirror is in flight (its round
+    /// trip is timed, from its post to the poll that finds its completion), or we pull and
+    /// know no receive (the send may post a READ, or be pausing after an empty one). The
+    /// comm's own clock is the kernel's coarse tick (milliseconds, cheap to read on every
+    /// call), far coarser than a READ's round trip; a fine one is read only here.
+    pub fn wants_clock(&self) -> bool {
+        matches!(self.read, Pull::InFlight { .. }) || self.pulls() && self.groups.is_empty()
+    }
+
+    /// The caller's fine monotonic clock, in nanoseconds (any origin), given where
+    /// [`SendEngine::wants_clock`] says so: before an `isend`, and before feeding the
+    /// completions of a poll. A caller that never gives one gets pauses bounded by 65,536
+    /// refused calls (`READ_PAUSE_MAX_CALLS`).
+    pub fn set_clock(&mut self, now_ns: u64) {
+        self.clock_ns = self.clock_ns.max(now_ns);
+    }
+
+    /// Whether a send that needs an entry may READ now: no pause, or its end has come on the
+    /// fine clock (or the caller refused [`READ_PAUSE_MAX_CALLS`] calls meanwhile). The
+    /// pause after an empty READ is [`READ_PAUSE_RTTS`] of its round trips, doubled for each
+    /// further empty READ in a row, at most [`READ_PAUSE_MAX_NS`] (`after_entries`).
+    fn pause_over(&mut self) -> bool {
+        let Some(until) = self.pause_until else {
+            return true;
+        };
+        self.pause_calls += 1;
+        if self.clock_ns >= until || self.pause_calls > READ_PAUSE_MAX_CALLS {
+            self.pause_until = None;
+            return true;
+        }
+        false
+    }
+
+    /// The fine clock's readings at the last READ's post and at its completion's poll, and
+    /// the end of the pause after it, if any (tests).
+    #[cfg(test)]
+    pub(crate) fn debug_read_times(&self) -> (u64, u64, Option<u64>) {
+        (self.read_times.0, self.read_times.1, self.pause_until)
     }
 
     /// Whether a READ of the receiver's CTS mirror is posted and not yet completed (tests).
@@ -741,11 +809,8 @@ impl SendEngine {
             // and every one posted since, where a speculative eager send would cost the
             // receiver a bounce-backed receive WR to re-post.
             None if self.pulls() => {
-                match self.read {
-                    Pull::Idle if self.read_skip == 0 => self.post_read(false),
-                    Pull::Idle => self.read_skip -= 1,
-                    Pull::InFlight { .. } => self.read_wait_calls += 1,
-                    Pull::Landed { .. } => {}
+                if self.read == Pull::Idle && self.pause_over() {
+                    self.post_read(false);
                 }
                 return Ok(self.refuse(now, Refusal::Cts));
             }
@@ -1191,7 +1256,7 @@ impl SendEngine {
         // The receiver is posting: no pause before the next READ, and a later empty READ
         // starts the count again.
         self.empty_reads = 0;
-        self.read_skip = 0;
+        self.pause_until = None;
         self.next_base = self.next_base.wrapping_add(u64::from(n));
         self.credits_granted = self.credits_granted.max(credits);
         if zeros > 0 {
@@ -1287,6 +1352,7 @@ impl SendEngine {
         if kind == WrKind::CtsRead && wc.status == WcStatus::Success {
             if let Pull::InFlight { woke } = self.read {
                 self.read = Pull::Landed { woke };
+                self.read_times.1 = self.clock_ns;
                 self.landing_valid = true;
             }
             return;

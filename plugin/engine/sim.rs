@@ -282,6 +282,9 @@ pub struct Knobs {
     /// The next WR of this data QP fails (`IBV_WC_RETRY_EXC_ERR`) and the QP goes to the
     /// error state, flushing the rest.
     pub data_qp_error: Option<u8>,
+    /// The sender's caller gives the engine no fine clock ([`SendEngine::set_clock`]): its
+    /// time stands still wherever the engine asks for it.
+    pub no_clock: bool,
 }
 
 impl Default for Knobs {
@@ -295,6 +298,7 @@ impl Default for Knobs {
             recv_idle: false,
             send_idle: false,
             data_qp_lag: 0,
+            no_clock: false,
             data_qp_error: None,
         }
     }
@@ -909,7 +913,17 @@ impl Pair {
                 self.now = self.now.max(t);
             }
         }
+        // The fine clock for the sender's next `isend`, as the comm gives it.
+        self.give_clock();
         busy
+    }
+
+    /// Gives the send engine the clock when it wants it ([`SendEngine::wants_clock`]), as
+    /// the comm does before each `isend` (the simulated clock is fine).
+    pub fn give_clock(&mut self) {
+        if !self.knobs.no_clock && self.snd.wants_clock() {
+            self.snd.set_clock(self.now);
+        }
     }
 
     /// Steps until `done` holds, failing after `max` steps (livelock guard).
@@ -931,6 +945,7 @@ impl Pair {
     pub fn isend(&mut self, off: u64, data: &[u8], tag: i32) -> Result<ReqId, ReqError> {
         assert!(self.smem.write(S_USER + off, data));
         for _ in 0..100_000 {
+            self.give_clock();
             if let Some(id) =
                 self.snd
                     .isend(self.now, S_USER + off, self.lkeys, data.len() as u64, tag)?

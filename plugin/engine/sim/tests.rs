@@ -1865,7 +1865,14 @@ fn stream_into(p: &mut Pair, recvs: Vec<ReqId>, first: u64, size: usize) {
 /// A pair whose sender pulls: eight entries were pushed (then it asked the receiver to stop)
 /// and used.
 fn pulling_pair(cfg: PairCfg) -> Pair {
-    let mut p = Pair::new(cfg, Knobs::default());
+    // Completions show 5 us after their WR moved: a READ takes that long (with none, it
+    // would complete in the step that carried it, at the instant of its post, and every
+    // pause after an empty one, a multiple of its round trip, would be 0).
+    let knobs = Knobs {
+        wc_delay_ns: 5_000,
+        ..Knobs::default()
+    };
+    let mut p = Pair::new(cfg, knobs);
     let recvs = post_slots(&mut p, 0, 8);
     p.drive_until(1000, |p| p.snd.pulls());
     stream_into(&mut p, recvs, 0, 100);
@@ -1911,24 +1918,25 @@ fn a_read_that_finds_no_receive_wakes_the_receiver_and_no_read_polls_while_it_wa
     let data = pattern(99, 4096);
     assert!(p.smem.write(S_USER, &data));
     assert_eq!(p.snd.isend(p.now, S_USER, p.lkeys, 4096, 0), Ok(None));
-    // The refused call at which each READ went (one call per step).
-    let mut posted_at = vec![0u64];
-    for call in 1..=1000u64 {
+    // The time (the clock given to the engine) at which each READ went.
+    let mut posted_at = vec![p.now];
+    for _ in 1..=1000u64 {
         p.step();
         let before = p.snd.stats().cts_reads;
         assert_eq!(p.snd.isend(p.now, S_USER, p.lkeys, 4096, 0), Ok(None));
         if p.snd.stats().cts_reads > before {
-            posted_at.push(call);
+            posted_at.push(p.now);
         }
     }
-    // Each READ took the same round trip in calls; the pauses after the empty ones double
-    // (2, 4, 8 round trips), so the gaps between the patient READs grow by a round trip
-    // times 2, then 4. The READ behind the wake word went with it, in the call that saw the
-    // last patient READ land (counted in the stats, not here: it is posted by progress).
+    // Each READ took the same round trip; the pauses after the empty ones double (2, 4, 8
+    // round trips, timed from the landing), so the gaps between the patient READs grow by a
+    // round trip times 2, then 4. The READ behind the wake word went with it, in the call
+    // that saw the last patient READ land (counted in the stats, not here: it is posted by
+    // progress).
     let gaps: Vec<u64> = posted_at.windows(2).map(|w| w[1] - w[0]).collect();
     assert_eq!(gaps.len(), send::READ_PATIENCE as usize, "{posted_at:?}");
     let rtt = gaps[0] / 3;
-    assert!(rtt >= 1, "{gaps:?}");
+    assert!(rtt >= 1_000, "{gaps:?}");
     assert_eq!(
         gaps,
         [3 * rtt, 5 * rtt, 9 * rtt],
@@ -1954,6 +1962,80 @@ fn a_read_that_finds_no_receive_wakes_the_receiver_and_no_read_polls_while_it_wa
     assert_eq!(p.wait_send(s).unwrap(), 4096);
     assert_eq!(p.snd.stats().cts_reads - s0.cts_reads, reads);
     assert_eq!(p.rcv.stats().cts, 9, "the ninth entry was pushed");
+}
+
+/// Steps until the sender's READ landed and was read.
+fn until_read_landed(p: &mut Pair) {
+    p.drive_until(1000, |p| !p.snd.debug_read_in_flight());
+}
+
+#[test]
+fn the_pause_after_an_empty_read_lasts_its_time_however_often_the_caller_retries() {
+    let mut p = pulling_pair(PairCfg::default());
+    let s0 = p.snd.stats().clone();
+    assert!(p.smem.write(S_USER, &pattern(7, 4096)));
+    let reads = |p: &Pair| p.snd.stats().cts_reads - s0.cts_reads;
+    p.give_clock();
+    let posted = p.now;
+    assert_eq!(p.snd.isend(p.now, S_USER, p.lkeys, 4096, 0), Ok(None));
+    assert_eq!(reads(&p), 1, "no receive known: the send READs");
+    until_read_landed(&mut p);
+    // Nothing was posted: the READ came back empty. Its round trip, timed from its post to
+    // the step that polled its completion, sets the pause: READ_PAUSE_RTTS of them from then.
+    let (at_post, at_landing, until) = p.snd.debug_read_times();
+    assert_eq!(at_post, posted);
+    assert!(
+        at_post < at_landing && at_landing <= p.now,
+        "{at_post} {at_landing}"
+    );
+    let end = at_landing + send::READ_PAUSE_RTTS * (at_landing - at_post);
+    assert_eq!(until, Some(end));
+    assert!(p.now < end, "the pause outlasts the step it began in");
+    // A caller spinning on its send at one instant (10,000 retries) gets no READ.
+    for _ in 0..10_000 {
+        p.give_clock();
+        assert_eq!(p.snd.isend(p.now, S_USER, p.lkeys, 4096, 0), Ok(None));
+    }
+    assert_eq!(reads(&p), 1, "{}", p.snd.debug_state());
+    // One nanosecond before the pause ends, none either; at its end, the READ.
+    p.snd.set_clock(end - 1);
+    assert_eq!(p.snd.isend(p.now, S_USER, p.lkeys, 4096, 0), Ok(None));
+    assert_eq!(reads(&p), 1, "{}", p.snd.debug_state());
+    p.snd.set_clock(end);
+    assert_eq!(p.snd.isend(p.now, S_USER, p.lkeys, 4096, 0), Ok(None));
+    assert_eq!(reads(&p), 2, "{}", p.snd.debug_state());
+}
+
+#[test]
+fn a_caller_that_gives_no_clock_gets_the_read_after_an_empty_one_within_bounded_retries() {
+    let mut p = pulling_pair(PairCfg::default());
+    p.knobs.no_clock = true;
+    let s0 = p.snd.stats().clone();
+    assert!(p.smem.write(S_USER, &pattern(8, 4096)));
+    let reads = |p: &Pair| p.snd.stats().cts_reads - s0.cts_reads;
+    assert_eq!(p.snd.isend(p.now, S_USER, p.lkeys, 4096, 0), Ok(None));
+    assert_eq!(reads(&p), 1);
+    until_read_landed(&mut p);
+    // The engine's time stands still: the pause ends after READ_PAUSE_MAX_CALLS refused
+    // calls, and the next READ goes at the call after them.
+    let mut calls = 0u64;
+    while reads(&p) == 1 {
+        calls += 1;
+        assert!(
+            calls <= send::READ_PAUSE_MAX_CALLS + 1,
+            "no READ after {calls} calls"
+        );
+        assert_eq!(p.snd.isend(p.now, S_USER, p.lkeys, 4096, 0), Ok(None));
+    }
+    assert_eq!(calls, send::READ_PAUSE_MAX_CALLS + 1);
+    // The rest of the sequence follows (more READs, the wake word): the receive, posted
+    // now, completes the send.
+    let r = post_slots(&mut p, 8, 1);
+    let data = pattern(8, 4096);
+    p.expect(r[0], vec![data.clone()]);
+    let s = p.isend(0, &data, 0).unwrap();
+    assert_eq!(p.wait_recv(r[0]).unwrap(), vec![4096]);
+    assert_eq!(p.wait_send(s).unwrap(), 4096);
 }
 
 /// The receive posted at every point of the sender's READ, pause, READ, ..., wake, READ
