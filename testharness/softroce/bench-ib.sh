@@ -11,6 +11,9 @@
 #        per bandwidth run, default 33554432: iterations = BENCH_BYTES / size, clamped to
 #        BENCH_MIN_ITERS..BENCH_MAX_ITERS, default 200..5000), BENCH_WINDOW (verbsnet-perf -W,
 #        default 32 = NCCL_NET_MAX_REQUESTS), BENCH_LAT_SIZES ("8"), BENCH_LAT_ITERS (1000),
+#        BENCH_LAT_SPIN (100: the latency mode is run a second time with --spin 100, idle passes
+#        that poll without yielding as ib_send_lat's loop does; 0: only the default, which
+#        yields at once),
 #        BENCH_STRACE_SIZE (64), BENCH_STRACE_ITERS ("500 2000": two runs, the difference is
 #        per message), BENCH_PERF_ARGS (more verbsnet-perf flags, e.g. "--spin 128"),
 #        BENCH_LOGS (target/bench-ib), GID (index, 1), VM_BENCH_TIMEOUT (2400 s), and
@@ -34,6 +37,7 @@ MAX_ITERS=${BENCH_MAX_ITERS:-5000}
 WINDOW=${BENCH_WINDOW:-32}
 LAT_SIZES=${BENCH_LAT_SIZES:-8}
 LAT_ITERS=${BENCH_LAT_ITERS:-1000}
+LAT_SPIN=${BENCH_LAT_SPIN:-100}
 STRACE_SIZE=${BENCH_STRACE_SIZE:-64}
 STRACE_ITERS=${BENCH_STRACE_ITERS:-"500 2000"}
 iters_for() {
@@ -136,6 +140,7 @@ PY
         for s in $LAT_SIZES; do
             pf ib_send_lat send_lat "$s" "$LAT_ITERS"
             vp latency latency "$s" "$LAT_ITERS"
+            [ "$LAT_SPIN" -gt 0 ] && vp latency latency_spin "$s" "$LAT_ITERS" --spin "$LAT_SPIN"
         done
     done
 
@@ -182,8 +187,9 @@ run_bench() {
     cargo build -p testharness --release --bin verbsnet-perf
     printf 'PLUGIN_SO=%q\nPERF_BIN=%q\n' "$ROOT/target/release/libnccl-net-verbsnet.so" \
         "$ROOT/target/release/verbsnet-perf" > "$logs/manifest.env"
-    printf 'SIZES=%q\nLAT_SIZES=%q\nSTRACE_SIZE=%q\nSTRACE_ITERS=%q\nWINDOW=%q\n' "$SIZES" \
-        "$LAT_SIZES" "$STRACE_SIZE" "$STRACE_ITERS" "$WINDOW" > "$logs/settings.env"
+    printf 'SIZES=%q\nLAT_SIZES=%q\nSTRACE_SIZE=%q\nSTRACE_ITERS=%q\nWINDOW=%q\nLAT_SPIN=%q\n' \
+        "$SIZES" "$LAT_SIZES" "$STRACE_SIZE" "$STRACE_ITERS" "$WINDOW" "$LAT_SPIN" \
+        > "$logs/settings.env"
     local share=(-w "$ROOT") started
     case "$logs" in "$ROOT"/*) ;; *) share+=(-w "$logs") ;; esac
     echo "bench: host load before: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
@@ -204,11 +210,12 @@ else
 fi
 
 # the tables
-python3 - "$logs" "$SIZES" "$LAT_SIZES" "$STRACE_SIZE" "$STRACE_ITERS" "$WINDOW" <<'PY'
+python3 - "$logs" "$SIZES" "$LAT_SIZES" "$STRACE_SIZE" "$STRACE_ITERS" "$WINDOW" "$LAT_SPIN" <<'PY'
 import glob, os, re, statistics, sys
 
 logs, sizes, lat_sizes = sys.argv[1], sys.argv[2].split(), sys.argv[3].split()
 strace_size, strace_iters, window = sys.argv[4], [int(x) for x in sys.argv[5].split()], sys.argv[6]
+lat_spin = sys.argv[7]
 sizes = [int(s) for s in sizes]
 lat_sizes = [int(s) for s in lat_sizes]
 res = {}  # (key, size) -> {round: [values]}
@@ -258,15 +265,19 @@ for s in sizes:
     print(f"| {human(s)} | {med(sb)} | {med(wb)} | {med(st)} | {ratio(st, sb)} | {ratio(st, wb)} |")
 print()
 print("Latency, one way (ib_send_lat; verbsnet-perf latency: round trip / 2), us, median of the rounds;")
-print("target: latency / ib_send_lat <= 1.2 at 8 B.")
+print("target: latency / ib_send_lat <= 1.2 at 8 B. verbsnet-perf's idle passes yield the core at")
+print("once by default (its --spin 0); ib_send_lat polls without yielding, as the --spin rows do.")
 print()
 print("| size | ib_send_lat typical | ib_send_lat avg | latency typical | latency avg | ratio typical | ratio avg |")
 print("|---|---|---|---|---|---|---|")
 for s in lat_sizes:
     lt, la = vals("send_lat", s, 0), vals("send_lat", s, 1)
-    vt, va = vals("latency", s, 0), vals("latency", s, 1)
-    print(f"| {human(s)} | {med(lt, '{:.2f}')} | {med(la, '{:.2f}')} | {med(vt, '{:.2f}')} "
-          f"| {med(va, '{:.2f}')} | {ratio(vt, lt)} | {ratio(va, la)} |")
+    for key, label in (("latency", ""), ("latency_spin", f", --spin {lat_spin}")):
+        vt, va = vals(key, s, 0), vals(key, s, 1)
+        if not vt:
+            continue
+        print(f"| {human(s)}{label} | {med(lt, '{:.2f}')} | {med(la, '{:.2f}')} | {med(vt, '{:.2f}')} "
+              f"| {med(va, '{:.2f}')} | {ratio(vt, lt)} | {ratio(va, la)} |")
 
 print()
 print("Work per message on each side (verbsnet-perf --stats; the counters of a run, warm-up and")
