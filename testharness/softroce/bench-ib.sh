@@ -12,8 +12,8 @@
 #        BENCH_MIN_ITERS..BENCH_MAX_ITERS, default 200..5000), BENCH_WINDOW (verbsnet-perf -W,
 #        default 32 = NCCL_NET_MAX_REQUESTS), BENCH_LAT_SIZES ("8"), BENCH_LAT_ITERS (1000),
 #        BENCH_LAT_SPIN (100: the latency mode is run a second time with --spin 100, idle passes
-#        that poll without yielding as ib_send_lat's loop does; 0: only the default, which
-#        yields at once),
+#        that poll without yielding as ib_send_lat's loop does; 0, or a --spin in
+#        BENCH_PERF_ARGS: only the one run),
 #        BENCH_STRACE_SIZE (64), BENCH_STRACE_ITERS ("500 2000": two runs, the difference is
 #        per message), BENCH_PERF_ARGS (more verbsnet-perf flags, e.g. "--spin 128"),
 #        BENCH_LOGS (target/bench-ib), GID (index, 1), VM_BENCH_TIMEOUT (2400 s), and
@@ -140,7 +140,10 @@ PY
         for s in $LAT_SIZES; do
             pf ib_send_lat send_lat "$s" "$LAT_ITERS"
             vp latency latency "$s" "$LAT_ITERS"
-            [ "$LAT_SPIN" -gt 0 ] && vp latency latency_spin "$s" "$LAT_ITERS" --spin "$LAT_SPIN"
+            # (not when BENCH_PERF_ARGS sets --spin already: verbsnet-perf takes it once)
+            if [ "$LAT_SPIN" -gt 0 ] && [[ " ${perf_args[*]} " != *" --spin"* ]]; then
+                vp latency latency_spin "$s" "$LAT_ITERS" --spin "$LAT_SPIN"
+            fi
         done
     done
 
@@ -292,8 +295,11 @@ print("| mode | size | WRs posted: rank 0 / rank 1 / both | post calls: rank 0 /
 print("|---|---|---|---|---|")
 notes = set()
 for key, mode, ss in (("stream_work", "stream", sizes), ("stream_bidir_work", "stream --bidir", sizes),
-                      ("latency_work", "latency", lat_sizes)):
+                      ("latency_work", "latency", lat_sizes),
+                      ("latency_spin_work", f"latency --spin {lat_spin}", lat_sizes)):
     for s in ss:
+        if not vals(key, s):
+            continue
         cols = []
         for base in (0, 1, 2):
             a, b = vals(key, s, base), vals(key, s, 3 + base)
