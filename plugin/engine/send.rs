@@ -306,7 +306,8 @@ pub(crate) const READ_PATIENCE: u32 = 3;
 /// on the caller's fine clock ([`SendEngine::set_clock`]): counted in the caller's refused
 /// `isend` calls instead (`3ec1619`), the same rule left a 64 B stream both ways on rxe at
 /// 1.07–1.53 WRs per message by boot and round, where on the clock it took 1.07–1.12 in all 7
-/// rounds of two boots (docs/performance.md, "The READ pause on a fine clock").
+/// rounds of two boots, 3 of them with a 4 ms cap (docs/performance.md, "The READ pause on a
+/// fine clock").
 pub(crate) const READ_PAUSE_RTTS: u64 = 2;
 
 /// The longest pause before a READ after an empty one, in nanoseconds: it bounds the wait of

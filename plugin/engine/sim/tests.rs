@@ -2028,14 +2028,16 @@ fn a_caller_that_gives_no_clock_gets_the_read_after_an_empty_one_within_bounded_
         assert_eq!(p.snd.isend(p.now, S_USER, p.lkeys, 4096, 0), Ok(None));
     }
     assert_eq!(calls, send::READ_PAUSE_MAX_CALLS + 1);
-    // The rest of the sequence follows (more READs, the wake word): the receive, posted
-    // now, completes the send.
+    // That READ moves before the receive below is posted and comes back empty too; after a
+    // second pause ended by the count, the third READ finds the receive and the send
+    // completes.
     let r = post_slots(&mut p, 8, 1);
     let data = pattern(8, 4096);
     p.expect(r[0], vec![data.clone()]);
     let s = p.isend(0, &data, 0).unwrap();
     assert_eq!(p.wait_recv(r[0]).unwrap(), vec![4096]);
     assert_eq!(p.wait_send(s).unwrap(), 4096);
+    assert_eq!(reads(&p), 3, "found by the READ after the second pause");
 }
 
 /// The receive posted at every point of the sender's READ, pause, READ, ..., wake, READ
