@@ -84,8 +84,9 @@ pub fn now_ns() -> u64 {
 
 /// Nanoseconds since the first call of this function in this process, on the precise
 /// monotonic clock ([`Instant`], `CLOCK_MONOTONIC`): read only where a pause must be timed to
-/// an RDMA READ's round trip (microseconds; [`now_ns`] moves in ticks of milliseconds), i.e.
-/// by a send that is pulling its clear-to-send and has none ([`SendEngine::wants_clock`]).
+/// an RDMA READ's round trip (microseconds; [`now_ns`] moves in ticks of milliseconds): before
+/// an `isend` that pulls its clear-to-send and knows no receive, and before a poll's
+/// completions are fed while that READ is in flight ([`SendEngine::wants_clock`]).
 pub fn fine_ns() -> u64 {
     static BASE: OnceLock<Instant> = OnceLock::new();
     BASE.get_or_init(Instant::now).elapsed().as_nanos() as u64
