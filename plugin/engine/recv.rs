@@ -472,21 +472,22 @@ impl RecvEngine {
                 return false;
             }
         };
-        let published = std::mem::take(&mut self.published);
+        // Taken in order, by copy (the vector keeps its capacity: no allocation per receive).
         let mut queued = false;
-        for (k, (r, e)) in published.iter().enumerate() {
+        let mut k = 0;
+        while let Some(&(r, e)) = self.published.get(k) {
             if !push {
                 self.stats.cts_pulled += 1;
-                continue;
-            }
-            if !self.push_cts(*r, e) {
+            } else if self.push_cts(r, &e) {
+                queued = true;
+            } else {
                 // No staging slot (never: `irecv` counts the published entries against them);
                 // the rest waits for the next call rather than being lost.
-                self.published.extend_from_slice(&published[k..]);
                 break;
             }
-            queued = true;
+            k += 1;
         }
+        self.published.drain(..k);
         queued
     }
 

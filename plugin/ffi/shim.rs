@@ -442,15 +442,18 @@ entry! {
         // versions leave it unspecified, so it is read only there.
         let optional =
             S::V9_PLUS && *request as usize == NCCL_NET_OPTIONAL_RECV_COMPLETION as usize;
-        let mut bufs = Vec::with_capacity(n);
+        // On the stack (every call of the hot path allocates nothing): slots past `n` hold
+        // buffer 0's handle and are never read.
+        let mh0: &MrHandle = arg!(mhandles[0], "mhandle");
+        let mut bufs = [(0u64, 0u64, 0 as c_int, mh0); MAX_RECVS];
         for i in 0..n {
             let mh: &MrHandle = arg!(mhandles[i], "mhandle");
             let s = sizes[i]
                 .bytes()
                 .ok_or_else(|| bad_size(OP, format!("irecv buffer {i} of {} bytes", sizes[i])))?;
-            bufs.push((data[i] as u64, s, tags[i], mh));
+            bufs[i] = (data[i] as u64, s, tags[i], mh);
         }
-        let r = c.irecv(&mut bufs, optional)?;
+        let r = c.irecv(&mut bufs[..n], optional)?;
         // Always overwritten: a real request, even for optional ones.
         *request = req_ptr(r);
     }
