@@ -34,11 +34,12 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
 
-use self::io::{Staged, TxPayload, INLINE_MAX, RX_BUF_LEN, TX_BUF_CAP};
+use self::io::{Staged, TxPayload, INLINE_MAX, RX_BUF_LEN, SPARE_INLINE_MAX, TX_BUF_CAP};
 use self::requester::SendEntry;
 use self::responder::{recv_wc, Done, RxState};
 use super::registry::Registry;
 use super::wire::{ConnInfo, DataEndpoint, Frame, NakCode, CONN_INFO_LEN, HEADER_LEN};
+use crate::mem::Region;
 use crate::transport::{
     set_keepalive, QpConfig, QpCounters, RecvWr, Result, SendWr, TransportError, Wc, WcStatus,
     DATA_ACCEPT_TIMEOUT, MAX_SEND_SGE, PEER_SILENT,
@@ -112,6 +113,14 @@ pub(super) struct TcpQp {
     tx_frames: VecDeque<Staged>,
     /// A large payload written straight from registered memory after `tx_buf` drains.
     tx_payload: Option<TxPayload>,
+    /// The gathered ranges' vector of the last payload, kept for the next WR's (a warm QP
+    /// allocates nothing per WR, as a NIC's post does not).
+    spare_segs: Vec<(u32, Region)>,
+    /// Inline copies of retired WRs, kept for the next inline WRs (at most
+    /// [`SPARE_INLINE_MAX`]).
+    spare_inline: Vec<Vec<u8>>,
+    /// The last small READ response's vector, kept for the next READ's bytes.
+    spare_read: Option<Vec<u8>>,
     /// Control frames (ACK, RNR NAK, NAK, READ response) waiting to be staged, in generation
     /// order.
     ctrl: VecDeque<Frame>,
@@ -218,6 +227,9 @@ impl TcpQp {
             tx_off: 0,
             tx_frames: VecDeque::new(),
             tx_payload: None,
+            spare_segs: Vec::with_capacity(MAX_SEND_SGE),
+            spare_inline: Vec::with_capacity(SPARE_INLINE_MAX),
+            spare_read: None,
             ctrl: VecDeque::new(),
             read_payloads: VecDeque::new(),
             read_queued: 0,

@@ -88,7 +88,21 @@ pub(super) const RX_SKIP_WINDOW: Duration = Duration::from_millis(1);
 /// Bytes one `poll_cq` writes, and reads, at most (bounds the time of one call).
 pub(super) const IO_BUDGET: usize = 16 * 1024 * 1024;
 
+/// Inline copies a QP keeps for reuse, at most (a window of small sends in flight).
+pub(super) const SPARE_INLINE_MAX: usize = 64;
+
+/// The largest READ response vector a QP keeps for the next READ's bytes.
+const SPARE_READ_MAX: usize = 64 << 10;
+
 impl TcpQp {
+    /// The payload was written whole: its ranges' vector is kept for the next WR.
+    fn end_payload(&mut self) {
+        if let Some(mut p) = self.tx_payload.take() {
+            p.segs.clear();
+            self.spare_segs = p.segs;
+        }
+    }
+
     /// Writes staged bytes until the socket would block, staging more frames as room frees.
     pub(super) fn flush_tx(&mut self, now: Instant) {
         let mut budget = IO_BUDGET;
@@ -194,7 +208,7 @@ impl TcpQp {
                     }
                 }
                 if p.seg >= p.segs.len() {
-                    self.tx_payload = None;
+                    self.end_payload();
                 }
             }
         }
@@ -221,6 +235,9 @@ impl TcpQp {
                     let bytes = self.read_payloads.pop_front().unwrap_or_default();
                     self.read_queued -= bytes.len();
                     self.tx_buf.extend_from_slice(&bytes);
+                    if bytes.capacity() <= SPARE_READ_MAX {
+                        self.spare_read = Some(bytes);
+                    }
                 }
                 self.tx_frames.push_back(Staged {
                     end: self.tx_buf.len(),

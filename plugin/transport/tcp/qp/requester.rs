@@ -6,11 +6,11 @@ use std::time::Instant;
 
 use tracing::{debug, warn};
 
-use super::io::{Staged, TxPayload, INLINE_MAX};
+use super::io::{Staged, TxPayload, INLINE_MAX, SPARE_INLINE_MAX};
 use super::responder::{Done, Sink, READ_MAX};
 use super::{Cause, Closing, QpState, TcpQp};
 use crate::transport::tcp::wire::{self, Frame, NakCode, MAX_MSG_LEN};
-use crate::transport::{SendOpcode, SendWr, Wc, WcOpcode, WcStatus, MAX_SEND_SGE};
+use crate::transport::{SendOpcode, SendWr, Wc, WcOpcode, WcStatus};
 
 pub(super) struct SendEntry {
     pub(super) wr: SendWr,
@@ -75,7 +75,8 @@ impl TcpQp {
             return false;
         }
         let len = total as u32; // fits: checked against a limit of at most MAX_MSG_LEN above
-        let mut segs = Vec::with_capacity(MAX_SEND_SGE);
+        let mut segs = std::mem::take(&mut self.spare_segs);
+        segs.clear();
         // An inline WR was gathered at its post: nothing to resolve. A READ sends no payload:
         // its SGE is where the response lands (checked when it comes, as a NIC does).
         let sges = if entry.inline.is_some() || read {
@@ -153,6 +154,10 @@ impl TcpQp {
                     return false;
                 }
             }
+        }
+        if len as usize <= INLINE_MAX || entry.inline.is_some() || read {
+            segs.clear();
+            self.spare_segs = segs;
         } else {
             self.tx_payload = Some(TxPayload {
                 psn,
@@ -340,8 +345,10 @@ impl TcpQp {
     /// An inline WR's gathered bytes, copied now (its post) from registered memory, each SGE
     /// while its key stays registered; `None` when an SGE lies outside every registered
     /// region (the WR then fails `LocalProtection`, as a WR staged from memory does).
-    pub(super) fn copy_inline(&self, wr: &SendWr) -> Option<Vec<u8>> {
-        let mut copy = Vec::with_capacity(usize::try_from(wr.byte_len()).unwrap_or(0));
+    pub(super) fn copy_inline(&mut self, wr: &SendWr) -> Option<Vec<u8>> {
+        // A retired WR's copy when there is one (inline WRs are at most INLINE_MAX bytes).
+        let mut copy = self.spare_inline.pop().unwrap_or_default();
+        copy.clear();
         for sge in wr.sges().iter().filter(|s| s.length > 0) {
             let copied = self
                 .registry
@@ -400,7 +407,11 @@ impl TcpQp {
                 imm: None,
             };
             let signaled = e.wr.signaled;
-            self.sq.pop_front();
+            if let Some(copy) = self.sq.pop_front().and_then(|e| e.inline) {
+                if self.spare_inline.len() < SPARE_INLINE_MAX {
+                    self.spare_inline.push(copy);
+                }
+            }
             if status != WcStatus::Success || signaled {
                 self.cq.push_back(wc);
             }

@@ -360,7 +360,9 @@ impl TcpQp {
         // responder orders them: a store-load order, which only a full fence gives (the pulled
         // clear-to-send's wake word, then its READ of the mirror, docs/protocol.md).
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-        let mut bytes = Vec::with_capacity(len as usize);
+        // The last response's vector when kept (small READs: a CTS mirror's entries).
+        let mut bytes = self.spare_read.take().unwrap_or_default();
+        bytes.clear();
         if len > 0 {
             let read = self.registry.resolve(rkey, remote_addr, len).and_then(|r| {
                 self.registry
