@@ -37,6 +37,13 @@ pub trait ActionQueue {
     /// Moves the actions produced so far into `out` (empty), in order; with an empty `out`
     /// this is a swap of the two buffers, so neither allocates once both are warm.
     fn take_actions(&mut self, out: &mut Vec<Action>);
+
+    /// Takes back the receive-WR lists of the [`Action::PostRecv`]s and
+    /// [`Action::PostRecvQp`]s just carried out, emptied (`spent`, left empty), so that the
+    /// next posts reuse their capacity instead of allocating. The default drops them.
+    fn recycle_recv_lists(&mut self, spent: &mut Vec<Vec<RecvWr>>) {
+        spent.clear();
+    }
 }
 
 /// The one action executor: carries out an engine's actions in order on an [`ActionSink`].
@@ -49,6 +56,8 @@ pub struct Executor {
     sends: Vec<SendWr>,
     /// The QP the WRs in `sends` go to.
     sends_qp: usize,
+    /// The emptied receive-WR lists of the last call, handed back to the engine.
+    spent: Vec<Vec<RecvWr>>,
     sq_post_calls: u64,
     sq_wrs_posted: u64,
 }
@@ -91,6 +100,9 @@ impl Executor {
         let r = self.run(actions.drain(..), sink);
         // The drained buffer (its capacity) goes to the engine at the next call.
         self.actions = actions;
+        if !self.spent.is_empty() {
+            engine.recycle_recv_lists(&mut self.spent);
+        }
         r
     }
 
@@ -109,16 +121,24 @@ impl Executor {
                 Action::PostRecv(wrs) => {
                     self.flush(sink)?;
                     sink.post_recv(0, &wrs)?;
+                    self.spend(wrs);
                 }
                 Action::PostRecvQp { qp, wrs } => {
                     self.flush(sink)?;
                     sink.post_recv(usize::from(qp), &wrs)?;
+                    self.spend(wrs);
                 }
                 Action::Copy { src, req, buf, len } => sink.copy(src, req, buf, len)?,
                 Action::ReturnBounce(bufs) => sink.return_bounce(&bufs)?,
             }
         }
         self.flush(sink)
+    }
+
+    /// Keeps a posted receive-WR list, emptied, for the engine to reuse.
+    fn spend(&mut self, mut wrs: Vec<RecvWr>) {
+        wrs.clear();
+        self.spent.push(wrs);
     }
 
     fn queue_send<S: ActionSink + ?Sized>(

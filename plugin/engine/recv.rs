@@ -12,9 +12,13 @@ use super::{
     stage_sge, wc_error, wr_parse, Action, MemRead, ReqError, ReqId, Sizes, Slots, StageBytes,
     Stall, Stats, WrKind, CTRL_STAGE_SLOTS, CTS_RING_ENTRIES, MAX_RECV_REQUESTS,
 };
-use crate::transport::{SendOpcode, SendWr, Wc, WcOpcode, WcStatus};
+use crate::transport::{RecvWr, SendOpcode, SendWr, Wc, WcOpcode, WcStatus};
 
 mod rq;
+
+/// Emptied receive-WR lists an engine keeps for reuse, at most: the posts of one call (the
+/// bounce RQ's batch, its zero-length WRs and each data QP's).
+const SPARE_RECV_LISTS: usize = 8;
 
 /// Fixed parameters of a receive engine, agreed in the connection handshake.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -203,6 +207,9 @@ pub struct RecvEngine {
     /// [`RecvEngine::after_execute`] has not pushed or left to the sender's READ yet; each
     /// holds a control staging slot in reserve (`slots_full`).
     published: Vec<(u64, [u8; CTS_COMPACT_LEN])>,
+    /// Emptied receive-WR lists of executed posts ([`super::ActionQueue::recycle_recv_lists`]),
+    /// at most [`SPARE_RECV_LISTS`]: a warm engine's posts allocate nothing.
+    spare_recv_lists: Vec<Vec<RecvWr>>,
     failed: Option<ReqError>,
     actions: Vec<Action>,
     stats: Stats,
@@ -239,6 +246,7 @@ impl RecvEngine {
             ctrl_seq: 0,
             ctrl_done: 0,
             published: Vec::new(),
+            spare_recv_lists: Vec::with_capacity(SPARE_RECV_LISTS),
             failed: None,
             actions: Vec::new(),
             stats: Stats {
@@ -1164,6 +1172,16 @@ impl RecvEngine {
 }
 
 impl super::ActionQueue for RecvEngine {
+    fn recycle_recv_lists(&mut self, spent: &mut Vec<Vec<RecvWr>>) {
+        while let Some(v) = spent.pop() {
+            if self.spare_recv_lists.len() >= SPARE_RECV_LISTS {
+                spent.clear();
+                break;
+            }
+            self.spare_recv_lists.push(v);
+        }
+    }
+
     fn take_actions(&mut self, out: &mut Vec<Action>) {
         if out.is_empty() {
             std::mem::swap(&mut self.actions, out);

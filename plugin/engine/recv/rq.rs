@@ -156,6 +156,11 @@ impl RecvEngine {
         wire::bounce_stride(self.p.eager_buf_size)
     }
 
+    /// An empty receive-WR list for a post: a recycled one when there is one.
+    pub(super) fn recv_list(&mut self) -> Vec<RecvWr> {
+        self.spare_recv_lists.pop().unwrap_or_default()
+    }
+
     /// Posts up to `max_k` receive WRs (bounded by free bounce buffers) in one post call.
     pub(super) fn post_batch(&mut self, max_k: u32) -> bool {
         let k = max_k.min(self.free_bufs.len() as u32);
@@ -163,20 +168,19 @@ impl RecvEngine {
             return false;
         }
         let stride = self.bounce_stride();
-        let wrs: Vec<RecvWr> = (0..k)
-            .map(|_| {
-                let b = self.free_bufs.pop().expect("counted");
-                let (addr, lkey) = self.buf(b).expect("a held buffer");
-                RecvWr {
-                    wr_id: wr_id(WrKind::Bounce, 0, b),
-                    sge: Sge {
-                        addr,
-                        length: stride as u32,
-                        lkey,
-                    },
-                }
-            })
-            .collect();
+        let mut wrs = self.recv_list();
+        wrs.extend((0..k).map(|_| {
+            let b = self.free_bufs.pop().expect("counted");
+            let (addr, lkey) = self.buf(b).expect("a held buffer");
+            RecvWr {
+                wr_id: wr_id(WrKind::Bounce, 0, b),
+                sge: Sge {
+                    addr,
+                    length: stride as u32,
+                    lkey,
+                },
+            }
+        }));
         self.posted_b += k;
         self.granted += u64::from(k);
         self.stats.rq_post_calls += 1;
@@ -192,13 +196,14 @@ impl RecvEngine {
         if k == 0 {
             return;
         }
-        let wrs = vec![
+        let mut wrs = self.recv_list();
+        wrs.resize(
+            k as usize,
             RecvWr {
                 wr_id: wr_id(WrKind::Zero, 0, 0),
                 sge: Sge::default(),
-            };
-            k as usize
-        ];
+            },
+        );
         self.posted_z += k;
         self.granted += u64::from(k);
         self.z_end = self.granted;
@@ -292,16 +297,15 @@ impl RecvEngine {
             let k = k.max(ZERO_BATCH.min(room));
             self.data_posted[usize::from(q) - 1] += k;
             self.stats.data_qp_zero_wrs += u64::from(k);
-            self.actions.push(Action::PostRecvQp {
-                qp: q,
-                wrs: vec![
-                    RecvWr {
-                        wr_id: wr_id(WrKind::DataZero, 0, u32::from(q)),
-                        sge: Sge::default(),
-                    };
-                    k as usize
-                ],
-            });
+            let mut wrs = self.recv_list();
+            wrs.resize(
+                k as usize,
+                RecvWr {
+                    wr_id: wr_id(WrKind::DataZero, 0, u32::from(q)),
+                    sge: Sge::default(),
+                },
+            );
+            self.actions.push(Action::PostRecvQp { qp: q, wrs });
         }
     }
 
