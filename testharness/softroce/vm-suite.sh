@@ -41,6 +41,8 @@
 #                        sequences, M calls ... transport ib" line
 #      liveness          tests/liveness.rs over ib: issue 19's receive-all-then-spin-sends
 #                        pattern, peer death and close bounds
+#      hot_path          tests/hot_path.rs over ib: a warm connection's isend, irecv and test
+#                        allocate nothing on either side (8 B to 256 KiB, two callers)
 #   6. perf_*            verbsnet-perf over ib, small sizes: all_reduce --ranks 2 and 4,
 #                        all_gather, reduce_scatter and sendrecv --ranks 2 through ncclNet v12
 #                        (the default, newest) and v8; an all_reduce smoke run through v7, v9,
@@ -224,6 +226,10 @@ if [ "${1:-}" = --guest ]; then
     if [ -n "${BIN_liveness:-}" ]; then
         test_step liveness "$BIN_liveness" RUST_TEST_THREADS=1 VERBSNET_TEST_TRANSPORT=ib
     fi
+    # no heap allocation in a warm connection's calls (issue 22), over ib
+    if [ -n "${BIN_hot_path:-}" ]; then
+        test_step hot_path "$BIN_hot_path" RUST_TEST_THREADS=1 VERBSNET_TEST_TRANSPORT=ib
+    fi
     # several QPs per connection (issue 23): data QPs as ordinary RC QPs on rxe0
     if [ -n "${BIN_multi_qp:-}" ]; then
         # (its virtual-device test needs two devices: the second boot runs it)
@@ -327,6 +333,7 @@ tests=(transport_conformance ib_transport plugin_pair rnr)
 [ -f testharness/tests/lifecycle.rs ] && tests+=(lifecycle)
 [ -f tests/explorer.rs ] && tests+=(explorer)
 [ -f tests/liveness.rs ] && tests+=(liveness)
+[ -f tests/hot_path.rs ] && tests+=(hot_path)
 [ -f tests/multi_qp.rs ] && tests+=(multi_qp)
 [ -f tests/vdevice.rs ] && tests+=(vdevice)
 # The workspace-wide commands CI runs before (testharness/run-tests.sh), so that nothing is
