@@ -491,6 +491,7 @@ impl RecvComm {
                 format!("irecv of {} buffers; maxRecvs is {MAX_RECVS}", bufs.len()),
             ));
         }
+        // Filled up to `bufs.len()` (the rest of each array is never read).
         let mut regions: [Option<Region>; MAX_RECVS] = Default::default();
         let mut rb = [RecvBuf::default(); MAX_RECVS];
         for (i, &(addr, cap, tag, mr)) in bufs.iter().enumerate() {
@@ -510,7 +511,7 @@ impl RecvComm {
             let now = now_ns();
             let startable = g.side.can_start();
             g.progress_unless_startable(now, startable)?;
-            let r = g.side.irecv(now, rb, regions);
+            let r = g.side.irecv(now, rb, &regions[..rb.len()]);
             let id = g.after_engine_call(r, Op::Irecv)?;
             g.execute()?;
             Ok(id)

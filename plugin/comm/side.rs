@@ -152,17 +152,21 @@ impl RecvSide {
         RecvSide { engine, bufs, dst }
     }
 
-    /// The engine's `irecv` (see [`RecvEngine::irecv`]); a started request remembers `dests`,
-    /// where its eager messages are copied.
+    /// The engine's `irecv` (see [`RecvEngine::irecv`]); a started request remembers `dests`
+    /// (one per buffer), where its eager messages are copied. Only those are written: a
+    /// slot's regions were cleared when its last request completed ([`sealed::Side::test`]).
     pub(super) fn irecv(
         &mut self,
         now: u64,
         bufs: &[RecvBuf],
-        dests: Dests,
+        dests: &[Option<Region>],
     ) -> Result<Option<ReqId>, ReqError> {
         let r = self.engine.irecv(now, bufs);
         if let Ok(Some(id)) = &r {
-            self.dst[id.slot as usize] = dests;
+            let d = &mut self.dst[id.slot as usize];
+            for (d, r) in d.iter_mut().zip(dests) {
+                d.clone_from(r);
+            }
         }
         r
     }
