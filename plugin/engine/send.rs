@@ -162,6 +162,9 @@ enum Refusal {
 pub struct SendEngine {
     p: SendParams,
     reqs: Slots<SendReq>,
+    /// Where `take_entry` copies a landed CTS entry to decode it (never zeroed: only the
+    /// bytes just copied are read).
+    entry_scratch: [u8; CTS_ENTRY_LEN_STRIPED],
     next_s: u64,
     next_r: u64,
     next_base: u64,
@@ -332,6 +335,7 @@ impl SendEngine {
             exact_below: p.initial_credits,
             z_end: 0,
             reqs: Slots::with_first_gen(MAX_SEND_REQUESTS, p.first_gen),
+            entry_scratch: [0; CTS_ENTRY_LEN_STRIPED],
             groups: VecDeque::new(),
             unassigned: VecDeque::new(),
             failed: None,
@@ -474,10 +478,10 @@ impl SendEngine {
                 return None;
             }
         }
-        // Zeroed only once an entry's head landed: most polls stop above. Past a compact
-        // entry's end the slot holds an older lap's bytes, not read.
-        let mut whole = [0u8; CTS_ENTRY_LEN_STRIPED];
-        let b = &mut whole[..stride];
+        // Copied into the engine's scratch, not zeroed: past `end` (a compact entry's 64
+        // bytes) it holds an earlier entry's bytes, which `decode_into` does not read, as
+        // past a compact entry's end the slot holds an older lap's.
+        let b = &mut self.entry_scratch[..stride];
         if !mem.read(at, &mut b[..end]) {
             self.fail(unreadable());
             return None;
@@ -489,7 +493,7 @@ impl SendEngine {
             used: 0,
         });
         let newest = &mut self.groups.back_mut().expect("just pushed").e;
-        match CtsEntry::decode_into(b, r, newest) {
+        match CtsEntry::decode_into(&self.entry_scratch[..stride], r, newest) {
             Ok(true) => {
                 // A one-buffer entry the receiver wrote into the CTS ring (not the landing
                 // ring's compact stride) while asked to push: toward a probe.
