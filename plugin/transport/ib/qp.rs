@@ -488,31 +488,35 @@ impl QueuePair for IbQueuePair {
         if wrs.is_empty() {
             return Ok(());
         }
-        // 0. an inline WR over the granted size refuses the whole list before anything is
-        // posted (the provider would take the WRs before it and fail at it)
-        if let Some(wr) = wrs
-            .iter()
-            .find(|wr| wr.inline && wr.byte_len() > u64::from(self.max_inline_data))
-        {
-            return Err(TransportError::Resource(format!(
-                "ibv_post_send on QP {}: inline send WR {:#x} of {} bytes exceeds the QP's \
-                 max_inline_data {}",
-                self.qpn,
-                wr.wr_id,
-                wr.byte_len(),
-                self.max_inline_data
-            )));
-        }
-        if let Some((wr, why)) = wrs.iter().find_map(|wr| Some((wr, wr.bad_read()?))) {
-            return Err(TransportError::Resource(format!(
-                "ibv_post_send on QP {}: send WR {:#x}: {why}",
-                self.qpn, wr.wr_id
-            )));
-        }
-        // 1. all SGEs that carry bytes (`carried`)
-        // (no other allocation per post: the two vectors keep their capacity between posts)
+        // One pass: each WR checked, its SGEs that carry bytes (`carried`) gathered, its
+        // `ibv_send_wr` built; then the chain. A refused WR refuses the whole list before
+        // anything is posted (the provider would take the WRs before it and fail at it).
+        // The SGE vector is reserved for the most SGEs the list can carry first, so it does
+        // not move while the WRs point into it (and, warm, allocates nothing: both vectors
+        // keep their capacity between posts).
         self.send_sges.clear();
+        self.send_wrs.clear();
+        self.send_sges
+            .reserve(wrs.iter().map(|wr| usize::from(wr.num_sge)).sum());
+        let sge_base = self.send_sges.as_mut_ptr();
         for wr in wrs {
+            if wr.inline && wr.byte_len() > u64::from(self.max_inline_data) {
+                return Err(TransportError::Resource(format!(
+                    "ibv_post_send on QP {}: inline send WR {:#x} of {} bytes exceeds the \
+                     QP's max_inline_data {}",
+                    self.qpn,
+                    wr.wr_id,
+                    wr.byte_len(),
+                    self.max_inline_data
+                )));
+            }
+            if let Some(why) = wr.bad_read() {
+                return Err(TransportError::Resource(format!(
+                    "ibv_post_send on QP {}: send WR {:#x}: {why}",
+                    self.qpn, wr.wr_id
+                )));
+            }
+            let start = self.send_sges.len();
             for s in carried(wr) {
                 self.send_sges.push(ibv_sge {
                     addr: s.addr,
@@ -520,19 +524,13 @@ impl QueuePair for IbQueuePair {
                     lkey: s.lkey,
                 });
             }
-        }
-        // 2. the WRs pointing into them, 3. the chain (vectors no longer grow from here on)
-        self.send_wrs.clear();
-        let sge_base = self.send_sges.as_mut_ptr();
-        let mut next_sge = 0;
-        for wr in wrs {
-            let (start, n) = (next_sge, carried(wr).count());
-            next_sge += n;
+            let n = self.send_sges.len() - start;
             // SAFETY: ibv_send_wr is plain data (unions of integers/pointers); all-zero is valid.
             let mut w: ibv_send_wr = unsafe { std::mem::zeroed() };
             w.wr_id = wr.wr_id;
             w.num_sge = n as i32;
-            // start + n <= send_sges.len(): the pointer stays inside the vector
+            // start + n <= send_sges.len(), within the capacity reserved above: the pointer
+            // stays inside the vector, which does not move while the list is built
             w.sg_list = if n == 0 {
                 ptr::null_mut()
             } else {
