@@ -1928,3 +1928,116 @@ fn hang_watchdog_warns_once_per_stalled_request_naming_the_credit() {
     drop(more);
     close(vec![l]);
 }
+
+// ---------------------------------------------------------------------------------------------
+// The READ pause after an empty READ runs on the comm's fine clock (issue 22).
+// ---------------------------------------------------------------------------------------------
+
+/// A link whose sender pulls its clear-to-sends (with 8 entries in hand it asked the receiver
+/// to stop writing them) and has no receive to send into: every `isend` is refused and READs
+/// the receiver's mirror, which it finds empty.
+fn pulling_link(dev: &Arc<dyn Device>, kind: Kind) -> (Link, Buf) {
+    const N: usize = 10;
+    let cfg = base_cfg();
+    let l = link(dev, kind, &cfg, &cfg);
+    let sb = Buf::new(dev, 4096).unwrap();
+    let rb = Buf::new(dev, N * 4096).unwrap();
+    let recvs: Vec<ReqId> = (0..N)
+        .map(|i| {
+            l.recv
+                .irecv(&[(rb.addr(i * 4096), 4096, 0, &rb.mr)])
+                .unwrap()
+                .expect("receive started")
+        })
+        .collect();
+    wait_for_cts(&l, N as u64);
+    for &r in &recvs {
+        let s = isend_on(&l, &sb, 0, 64, 0);
+        assert_eq!(wait_on(&l.send, s, &l.recv), vec![64]);
+        assert_eq!(wait_on(&l.recv, r, &l.send), vec![64]);
+    }
+    assert!(
+        counter(&l.send, "wake_writes") > 0,
+        "the sender never pulled"
+    );
+    (l, sb)
+}
+
+/// Refused `isend`s on a [`pulling_link`], `pause` apart, until the sender posted 4 READs of
+/// the mirror (then, its patience spent, it asks the receiver to write again): the call that
+/// posted each, counted from 1.
+fn read_calls(l: &Link, sb: &Buf, pause: Duration, limit: Duration) -> Vec<u64> {
+    let reads0 = counter(&l.send, "cts_reads");
+    let mut at = vec![];
+    let start = Instant::now();
+    let mut calls = 0u64;
+    while at.len() < 4 {
+        assert!(
+            start.elapsed() < limit,
+            "READs at calls {at:?} after {calls} refused isends"
+        );
+        std::thread::sleep(pause);
+        let got = l.send.isend(sb.addr(0), 64, 0, &sb.mr).unwrap();
+        assert!(got.is_none(), "a send started with no receive posted");
+        calls += 1;
+        let reads = counter(&l.send, "cts_reads") - reads0;
+        while (at.len() as u64) < reads {
+            at.push(calls);
+        }
+        // The receiver's QP answers READs (on tcp inside its own calls).
+        l.recv.progress().unwrap();
+    }
+    at
+}
+
+/// A sender that pulls its clear-to-sends and finds the receiver's mirror empty READs again
+/// only after a pause of a few of that READ's round trips, at most 1 ms (docs/protocol.md,
+/// "Patience"). The engine reads no clock: the comm gives it its fine clock where it asks, and
+/// here at the `isend` (where a pause ends). Without that reading a pause would end only after
+/// the 65,536 refused calls that a caller giving no clock gets. A caller spinning on `isend`
+/// gets READs 2 to 4 each at least two calls after the one before, and all three within far
+/// fewer calls than one call-counted pause.
+#[test]
+fn an_empty_read_pauses_the_next_on_the_comm_clock_not_for_a_count_of_calls() {
+    let _g = serial();
+    let Some((dev, kind)) = device("read_pause_clock") else {
+        return;
+    };
+    let (l, sb) = pulling_link(&dev, kind);
+    let at = read_calls(&l, &sb, Duration::ZERO, Duration::from_secs(30));
+    for w in at.windows(2) {
+        assert!(
+            w[1] >= w[0] + 2,
+            "a READ went out in the call after the one before it: no pause ({at:?})"
+        );
+    }
+    assert!(
+        at[3] - at[0] < 65_536,
+        "three pauses took {} calls: they ended by count, not by the clock ({at:?})",
+        at[3] - at[0]
+    );
+    close(vec![l]);
+}
+
+/// The other place the comm gives its clock: the poll that finds a READ's completion, where
+/// the READ's round trip ends. A caller that calls once every 3 ms has the completion found
+/// one call after the READ: its round trip reads as 3 ms there, and the pause (at its 1 ms
+/// cap) still runs when that call's `isend` asks, so the next READ goes out a call later.
+/// Were the clock read only at the `isend`s, both ends of the round trip would be the READ's
+/// own call's reading: a round trip of 0, a pause over at once, and the next READ in the
+/// call that found the last one complete.
+#[test]
+fn a_sparse_caller_gets_the_read_after_an_empty_one_two_calls_later_not_in_the_same_call() {
+    let _g = serial();
+    let Some((dev, kind)) = device("read_pause_poll_clock") else {
+        return;
+    };
+    let (l, sb) = pulling_link(&dev, kind);
+    let at = read_calls(&l, &sb, Duration::from_millis(3), Duration::from_secs(20));
+    // (Two calls apart when the READ completes within the 3 ms; more when it is slower.)
+    assert!(
+        at.windows(2).all(|w| w[1] >= w[0] + 2),
+        "a READ went out in the call that found the one before it complete: calls {at:?}"
+    );
+    close(vec![l]);
+}
