@@ -147,6 +147,100 @@ impl Group {
     }
 }
 
+/// The known groups, oldest first: a ring over slots that stay allocated, so that a new
+/// group's entry is decoded into a free slot where it lies. (A `Group` is about 490 bytes,
+/// its eight buffers with room for eight rkeys each; pushing a blank one onto a `VecDeque`
+/// to decode into copied that much per clear-to-send.) Grows as a `VecDeque` does, to the
+/// most groups ever known at once, and never shrinks.
+#[derive(Debug, Default)]
+struct Groups {
+    slots: Vec<Group>,
+    /// The oldest group's slot.
+    head: usize,
+    len: usize,
+}
+
+impl Groups {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The slot of group `i` (0 = the oldest); only while `slots` is not empty.
+    fn slot(&self, i: usize) -> usize {
+        (self.head + i) % self.slots.len()
+    }
+
+    fn get(&self, i: usize) -> Option<&Group> {
+        (i < self.len).then(|| &self.slots[self.slot(i)])
+    }
+
+    fn front(&self) -> Option<&Group> {
+        self.get(0)
+    }
+
+    fn back(&self) -> Option<&Group> {
+        self.len.checked_sub(1).and_then(|i| self.get(i))
+    }
+
+    fn pop_front(&mut self) {
+        if self.len > 0 {
+            self.head = self.slot(1);
+            self.len -= 1;
+        }
+    }
+
+    fn pop_back(&mut self) {
+        self.len = self.len.saturating_sub(1);
+    }
+
+    /// A new newest group, nothing matched; its entry holds what the slot held before, for
+    /// the caller to overwrite (`CtsEntry::decode_into` writes every field a reader uses:
+    /// the header and buffers `0..n`).
+    fn push_slot(&mut self) -> &mut Group {
+        if self.len == self.slots.len() {
+            // Full (or never used): contiguous from slot 0 again, one slot more at the end.
+            self.slots.rotate_left(self.head);
+            self.head = 0;
+            self.slots.push(Group {
+                e: CtsEntry::BLANK,
+                used: 0,
+            });
+        }
+        let k = self.slot(self.len);
+        self.len += 1;
+        let g = &mut self.slots[k];
+        g.used = 0;
+        g
+    }
+
+    fn push_back(&mut self, g: Group) {
+        *self.push_slot() = g;
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Group> {
+        (0..self.len).map(|i| &self.slots[self.slot(i)])
+    }
+}
+
+impl std::ops::Index<usize> for Groups {
+    type Output = Group;
+    fn index(&self, i: usize) -> &Group {
+        self.get(i).expect("a known group")
+    }
+}
+
+impl std::ops::IndexMut<usize> for Groups {
+    fn index_mut(&mut self, i: usize) -> &mut Group {
+        assert!(i < self.len, "a known group");
+        let k = self.slot(i);
+        &mut self.slots[k]
+    }
+}
+
 /// Why `isend` last answered "retry later".
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Refusal {
@@ -169,7 +263,7 @@ pub struct SendEngine {
     next_r: u64,
     next_base: u64,
     /// Known receive groups not fully matched, in posting order (front = the oldest).
-    groups: VecDeque<Group>,
+    groups: Groups,
     /// Speculative eager sends (issued when no receive was known) not yet matched, in send order.
     unassigned: VecDeque<ReqId>,
     /// Receive WRs the receiver has posted so far (cumulative, both kinds), as far as we know.
@@ -336,7 +430,7 @@ impl SendEngine {
             z_end: 0,
             reqs: Slots::with_first_gen(MAX_SEND_REQUESTS, p.first_gen),
             entry_scratch: [0; CTS_ENTRY_LEN_STRIPED],
-            groups: VecDeque::new(),
+            groups: Groups::default(),
             unassigned: VecDeque::new(),
             failed: None,
             actions: Vec::new(),
@@ -488,11 +582,7 @@ impl SendEngine {
         }
         // Decoded where it is kept, the newest known group (no copy of the entry); taken out
         // again unless it landed whole and valid.
-        self.groups.push_back(Group {
-            e: CtsEntry::BLANK,
-            used: 0,
-        });
-        let newest = &mut self.groups.back_mut().expect("just pushed").e;
+        let newest = &mut self.groups.push_slot().e;
         match CtsEntry::decode_into(&self.entry_scratch[..stride], r, newest) {
             Ok(true) => {
                 // A one-buffer entry the receiver wrote into the CTS ring (not the landing

@@ -924,3 +924,50 @@ fn a_later_completion_on_qp0_acknowledges_inline_sends_and_a_failed_flush_ends_t
     assert!(e.failure().is_none());
     assert_eq!(e.stats().error_completions, 0);
 }
+
+/// The groups' ring keeps its order through pops at both ends, wraps, and growth while its
+/// oldest group is not in slot 0; a slot taken again is handed out with nothing matched.
+#[test]
+fn the_groups_ring_keeps_posting_order_through_wraps_and_growth() {
+    let mut g = Groups::default();
+    let push = |g: &mut Groups, r: u64| {
+        let s = g.push_slot();
+        assert_eq!(s.used, 0, "a slot handed out again has nothing matched");
+        s.e.r = r;
+        s.used = 0b1;
+    };
+    let order = |g: &Groups| g.iter().map(|x| x.e.r).collect::<Vec<_>>();
+    for r in 0..3 {
+        push(&mut g, r);
+    }
+    g.pop_front();
+    g.pop_front();
+    assert_eq!(order(&g), [2]);
+    // Wraps into the two freed slots, then grows with the oldest group in slot 2.
+    for r in 3..8 {
+        push(&mut g, r);
+    }
+    assert_eq!(order(&g), [2, 3, 4, 5, 6, 7]);
+    assert_eq!(
+        (g.len(), g.front().map(|x| x.e.r), g.back().map(|x| x.e.r)),
+        (6, Some(2), Some(7))
+    );
+    assert_eq!(g[1].e.r, 3);
+    g[5].used = 0b11;
+    assert_eq!(g.get(5).map(|x| x.used), Some(0b11));
+    assert!(g.get(6).is_none());
+    g.pop_back();
+    push(&mut g, 8);
+    assert_eq!(order(&g), [2, 3, 4, 5, 6, 8]);
+    while !g.is_empty() {
+        g.pop_front();
+    }
+    g.pop_front();
+    g.pop_back();
+    assert_eq!((g.len(), order(&g)), (0, vec![]));
+    g.push_back(Group {
+        e: CtsEntry::BLANK,
+        used: 0,
+    });
+    assert_eq!(order(&g), [CtsEntry::BLANK.r]);
+}
