@@ -96,9 +96,11 @@ impl Executor {
         if self.actions.is_empty() {
             return Ok(());
         }
+        // Carried out where they lie (an action is not moved out to be matched), then
+        // dropped; the emptied buffer (its capacity) goes to the engine at the next call.
         let mut actions = std::mem::take(&mut self.actions);
-        let r = self.run(actions.drain(..), sink);
-        // The drained buffer (its capacity) goes to the engine at the next call.
+        let r = self.run(actions.iter_mut(), sink);
+        actions.clear();
         self.actions = actions;
         if !self.spent.is_empty() {
             engine.recycle_recv_lists(&mut self.spent);
@@ -106,30 +108,30 @@ impl Executor {
         r
     }
 
-    fn run<S: ActionSink + ?Sized>(
+    fn run<'a, S: ActionSink + ?Sized>(
         &mut self,
-        actions: impl Iterator<Item = Action>,
+        actions: impl Iterator<Item = &'a mut Action>,
         sink: &mut S,
     ) -> Result<(), S::Error> {
         self.sends.clear();
         self.sends_qp = 0;
         for a in actions {
             match a {
-                Action::Stage { addr, bytes } => sink.stage(addr, &bytes)?,
-                Action::PostSend(wr) => self.queue_send(0, wr, sink)?,
-                Action::PostSendQp { qp, wr } => self.queue_send(usize::from(qp), wr, sink)?,
+                Action::Stage { addr, bytes } => sink.stage(*addr, bytes)?,
+                Action::PostSend(wr) => self.queue_send(0, *wr, sink)?,
+                Action::PostSendQp { qp, wr } => self.queue_send(usize::from(*qp), *wr, sink)?,
                 Action::PostRecv(wrs) => {
                     self.flush(sink)?;
-                    sink.post_recv(0, &wrs)?;
-                    self.spend(wrs);
+                    sink.post_recv(0, wrs)?;
+                    self.spend(std::mem::take(wrs));
                 }
                 Action::PostRecvQp { qp, wrs } => {
                     self.flush(sink)?;
-                    sink.post_recv(usize::from(qp), &wrs)?;
-                    self.spend(wrs);
+                    sink.post_recv(usize::from(*qp), wrs)?;
+                    self.spend(std::mem::take(wrs));
                 }
-                Action::Copy { src, req, buf, len } => sink.copy(src, req, buf, len)?,
-                Action::ReturnBounce(bufs) => sink.return_bounce(&bufs)?,
+                Action::Copy { src, req, buf, len } => sink.copy(*src, *req, *buf, *len)?,
+                Action::ReturnBounce(bufs) => sink.return_bounce(bufs)?,
             }
         }
         self.flush(sink)
