@@ -91,8 +91,10 @@ pub(super) const IO_BUDGET: usize = 16 * 1024 * 1024;
 /// Inline copies a QP keeps for reuse, at most (a window of small sends in flight).
 pub(super) const SPARE_INLINE_MAX: usize = 64;
 
-/// The largest READ response vector a QP keeps for the next READ's bytes.
-const SPARE_READ_MAX: usize = 64 << 10;
+/// The largest READ response vector a QP keeps for the next READ's bytes: a READ of a
+/// receiver's CTS mirror (`engine::wire::MIRROR_LEN`, 2 KiB) fits; a larger one's memory goes
+/// back.
+const SPARE_READ_MAX: usize = 8 << 10;
 
 impl TcpQp {
     /// The payload was written whole: its ranges' vector is kept for the next WR.
