@@ -16,10 +16,6 @@ use crate::transport::{RecvWr, SendOpcode, SendWr, Wc, WcOpcode, WcStatus};
 
 mod rq;
 
-/// Emptied receive-WR lists an engine keeps for reuse, at most: the posts of one call (the
-/// bounce RQ's batch, its zero-length WRs and each data QP's).
-const SPARE_RECV_LISTS: usize = 8;
-
 /// Fixed parameters of a receive engine, agreed in the connection handshake.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RecvParams {
@@ -208,8 +204,12 @@ pub struct RecvEngine {
     /// holds a control staging slot in reserve (`slots_full`).
     published: Vec<(u64, [u8; CTS_COMPACT_LEN])>,
     /// Emptied receive-WR lists of executed posts ([`super::ActionQueue::recycle_recv_lists`]),
-    /// at most [`SPARE_RECV_LISTS`]: a warm engine's posts allocate nothing.
+    /// at most as many as one call posts (`RecvEngine::spare_lists_max`), each with room for
+    /// `recv_list_len` WRs: a warm engine's posts allocate nothing.
     spare_recv_lists: Vec<Vec<RecvWr>>,
+    /// The most WRs one post has asked for so far (every kept list is grown to it when it
+    /// comes back, so any list fits any post).
+    recv_list_len: usize,
     failed: Option<ReqError>,
     actions: Vec<Action>,
     stats: Stats,
@@ -246,7 +246,8 @@ impl RecvEngine {
             ctrl_seq: 0,
             ctrl_done: 0,
             published: Vec::new(),
-            spare_recv_lists: Vec::with_capacity(SPARE_RECV_LISTS),
+            spare_recv_lists: Vec::new(),
+            recv_list_len: 0,
             failed: None,
             actions: Vec::new(),
             stats: Stats {
@@ -1173,11 +1174,15 @@ impl RecvEngine {
 
 impl super::ActionQueue for RecvEngine {
     fn recycle_recv_lists(&mut self, spent: &mut Vec<Vec<RecvWr>>) {
-        while let Some(v) = spent.pop() {
-            if self.spare_recv_lists.len() >= SPARE_RECV_LISTS {
+        let max = self.spare_lists_max();
+        while let Some(mut v) = spent.pop() {
+            if self.spare_recv_lists.len() >= max {
                 spent.clear();
                 break;
             }
+            // Grown here, once per list, to the longest post seen: whichever post takes it
+            // next then fits.
+            v.reserve(self.recv_list_len);
             self.spare_recv_lists.push(v);
         }
     }

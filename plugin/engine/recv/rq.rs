@@ -156,9 +156,18 @@ impl RecvEngine {
         wire::bounce_stride(self.p.eager_buf_size)
     }
 
-    /// An empty receive-WR list for a post: a recycled one when there is one.
-    pub(super) fn recv_list(&mut self) -> Vec<RecvWr> {
-        self.spare_recv_lists.pop().unwrap_or_default()
+    /// An empty receive-WR list for a post of `n` WRs: a recycled one when there is one.
+    pub(super) fn recv_list(&mut self, n: usize) -> Vec<RecvWr> {
+        self.recv_list_len = self.recv_list_len.max(n);
+        let mut v = self.spare_recv_lists.pop().unwrap_or_default();
+        v.reserve(n);
+        v
+    }
+
+    /// Emptied receive-WR lists kept for reuse, at most: as many as one call can post (the
+    /// bounce RQ's batch, QP 0's zero-length WRs, and each data QP's zero-length WRs).
+    pub(super) fn spare_lists_max(&self) -> usize {
+        usize::from(self.p.qps) + 2
     }
 
     /// Posts up to `max_k` receive WRs (bounded by free bounce buffers) in one post call.
@@ -168,7 +177,7 @@ impl RecvEngine {
             return false;
         }
         let stride = self.bounce_stride();
-        let mut wrs = self.recv_list();
+        let mut wrs = self.recv_list(k as usize);
         wrs.extend((0..k).map(|_| {
             let b = self.free_bufs.pop().expect("counted");
             let (addr, lkey) = self.buf(b).expect("a held buffer");
@@ -196,7 +205,7 @@ impl RecvEngine {
         if k == 0 {
             return;
         }
-        let mut wrs = self.recv_list();
+        let mut wrs = self.recv_list(k as usize);
         wrs.resize(
             k as usize,
             RecvWr {
@@ -297,7 +306,7 @@ impl RecvEngine {
             let k = k.max(ZERO_BATCH.min(room));
             self.data_posted[usize::from(q) - 1] += k;
             self.stats.data_qp_zero_wrs += u64::from(k);
-            let mut wrs = self.recv_list();
+            let mut wrs = self.recv_list(k as usize);
             wrs.resize(
                 k as usize,
                 RecvWr {
