@@ -42,7 +42,8 @@
 #      liveness          tests/liveness.rs over ib: issue 19's receive-all-then-spin-sends
 #                        pattern, peer death and close bounds
 #      hot_path          tests/hot_path.rs over ib: a warm connection's isend, irecv and test
-#                        allocate nothing on either side (8 B to 256 KiB, two callers)
+#                        allocate nothing on either side (8 B to 256 KiB, two callers, and
+#                        12 QPs split)
 #   6. perf_*            verbsnet-perf over ib, small sizes: all_reduce --ranks 2 and 4,
 #                        all_gather, reduce_scatter and sendrecv --ranks 2 through ncclNet v12
 #                        (the default, newest) and v8; an all_reduce smoke run through v7, v9,
