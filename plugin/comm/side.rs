@@ -202,9 +202,7 @@ impl sealed::Side for SendSide {
         self.engine.stalls(now, timeout_ns)
     }
     fn clock_if_wanted(&mut self, fine: fn() -> u64) {
-        if self.engine.wants_clock() {
-            self.engine.set_clock(fine());
-        }
+        self.engine.clock_if_wanted(fine);
     }
     fn handle_wc(&mut self, now: u64, wc: &Wc) {
         self.engine.handle_wc(now, wc)

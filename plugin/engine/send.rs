@@ -737,6 +737,15 @@ impl SendEngine {
         self.clock_ns = self.clock_ns.max(now_ns);
     }
 
+    /// [`SendEngine::set_clock`] with `fine()`'s reading, only when the engine
+    /// [`SendEngine::wants_clock`]: what the comm does at its two call sites and the simulated
+    /// pair at each of its steps, so the clock is read only where the engine asks.
+    pub fn clock_if_wanted(&mut self, fine: impl FnOnce() -> u64) {
+        if self.wants_clock() {
+            self.set_clock(fine());
+        }
+    }
+
     /// Whether a send that needs an entry may READ now: no pause, or its end has come on the
     /// fine clock (or the caller refused [`READ_PAUSE_MAX_CALLS`] calls meanwhile). The
     /// pause after an empty READ is [`READ_PAUSE_RTTS`] of its round trips, doubled for each

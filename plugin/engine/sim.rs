@@ -921,8 +921,9 @@ impl Pair {
     /// Gives the send engine the clock when it wants it ([`SendEngine::wants_clock`]), as
     /// the comm does before each `isend` (the simulated clock is fine).
     pub fn give_clock(&mut self) {
-        if !self.knobs.no_clock && self.snd.wants_clock() {
-            self.snd.set_clock(self.now);
+        if !self.knobs.no_clock {
+            let now = self.now;
+            self.snd.clock_if_wanted(|| now);
         }
     }
 
