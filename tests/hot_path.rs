@@ -23,8 +23,7 @@ mod common;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::ffi::{c_int, c_void};
-use std::ptr;
+use std::ffi::c_int;
 use std::time::Duration;
 
 use common::table::{self as t, Mem, Ptr, OK};
@@ -137,32 +136,11 @@ impl Pair {
     /// `irecv` of one buffer (slot `k`, tag `tag`), through the table with arrays on the
     /// stack, as NCCL's proxy passes them; counted on the receive side.
     fn irecv(&self, k: usize, tag: i32, tally: &mut Tally) -> Option<Ptr> {
-        let mut data = [self.rmem.addr(k * SLOT) as *mut c_void];
-        let mut sizes = [SLOT];
-        let mut tags = [tag as c_int];
-        let mut mhs = [self.rmh.0];
-        let mut phs = [ptr::null_mut::<c_void>()];
-        let mut req: *mut c_void = ptr::null_mut();
-        let (n, rc) = counted(|| {
-            // SAFETY: a live receive comm; arrays of one entry; the buffer lies inside its
-            // registration and no other request uses it.
-            unsafe {
-                t::table().irecv.unwrap()(
-                    self.recv.0,
-                    1,
-                    data.as_mut_ptr(),
-                    sizes.as_mut_ptr(),
-                    tags.as_mut_ptr(),
-                    mhs.as_mut_ptr(),
-                    phs.as_mut_ptr(),
-                    &mut req,
-                )
-            }
-        });
-        assert_eq!(rc, OK, "irecv");
+        let buf = [(self.rmem.addr(k * SLOT), SLOT, tag, self.rmh)];
+        let (n, r) = counted(|| t::irecv(self.recv, &buf));
         tally.recv += n;
         tally.calls += 1;
-        (!req.is_null()).then_some(Ptr(req))
+        r.unwrap_or_else(|rc| panic!("irecv returned {rc:?}"))
     }
 
     /// `isend` of `size` bytes from slot `k`; counted on the send side.

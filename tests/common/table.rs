@@ -18,6 +18,7 @@ use std::sync::Once;
 use std::time::{Duration, Instant};
 
 use nccl_net_verbsnet::api::NetComm;
+use nccl_net_verbsnet::engine::wire::MAX_RECVS;
 use nccl_net_verbsnet::ffi::abi::{
     ncclNetCommConfig_v10_t, ncclNet_v12_t, ncclResult_t, NCCL_PTR_HOST,
 };
@@ -197,14 +198,21 @@ pub fn isend(send: Ptr, addr: u64, size: usize, tag: i32, mh: Ptr) -> Result<Opt
     Ok((!req.is_null()).then_some(Ptr(req)))
 }
 
-/// `irecv` of `(addr, capacity, tag, mhandle)` buffers: `Ok(None)` = "retry later".
+/// `irecv` of `(addr, capacity, tag, mhandle)` buffers (at most `MAX_RECVS`, as NCCL passes):
+/// `Ok(None)` = "retry later". The arrays are on the stack, as NCCL's proxy keeps them: the
+/// call allocates nothing of its own (`tests/hot_path.rs` counts the plugin's allocations
+/// around it).
 pub fn irecv(recv: Ptr, bufs: &[(u64, usize, i32, Ptr)]) -> Result<Option<Ptr>, Rc> {
     count();
-    let mut data: Vec<*mut c_void> = bufs.iter().map(|b| b.0 as *mut c_void).collect();
-    let mut sizes: Vec<usize> = bufs.iter().map(|b| b.1).collect();
-    let mut tags: Vec<c_int> = bufs.iter().map(|b| b.2).collect();
-    let mut mhs: Vec<*mut c_void> = bufs.iter().map(|b| b.3 .0).collect();
-    let mut phs: Vec<*mut c_void> = vec![ptr::null_mut(); bufs.len()];
+    assert!(bufs.len() <= MAX_RECVS, "irecv of {} buffers", bufs.len());
+    let mut data = [ptr::null_mut::<c_void>(); MAX_RECVS];
+    let mut sizes = [0usize; MAX_RECVS];
+    let mut tags: [c_int; MAX_RECVS] = [0; MAX_RECVS];
+    let mut mhs = [ptr::null_mut::<c_void>(); MAX_RECVS];
+    let mut phs = [ptr::null_mut::<c_void>(); MAX_RECVS];
+    for (i, b) in bufs.iter().enumerate() {
+        (data[i], sizes[i], tags[i], mhs[i]) = (b.0 as *mut c_void, b.1, b.2, b.3 .0);
+    }
     let mut req: *mut c_void = ptr::null_mut();
     // SAFETY: recv is a live receive comm; n arrays of n entries; every buffer lies inside its
     // registration.
