@@ -868,6 +868,19 @@ fn wait_for_cts(l: &Link, n: u64) {
     }
 }
 
+/// `n` one-buffer receives of 4 KiB with tag 0, buffer `i` at offset `4096 * i` of `rb`, each
+/// started at once.
+fn post_receives(l: &Link, rb: &Buf, n: usize) -> Vec<ReqId> {
+    (0..n)
+        .map(|i| {
+            l.recv
+                .irecv(&[(rb.addr(i * 4096), 4096, 0, &rb.mr)])
+                .unwrap()
+                .expect("receive started")
+        })
+        .collect()
+}
+
 fn isend_on(l: &Link, b: &Buf, off: usize, size: usize, tag: i32) -> ReqId {
     for _ in 0..POLLS {
         if let Some(h) = l.send.isend(b.addr(off), size as u64, tag, &b.mr).unwrap() {
@@ -1246,14 +1259,7 @@ fn inline_sends_complete_at_the_post_and_a_close_right_after_still_delivers_them
     const SIZE: usize = 64;
     let sb = Buf::new(&dev, 4096).unwrap();
     let rb = Buf::new(&dev, N * 4096).unwrap();
-    let recvs: Vec<ReqId> = (0..N)
-        .map(|i| {
-            l.recv
-                .irecv(&[(rb.addr(i * 4096), 4096, 0, &rb.mr)])
-                .unwrap()
-                .expect("receive started")
-        })
-        .collect();
+    let recvs = post_receives(&l, &rb, N);
     wait_for_cts(&l, N as u64);
     for j in 0..N {
         sb.fill(0, &payload(j as u64, SIZE));
@@ -1326,14 +1332,7 @@ fn a_send_comm_closed_after_its_peer_warns_nothing_and_does_not_wait_out_the_bou
     let l = link(&dev, kind, &cfg, &cfg);
     let sb = Buf::new(&dev, 4096).unwrap();
     let rb = Buf::new(&dev, 3 * 4096).unwrap();
-    let recvs: Vec<ReqId> = (0..3)
-        .map(|i| {
-            l.recv
-                .irecv(&[(rb.addr(i * 4096), 4096, 0, &rb.mr)])
-                .unwrap()
-                .expect("receive started")
-        })
-        .collect();
+    let recvs = post_receives(&l, &rb, 3);
     wait_for_cts(&l, 3);
     for j in 0..3 {
         sb.fill(0, &payload(j, 8));
@@ -1942,14 +1941,7 @@ fn pulling_link(dev: &Arc<dyn Device>, kind: Kind) -> (Link, Buf) {
     let l = link(dev, kind, &cfg, &cfg);
     let sb = Buf::new(dev, 4096).unwrap();
     let rb = Buf::new(dev, N * 4096).unwrap();
-    let recvs: Vec<ReqId> = (0..N)
-        .map(|i| {
-            l.recv
-                .irecv(&[(rb.addr(i * 4096), 4096, 0, &rb.mr)])
-                .unwrap()
-                .expect("receive started")
-        })
-        .collect();
+    let recvs = post_receives(&l, &rb, N);
     wait_for_cts(&l, N as u64);
     for &r in &recvs {
         let s = isend_on(&l, &sb, 0, 64, 0);
