@@ -40,8 +40,16 @@ pub fn message(text: impl Into<String>) -> Source {
 /// `Display` is this layer's text: `msg`, or, when `msg` is empty (a wrapper that adds
 /// nothing, e.g. an engine error on `isend`), the source's text. [`report`](Failure::report)
 /// is the whole line a user sees: the text, each source after `": "`, then the fix.
+///
+/// Boxed: a `Result<T, Failure<O>>` is then `T` and one pointer wide, so the data path's
+/// calls, which succeed, return their results in registers rather than through a 72-byte
+/// slot at every layer (the box is allocated only when something fails).
 #[derive(Clone)]
-pub struct Failure<O> {
+pub struct Failure<O>(Box<Parts<O>>);
+
+/// What a [`Failure`] holds.
+#[derive(Clone)]
+struct Parts<O> {
     op: O,
     class: Class,
     msg: String,
@@ -52,13 +60,13 @@ pub struct Failure<O> {
 impl<O: Copy + fmt::Debug> Failure<O> {
     /// A failure of `op` described by `msg`.
     pub fn new(op: O, class: Class, msg: impl Into<String>) -> Failure<O> {
-        Failure {
+        Failure(Box::new(Parts {
             op,
             class,
             msg: msg.into(),
             source: None,
             fix: None,
-        }
+        }))
     }
 
     /// A failure of `op` that adds nothing to its cause's text (`Display` is the cause's).
@@ -67,13 +75,13 @@ impl<O: Copy + fmt::Debug> Failure<O> {
         class: Class,
         source: impl std::error::Error + Send + Sync + 'static,
     ) -> Failure<O> {
-        Failure {
+        Failure(Box::new(Parts {
             op,
             class,
             msg: String::new(),
             source: None,
             fix: None,
-        }
+        }))
         .because(source)
     }
 
@@ -85,7 +93,7 @@ impl<O: Copy + fmt::Debug> Failure<O> {
     /// The same failure, caused by `source` (already shared, or a plain message made into an
     /// error with `Source::from(Box::<dyn Error + Send + Sync>::from(text))`).
     pub fn because_source(mut self, source: Source) -> Failure<O> {
-        self.source = Some(source);
+        self.0.source = Some(source);
         self
     }
 
@@ -93,18 +101,18 @@ impl<O: Copy + fmt::Debug> Failure<O> {
     /// separator, e.g. `"; pinning … failed: raise …"`).
     pub fn fix(mut self, fix: impl Into<String>) -> Failure<O> {
         let fix = fix.into();
-        self.fix = (!fix.is_empty()).then_some(fix);
+        self.0.fix = (!fix.is_empty()).then_some(fix);
         self
     }
 
     /// The operation that failed.
     pub fn op(&self) -> O {
-        self.op
+        self.0.op
     }
 
     /// The class (→ `ncclResult_t`).
     pub fn class(&self) -> Class {
-        self.class
+        self.0.class
     }
 
     /// The same failure seen from a layer above: `op` there, the same class, this one as the
@@ -114,10 +122,10 @@ impl<O: Copy + fmt::Debug> Failure<O> {
         O: Send + Sync + 'static,
         Failure<O>: std::error::Error,
     {
-        let class = self.class;
-        let fix = self.fix.take();
+        let class = self.0.class;
+        let fix = self.0.fix.take();
         let mut up = Failure::wrap(op, class, self);
-        up.fix = fix;
+        up.0.fix = fix;
         up
     }
 
@@ -134,7 +142,7 @@ impl<O: Copy + fmt::Debug> Failure<O> {
             let _ = write!(out, ": {s}");
             next = s.source();
         }
-        if let Some(f) = &self.fix {
+        if let Some(f) = &self.0.fix {
             out.push_str(f);
         }
         out
@@ -144,18 +152,18 @@ impl<O: Copy + fmt::Debug> Failure<O> {
 impl<O: fmt::Debug> fmt::Debug for Failure<O> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Failure")
-            .field("op", &self.op)
-            .field("class", &self.class)
-            .field("msg", &self.msg)
-            .field("source", &self.source.as_ref().map(|s| s.to_string()))
-            .field("fix", &self.fix)
+            .field("op", &self.0.op)
+            .field("class", &self.0.class)
+            .field("msg", &self.0.msg)
+            .field("source", &self.0.source.as_ref().map(|s| s.to_string()))
+            .field("fix", &self.0.fix)
             .finish()
     }
 }
 
 impl<O> fmt::Display for Failure<O> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match (&self.msg, &self.source) {
+        match (&self.0.msg, &self.0.source) {
             (m, Some(s)) if m.is_empty() => fmt::Display::fmt(s, f),
             (m, _) => f.write_str(m),
         }
@@ -164,8 +172,8 @@ impl<O> fmt::Display for Failure<O> {
 
 impl<O: fmt::Debug> std::error::Error for Failure<O> {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        let s: &(dyn std::error::Error + 'static) = &**self.source.as_ref()?;
-        if self.msg.is_empty() {
+        let s: &(dyn std::error::Error + 'static) = &**self.0.source.as_ref()?;
+        if self.0.msg.is_empty() {
             // Transparent: the cause's text is this one's, so its source comes next.
             s.source()
         } else {
@@ -177,11 +185,11 @@ impl<O: fmt::Debug> std::error::Error for Failure<O> {
 /// Two failures are equal when they say the same (tests compare results).
 impl<O: PartialEq> PartialEq for Failure<O> {
     fn eq(&self, other: &Self) -> bool {
-        self.op == other.op
-            && self.class == other.class
-            && self.msg == other.msg
-            && self.fix == other.fix
-            && self.source.as_ref().map(|s| s.to_string())
-                == other.source.as_ref().map(|s| s.to_string())
+        self.0.op == other.0.op
+            && self.0.class == other.0.class
+            && self.0.msg == other.0.msg
+            && self.0.fix == other.0.fix
+            && self.0.source.as_ref().map(|s| s.to_string())
+                == other.0.source.as_ref().map(|s| s.to_string())
     }
 }
