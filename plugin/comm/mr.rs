@@ -204,6 +204,19 @@ impl Mr {
     /// `[addr, addr + len)` as a sub-region, or an `InvalidArgument` error of `op` naming both
     /// ranges (a buffer NCCL passes must lie inside the registration it passes with it).
     pub(crate) fn sub(&self, op: Op, addr: u64, len: u64) -> Result<Region, Error> {
+        self.check_within(op, addr, len)?;
+        self.region
+            .slice((addr - self.region.addr()) as usize, len as usize)
+            .map_err(|e| Error::wrap(op, Class::InvalidArgument, e))
+    }
+
+    /// Checks that `addr`+`len` lies inside this registration (what [`Mr::sub`] checks, for a
+    /// caller that needs no region: `isend` hands the engine the address and the keys).
+    ///
+    /// # Errors
+    /// `InvalidArgument` naming the buffer and the registration.
+    #[inline]
+    pub(crate) fn check_within(&self, op: Op, addr: u64, len: u64) -> Result<(), Error> {
         if !self.region.contains(addr, len) {
             return Err(Error::new(
                 op,
@@ -216,9 +229,7 @@ impl Mr {
                 ),
             ));
         }
-        self.region
-            .slice((addr - self.region.addr()) as usize, len as usize)
-            .map_err(|e| Error::wrap(op, Class::InvalidArgument, e))
+        Ok(())
     }
 }
 
