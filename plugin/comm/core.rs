@@ -75,6 +75,14 @@ pub(super) struct Core<R: Role> {
     cq_polls: u64,
     /// The first usage or remote error a call returned: every later call returns it too.
     sticky: Option<Error>,
+    /// The request the last call on this comm was a `test` of, when that call found it
+    /// pending and its poll fed nothing (`Comm::test`); every other call forgets it
+    /// (`Comm::lock`). The engine's answer for that request cannot have changed since, so the
+    /// next `test` of it polls without asking first.
+    pub(super) quiet: Option<ReqId>,
+    /// Some QP holds back what it would send inside a batch ([`QueuePair::batches`]): each
+    /// entry opens and closes one on every QP.
+    batches: bool,
     /// For the device RNR counters in watchdog reports.
     dev: Arc<dyn Device>,
     /// The device RNR counters when this comm was created: they are device-wide and
@@ -99,6 +107,7 @@ impl<R: Role> Core<R> {
     ) -> Core<R> {
         debug_assert!(!qps.is_empty(), "a comm has its QP 0");
         Core {
+            batches: qps.iter().any(|qp| qp.batches()),
             qps,
             side,
             give_back: GiveBack(None),
@@ -110,6 +119,7 @@ impl<R: Role> Core<R> {
             wcs_polled: 0,
             cq_polls: 0,
             sticky: None,
+            quiet: None,
             dev_base: dev.rnr_counters(),
             dev: dev.clone(),
         }
@@ -189,13 +199,17 @@ impl<R: Role> Core<R> {
         if let Some(e) = &self.sticky {
             return Err(e.clone());
         }
-        for qp in &mut self.qps {
-            qp.begin_batch();
+        if self.batches {
+            for qp in &mut self.qps {
+                qp.begin_batch();
+            }
         }
         // The batch ends even if `f` panics (the shim catches it), so no ACK stays held.
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut *self)));
-        for qp in &mut self.qps {
-            qp.end_batch();
+        if self.batches {
+            for qp in &mut self.qps {
+                qp.end_batch();
+            }
         }
         let r = r.unwrap_or_else(|p| std::panic::resume_unwind(p));
         if let Err(e) = &r {

@@ -244,7 +244,17 @@ impl<R: Role> Comm<R> {
         &self.label
     }
 
+    /// The comm's state, for a call that may change it: forgets [`Core::quiet`].
+    #[inline]
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, Core<R>>, Error> {
+        let mut g = self.lock_keeping_quiet()?;
+        g.quiet = None;
+        Ok(g)
+    }
+
+    /// The comm's state with [`Core::quiet`] as the last call left it (for `test` only).
+    #[inline]
+    fn lock_keeping_quiet(&self) -> Result<std::sync::MutexGuard<'_, Core<R>>, Error> {
         self.core.lock().map_err(|_| {
             Error::new(
                 Op::Progress,
@@ -257,13 +267,16 @@ impl<R: Role> Comm<R> {
     /// `test`: `Ok(Some(sizes))` when done (one size for a send, n for a grouped receive).
     pub fn test(&self, id: ReqId) -> Result<Option<Sizes>, Error> {
         let _label = self.log_label.enter();
-        let mut g = self.lock()?;
+        let mut g = self.lock_keeping_quiet()?;
+        // The last call on this comm was a `test` of this request that found it pending and
+        // nothing new: asking the engine again would give the same answer.
+        let quiet = g.quiet.take() == Some(id);
         g.sticky_call(|g| {
             // A request an earlier call completed (its actions carried out) is reported
             // without polling again, as NCCL IB's `ncclIbTest` returns at once for a request
             // with no events left (`src/transport/net_ib/p2p.cc`): the next call polls.
             let asked = !g.side.has_actions();
-            if asked {
+            if asked && !quiet {
                 match g.side.test(id) {
                     Ok(None) => {}
                     r => return r.map_err(|e| Error::req(Op::Test, e)),
@@ -273,6 +286,7 @@ impl<R: Role> Comm<R> {
             // spinning on `test`).
             let changed = g.progress(now_ns());
             if asked && matches!(changed, Ok(false)) {
+                g.quiet = Some(id);
                 return Ok(None);
             }
             let r = g.side.test(id);
@@ -328,7 +342,7 @@ impl<R: Role> Comm<R> {
     pub fn goodbye(&self) {
         let start = Instant::now();
         loop {
-            let Ok(mut g) = self.core.lock() else {
+            let Ok(mut g) = self.lock() else {
                 return;
             };
             // A peer that closed (NCCL closes the two ends in no fixed order) or died takes
@@ -352,7 +366,7 @@ impl<R: Role> Comm<R> {
             drop(g);
             std::thread::yield_now();
         }
-        if let Ok(mut g) = self.core.lock() {
+        if let Ok(mut g) = self.lock() {
             g.goodbye();
         }
     }
@@ -402,7 +416,7 @@ impl SendComm {
     /// `isend` of `size` bytes at `data` (inside `mr`) with `tag`: `Ok(None)` = retry later.
     pub fn isend(&self, data: u64, size: u64, tag: i32, mr: &Mr) -> Result<Option<ReqId>, Error> {
         let _label = self.log_label.enter();
-        mr.sub(Op::Isend, data, size)?;
+        mr.check_within(Op::Isend, data, size)?;
         self.check_keys(Op::Isend, mr)?;
         let mut g = self.lock()?;
         g.sticky_call(|g| {

@@ -539,6 +539,13 @@ pub trait QueuePair: Send {
     /// hardware: nothing to hold (the default).
     fn begin_batch(&mut self) {}
 
+    /// Whether [`QueuePair::begin_batch`] and [`QueuePair::end_batch`] do anything on this
+    /// QP (asked once, when a comm is made: a comm whose QPs hold nothing back skips the two
+    /// calls on every entry).
+    fn batches(&self) -> bool {
+        false
+    }
+
     /// Closes the batch: sends whatever [`QueuePair::begin_batch`] let the QP hold back.
     /// Never blocks. A caller that opens a batch must close it, or the peer's sends wait.
     fn end_batch(&mut self) {}

@@ -264,6 +264,10 @@ impl QueuePair for TcpQueuePair {
         r
     }
 
+    fn batches(&self) -> bool {
+        true
+    }
+
     fn begin_batch(&mut self) {
         self.core().begin_batch();
         self.arm();
