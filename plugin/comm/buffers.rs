@@ -148,8 +148,15 @@ impl MemRead for RecvMem<'_> {
     /// One atomic load, the record ring looked at first: the word a pending `test` reads is
     /// the small-send slot's sequence word there (`RecvEngine::poll_small`), and the default
     /// copy through [`MemRead::read`] cost it about 100 instructions per call.
+    #[inline]
     fn read_u64(&self, addr: u64) -> Option<u64> {
         let b = self.0;
+        let ring = &b.rec_ring.region;
+        if ring.contains(addr, 8) {
+            if let Ok(v) = ring.load_u64((addr - ring.addr()) as usize) {
+                return Some(v);
+            }
+        }
         Regions(&[&b.rec_ring, &b.bounce])
             .read_u64(addr)
             .or_else(|| {

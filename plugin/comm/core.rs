@@ -275,6 +275,7 @@ impl<R: Role> Core<R> {
     /// that can have changed what `test` answers (a completion, a CTS, a failed poll). Makes
     /// no system call of its own (the verbs poll is a read of mapped memory; the tcp transport
     /// reads its data streams).
+    #[inline(always)]
     fn poll_and_feed(&mut self, now: u64) -> (usize, bool) {
         let mut wcs = std::mem::take(&mut self.wcs);
         wcs.clear();
@@ -327,16 +328,11 @@ impl<R: Role> Core<R> {
     /// and runs the watchdog. `Ok(false)`: nothing it did can have changed what `test`
     /// answers for any request (no completion, no CTS, no failure), so a caller that asked
     /// the engine just before needs not ask again.
+    #[inline(always)]
     pub(super) fn progress(&mut self, now: u64) -> Result<bool, Error> {
         let (_, mut changed) = self.poll_and_feed(now);
         if self.watch.peer_check_due(now) && self.qps[0].peer_closed() {
-            // Completions the CQ holds already are delivered before the close is reported.
-            for _ in 0..MAX_DRAIN_POLLS {
-                if self.poll_and_feed(now).0 == 0 {
-                    break;
-                }
-            }
-            self.report_peer_gone(now);
+            self.drain_and_report_peer_gone(now);
             changed = true;
         }
         self.execute()?;
@@ -344,12 +340,32 @@ impl<R: Role> Core<R> {
         Ok(changed || self.side.failure().is_some())
     }
 
+    /// The peer closed or died: the completions the CQ holds already are delivered before
+    /// the close is reported.
+    #[cold]
+    #[inline(never)]
+    fn drain_and_report_peer_gone(&mut self, now: u64) {
+        for _ in 0..MAX_DRAIN_POLLS {
+            if self.poll_and_feed(now).0 == 0 {
+                break;
+            }
+        }
+        self.report_peer_gone(now);
+    }
+
     /// Carries out the engine's actions in order ([`Executor`]); a failure
     /// fails the engine, so every outstanding request reports it.
+    #[inline]
     pub(super) fn execute(&mut self) -> Result<(), Error> {
         if !self.side.has_actions() {
             return Ok(());
         }
+        self.execute_actions()
+    }
+
+    /// [`Core::execute`]'s work, when there are actions.
+    #[inline(never)]
+    fn execute_actions(&mut self) -> Result<(), Error> {
         let r = self.side.execute(&mut self.exec, &mut self.qps);
         if let Err(e) = &r {
             self.post_errors += 1;
@@ -362,11 +378,17 @@ impl<R: Role> Core<R> {
 
     /// The watchdog's turn: the comm's failure (once), then at most once a second the stalled
     /// requests and the periodic stats line.
+    #[inline]
     fn watchdog(&mut self, now: u64) {
         self.watch.failure(self.side.failure());
-        if !self.watch.turn_due(now) {
-            return;
+        if self.watch.turn_due(now) {
+            self.watchdog_turn(now);
         }
+    }
+
+    /// [`Core::watchdog`]'s turn, at most once a second.
+    #[inline(never)]
+    fn watchdog_turn(&mut self, now: u64) {
         if let Some(t) = self.watch.hang_ns() {
             let stalls = self.side.stalls(now, t);
             for s in stalls {

@@ -189,9 +189,11 @@ impl sealed::Side for SendSide {
     fn in_flight(&self) -> usize {
         self.engine.in_flight()
     }
+    #[inline]
     fn has_actions(&self) -> bool {
         self.engine.has_actions()
     }
+    #[inline]
     fn failure(&self) -> Option<&ReqError> {
         self.engine.failure()
     }
@@ -201,12 +203,15 @@ impl sealed::Side for SendSide {
     fn stalls(&mut self, now: u64, timeout_ns: u64) -> Vec<Stall> {
         self.engine.stalls(now, timeout_ns)
     }
+    #[inline]
     fn clock_if_wanted(&mut self, fine: fn() -> u64) {
         self.engine.clock_if_wanted(fine);
     }
+    #[inline]
     fn handle_wc(&mut self, now: u64, wc: &Wc) {
         self.engine.handle_wc(now, wc)
     }
+    #[inline]
     fn after_poll(&mut self, now: u64) -> bool {
         let written = [
             &self.bufs.cts_ring,
@@ -235,6 +240,7 @@ impl sealed::Side for SendSide {
             self.engine.credits_available()
         ));
     }
+    #[inline]
     fn test(&mut self, id: ReqId) -> Result<Option<Sizes>, ReqError> {
         self.engine.test(id).map(|o| o.map(|s| Sizes::of(&[s])))
     }
@@ -255,9 +261,11 @@ impl sealed::Side for RecvSide {
     fn in_flight(&self) -> usize {
         self.engine.in_flight()
     }
+    #[inline]
     fn has_actions(&self) -> bool {
         self.engine.has_actions()
     }
+    #[inline]
     fn failure(&self) -> Option<&ReqError> {
         self.engine.failure()
     }
@@ -267,12 +275,15 @@ impl sealed::Side for RecvSide {
     fn stalls(&mut self, now: u64, timeout_ns: u64) -> Vec<Stall> {
         self.engine.stalls(now, timeout_ns)
     }
+    #[inline]
     fn handle_wc(&mut self, now: u64, wc: &Wc) {
         self.engine.handle_wc(now, wc, &RecvMem(&self.bufs))
     }
+    #[inline]
     fn take_landed(&mut self, now: u64) -> bool {
         self.engine.poll_small(now, &RecvMem(&self.bufs))
     }
+    #[inline]
     fn after_poll(&mut self, now: u64) -> bool {
         let small = self.take_landed(now);
         self.engine
@@ -304,6 +315,7 @@ impl sealed::Side for RecvSide {
         }
         Ok(())
     }
+    #[inline]
     fn test(&mut self, id: ReqId) -> Result<Option<Sizes>, ReqError> {
         let r = self.engine.test(id);
         if !matches!(r, Ok(None)) {

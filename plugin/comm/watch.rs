@@ -51,6 +51,7 @@ impl Watch {
     /// progress thread, like a NIC, completes work while nobody calls). The ib transport reads
     /// its set-up socket (one non-blocking `recv` per interval); the tcp transport only looks
     /// at its state.
+    #[inline]
     pub(super) fn peer_check_due(&mut self, now: u64) -> bool {
         if !self.peer_check_pending(now) {
             return false;
@@ -59,6 +60,7 @@ impl Watch {
         true
     }
 
+    #[inline]
     fn peer_check_pending(&self, now: u64) -> bool {
         !self.warned_peer && now.saturating_sub(self.last_peer_check) >= self.peer_check_ns
     }
@@ -66,11 +68,13 @@ impl Watch {
     /// Whether neither a peer check nor a watchdog turn is due at `now` (asked without taking
     /// either): an `isend` or `irecv` the engine can start at once may then skip its progress
     /// without delaying a peer check or a stall report.
+    #[inline]
     pub(super) fn nothing_due(&self, now: u64) -> bool {
         !self.peer_check_pending(now) && !self.turn_pending(now)
     }
 
     /// The comm's failure, as one WARN the first time it is seen.
+    #[inline]
     pub(super) fn failure(&mut self, e: Option<&ReqError>) {
         if let Some(e) = e {
             if !self.warned_failure {
@@ -86,6 +90,7 @@ impl Watch {
     }
 
     /// Whether a watchdog turn is due (at most one a second); the turn is then taken.
+    #[inline]
     pub(super) fn turn_due(&mut self, now: u64) -> bool {
         if !self.turn_pending(now) {
             return false;
@@ -94,6 +99,7 @@ impl Watch {
         true
     }
 
+    #[inline]
     fn turn_pending(&self, now: u64) -> bool {
         now.saturating_sub(self.last_check) >= 1_000_000_000
     }

@@ -291,6 +291,7 @@ impl RecvEngine {
 
     /// Whether actions are queued that no executor has taken yet, or entries published in the
     /// mirror wait for [`RecvEngine::after_execute`] (which the comm runs with the executor).
+    #[inline]
     pub fn has_actions(&self) -> bool {
         !self.actions.is_empty() || !self.published.is_empty()
     }
@@ -311,6 +312,7 @@ impl RecvEngine {
     }
 
     /// The first fatal error of this comm, if any.
+    #[inline]
     pub fn failure(&self) -> Option<&ReqError> {
         self.failed.as_ref()
     }
@@ -541,6 +543,7 @@ impl RecvEngine {
     /// matched, so that `order[matched_prefix]` is the oldest receive not fully matched, and
     /// returns that receive: its id, buffer count and sequence number (one lookup each, for
     /// `poll_small`, which asks on every poll).
+    #[inline]
     fn front_unmatched(&mut self) -> Option<(ReqId, u32, u64)> {
         // Buffers are never unmatched again: the prefix only grows, until `retire`.
         loop {
@@ -830,12 +833,34 @@ impl RecvEngine {
     /// arrivals before it (on the CQ). Call it after every poll of the CQ; returns whether it
     /// took any. A malformed trailer, or one whose payload does not fit the buffer, fails the
     /// comm.
-    pub fn poll_small(&mut self, now: u64, mem: &dyn MemRead) -> bool {
-        let mut took = false;
+    ///
+    /// Most calls find nothing (a pending `test` asks on every poll), so that answer is kept
+    /// cheap: one load of the oldest unmatched receive's sequence word, inline; taking what
+    /// landed is a call of its own.
+    #[inline]
+    pub fn poll_small<M: MemRead + ?Sized>(&mut self, now: u64, mem: &M) -> bool {
         // A receiver on a virtual device gets no small sends (its CTS entries are not compact).
-        if self.p.rkeys != 1 {
+        if self.p.rkeys != 1 || self.failed.is_some() {
             return false;
         }
+        let Some((_, 1, r)) = self.front_unmatched() else {
+            return false;
+        };
+        let at = self.p.rec_ring + wire::small_slot(r) + wire::SMALL_MAX + 8;
+        if mem
+            .read_u64(at)
+            .is_some_and(|w| w != SmallTrailer::seq_word(r))
+        {
+            return false;
+        }
+        self.take_small(now, mem)
+    }
+
+    /// [`RecvEngine::poll_small`]'s taking, once the front receive's sequence word matched (or
+    /// could not be read: that fails the comm here).
+    #[inline(never)]
+    fn take_small<M: MemRead + ?Sized>(&mut self, now: u64, mem: &M) -> bool {
+        let mut took = false;
         while self.failed.is_none() {
             // The oldest receive not fully matched: the next send into a posted receive fills it
             // (the front-group rule), and a small send only goes into a known receive.

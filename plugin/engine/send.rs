@@ -814,6 +814,7 @@ impl SendEngine {
     }
 
     /// Whether actions are queued that no executor has taken yet.
+    #[inline]
     pub fn has_actions(&self) -> bool {
         !self.actions.is_empty()
     }
@@ -842,6 +843,7 @@ impl SendEngine {
     }
 
     /// The first fatal error of this comm, if any.
+    #[inline]
     pub fn failure(&self) -> Option<&ReqError> {
         self.failed.as_ref()
     }

@@ -163,6 +163,7 @@ pub(crate) unsafe fn arc_from_raw(p: *mut c_void) -> Option<Arc<Context>> {
 
 /// Runs a slot's body `f` under the slot's NCCL name: success → `ncclSuccess`; an error → its
 /// report as one WARN and [`code`]; a panic → one WARN and `ncclInternalError`.
+#[inline(always)]
 pub(crate) fn guard(slot: &str, f: impl FnOnce() -> Result<(), Error>) -> ncclResult_t {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(())) => ncclResult_t::ncclSuccess,

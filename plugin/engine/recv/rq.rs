@@ -352,10 +352,17 @@ impl RecvEngine {
     /// and shrinks leaves nothing for a second pass), unless the shrink timer ran out or
     /// buffers asked of the pool are still missing: a settled engine returns after checking
     /// those two (most polls find the CQ empty).
+    #[inline]
     pub fn after_poll(&mut self, now: u64, pool: &mut dyn BounceSource) {
         if self.settled && self.wanted == 0 && !self.shrink_due(now) {
             return;
         }
+        self.settle(now, pool);
+    }
+
+    /// [`RecvEngine::after_poll`]'s work, when there is some.
+    #[inline(never)]
+    fn settle(&mut self, now: u64, pool: &mut dyn BounceSource) {
         if self.failed.is_none() {
             self.refill(Some(now));
         }
