@@ -891,6 +891,51 @@ fn isend_on(l: &Link, b: &Buf, off: usize, size: usize, tag: i32) -> ReqId {
     panic!("isend never accepted");
 }
 
+/// A pending `test` whose poll fed nothing lets the next `test` of the same request skip
+/// asking the engine (`Core::quiet`, `Comm::test`); every other call on the comm forgets that.
+/// Here the arrival is taken by `progress` calls between two tests, so the second test's own
+/// poll feeds nothing: it must still report the receive, for a small send (the receiver's
+/// ring), an eager one and a rendezvous.
+#[test]
+fn a_receive_completed_by_another_call_between_two_tests_is_reported_by_the_next() {
+    let _g = serial();
+    let Some((dev, kind)) = device("quiet") else {
+        return;
+    };
+    let cfg = base_cfg();
+    let l = link(&dev, kind, &cfg, &cfg);
+    const CAP: usize = 65536;
+    let sb = Buf::new(&dev, CAP).unwrap();
+    let rb = Buf::new(&dev, CAP).unwrap();
+    for (k, size) in [8usize, 2048, CAP].into_iter().enumerate() {
+        sb.fill(0, &payload(k as u64, size.min(64)));
+        let r = l
+            .recv
+            .irecv(&[(rb.addr(0), CAP as u64, 1, &rb.mr)])
+            .unwrap()
+            .expect("receive started");
+        // Nothing sent yet: pending twice, the second time without asking the engine.
+        assert_eq!(l.recv.test(r).unwrap(), None);
+        assert_eq!(l.recv.test(r).unwrap(), None);
+        let s = isend_on(&l, &sb, 0, size, 1);
+        // Only `progress` on the receive comm takes the arrival (the sender's calls move the
+        // rendezvous along); long enough for any transport to deliver it.
+        for _ in 0..200 {
+            l.send.progress().unwrap();
+            l.recv.progress().unwrap();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(
+            l.recv.test(r).unwrap().map(|v| v.to_vec()),
+            Some(vec![size as u64]),
+            "{size}-byte receive completed between two tests"
+        );
+        assert_eq!(rb.get(0, size.min(64)), payload(k as u64, size.min(64)));
+        assert_eq!(wait_on(&l.send, s, &l.recv), vec![size as u64]);
+    }
+    close(vec![l]);
+}
+
 #[test]
 fn a_million_cycles_return_the_pools_to_empty_and_keep_memory_flat() {
     let _g = serial();
