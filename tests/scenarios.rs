@@ -914,12 +914,20 @@ fn a_receive_completed_by_another_call_between_two_tests_is_reported_by_the_next
             .irecv(&[(rb.addr(0), CAP as u64, 1, &rb.mr)])
             .unwrap()
             .expect("receive started");
-        // Nothing sent yet: pending twice, the second time without asking the engine.
-        assert_eq!(l.recv.test(r).unwrap(), None);
-        assert_eq!(l.recv.test(r).unwrap(), None);
+        // Nothing sent yet: pending, until a test's poll fed nothing (a control WRITE's
+        // completion may land in one) and marked the request quiet.
+        for _ in 0..1000 {
+            assert_eq!(l.recv.test(r).unwrap(), None);
+            if l.recv.quiet() == Some(r) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(l.recv.quiet(), Some(r), "a pending test fed nothing");
         let s = isend_on(&l, &sb, 0, size, 1);
         // Only `progress` on the receive comm takes the arrival (the sender's calls move the
-        // rendezvous along); long enough for any transport to deliver it.
+        // rendezvous along; every one of these calls forgets the mark); long enough for any
+        // transport to deliver it.
         for _ in 0..200 {
             l.send.progress().unwrap();
             l.recv.progress().unwrap();

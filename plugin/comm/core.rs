@@ -76,9 +76,10 @@ pub(super) struct Core<R: Role> {
     /// The first usage or remote error a call returned: every later call returns it too.
     sticky: Option<Error>,
     /// The request the last call on this comm was a `test` of, when that call found it
-    /// pending and its poll fed nothing (`Comm::test`); every other call forgets it
-    /// (`Comm::lock`). The engine's answer for that request cannot have changed since, so the
-    /// next `test` of it polls without asking first.
+    /// pending and its poll fed nothing (`Comm::test`); every other call that may change the
+    /// comm's state forgets it (`Comm::lock`; only `Comm::quiet` and the close report read
+    /// the state without). The engine's answer for that request cannot have changed since, so
+    /// the next `test` of it polls without asking first.
     pub(super) quiet: Option<ReqId>,
     /// Some QP holds back what it would send inside a batch ([`QueuePair::batches`]): each
     /// entry opens and closes one on every QP.

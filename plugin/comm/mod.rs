@@ -310,6 +310,14 @@ impl<R: Role> Comm<R> {
         self.lock().ok().and_then(|g| g.sticky().cloned())
     }
 
+    /// The request whose next `test` may answer without asking the engine first (the last
+    /// call on this comm was a `test` of it that found it pending and fed nothing; see
+    /// `Core::quiet`). Reading it changes nothing: tests check that the mark is set where they
+    /// rely on it.
+    pub fn quiet(&self) -> Option<ReqId> {
+        self.core.lock().ok().and_then(|g| g.quiet)
+    }
+
     /// Requests in use (the pool returns to 0 when every request was tested to completion).
     pub fn in_flight(&self) -> usize {
         self.lock().map_or(0, |g| g.side.in_flight())
