@@ -196,6 +196,7 @@ impl Regions<'_> {
 }
 
 impl MemRead for Regions<'_> {
+    #[inline]
     fn read(&self, addr: u64, out: &mut [u8]) -> bool {
         self.0
             .iter()
@@ -209,6 +210,7 @@ impl MemRead for Regions<'_> {
 
     /// One atomic load for an aligned word (the CTS slots' head words and the credit word
     /// are), a copy otherwise.
+    #[inline]
     fn read_u64(&self, addr: u64) -> Option<u64> {
         let o = self.0.iter().find(|o| o.region.contains(addr, 8))?;
         let off = (addr - o.region.addr()) as usize;

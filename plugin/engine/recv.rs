@@ -463,7 +463,7 @@ impl RecvEngine {
     /// the store, sees the word: the sender never waits for an entry nobody sends
     /// (docs/protocol.md, "The pulled clear-to-send"). A receiver that never calls again is
     /// covered: the decision is made within the `irecv` call that posted the receive.
-    pub fn after_execute(&mut self, mem: &dyn MemRead) -> bool {
+    pub fn after_execute<M: MemRead + ?Sized>(&mut self, mem: &M) -> bool {
         if self.published.is_empty() {
             return false;
         }
@@ -563,7 +563,13 @@ impl RecvEngine {
             self.unmatched -= r.unmatched();
         }
         self.reqs.remove(id);
-        if let Some(p) = self.order.iter().position(|&o| o == id) {
+        // Most receives complete in order: the oldest first.
+        if self.order.front() == Some(&id) {
+            self.order.pop_front();
+            if self.matched_prefix > 0 {
+                self.matched_prefix -= 1;
+            }
+        } else if let Some(p) = self.order.iter().position(|&o| o == id) {
             self.order.remove(p);
             if p < self.matched_prefix {
                 self.matched_prefix -= 1;
@@ -625,7 +631,7 @@ impl RecvEngine {
     /// Feeds one completion of any QP of the connection (the `wr_id` says which WR it was, and
     /// for a data QP's receive WR which QP). `mem` reads bounce headers and records.
     /// Re-posting what it frees waits for [`RecvEngine::after_poll`].
-    pub fn handle_wc(&mut self, now: u64, wc: &Wc, mem: &dyn MemRead) {
+    pub fn handle_wc<M: MemRead + ?Sized>(&mut self, now: u64, wc: &Wc, mem: &M) {
         self.settled = false;
         let Some((kind, _, index)) = wr_parse(wc.wr_id) else {
             self.fail(ReqError::Local(format!(
@@ -716,7 +722,15 @@ impl RecvEngine {
 
     /// An eager SEND landed in bounce buffer `index` (at `at`): match it, or hold it until a
     /// receive with a free buffer of its tag is posted.
-    fn eager_arrival(&mut self, now: u64, s: u64, index: u32, at: u64, wc: &Wc, mem: &dyn MemRead) {
+    fn eager_arrival<M: MemRead + ?Sized>(
+        &mut self,
+        now: u64,
+        s: u64,
+        index: u32,
+        at: u64,
+        wc: &Wc,
+        mem: &M,
+    ) {
         let mut hb = [0u8; EAGER_HDR_LEN];
         let hdr = if mem.read(at, &mut hb) {
             EagerHeader::decode(&hb)
@@ -764,7 +778,7 @@ impl RecvEngine {
     ///
     /// The buffer named must be the one our own matching gives the next send with its tag;
     /// anything else is a protocol error that fails the comm.
-    fn write_arrival(&mut self, now: u64, s: u64, wc: &Wc, mem: &dyn MemRead) {
+    fn write_arrival<M: MemRead + ?Sized>(&mut self, now: u64, s: u64, wc: &Wc, mem: &M) {
         let Some(imm) = wc.imm.map(wire::imm_decode) else {
             self.fail(ReqError::Protocol(format!(
                 "a WRITE WITH IMM (send {s}) arrived without an immediate"

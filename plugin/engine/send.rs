@@ -485,7 +485,7 @@ impl SendEngine {
     /// before `isend` and whenever the comm makes progress. An entry not (fully) written yet is
     /// left for a later call (the sequence word at both ends says so, see [`wire`]); a corrupt
     /// or out-of-sequence one fails the comm. Returns whether a CTS arrived.
-    pub fn poll_peer_writes(&mut self, now: u64, mem: &dyn MemRead) -> bool {
+    pub fn poll_peer_writes<M: MemRead + ?Sized>(&mut self, now: u64, mem: &M) -> bool {
         let mut got = false;
         let word = mem.read_u64(self.p.credit_word);
         let len = wire::cts_entry_len(self.p.rkeys);
@@ -527,13 +527,13 @@ impl SendEngine {
     /// or [`wire::CTS_COMPACT_LEN`] in the landing ring, which holds compact entries only) as
     /// the newest known group. `Some(true)`: taken; `Some(false)`: not (fully) there; `None`:
     /// the comm failed (an unreadable slot, a corrupt or out-of-sequence entry).
-    fn take_entry(
+    fn take_entry<M: MemRead + ?Sized>(
         &mut self,
         now: u64,
         at: u64,
         len: usize,
         r: u64,
-        mem: &dyn MemRead,
+        mem: &M,
     ) -> Option<bool> {
         let unreadable = || ReqError::Local(format!("CTS slot at {at:#x} is not readable"));
         // The head sequence word first: most polls find no new entry, and then the rest needs
