@@ -320,7 +320,14 @@ impl sealed::Side for RecvSide {
         let r = self.engine.test(id);
         if !matches!(r, Ok(None)) {
             if let Some(d) = self.dst.get_mut(id.slot as usize) {
-                *d = Default::default();
+                // `irecv` filled one entry per buffer: a completed receive's sizes say how many.
+                let n = match &r {
+                    Ok(Some(sizes)) => sizes.len().min(d.len()),
+                    _ => d.len(),
+                };
+                for e in &mut d[..n] {
+                    *e = None;
+                }
             }
         }
         r
