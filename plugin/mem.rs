@@ -426,11 +426,13 @@ impl Region {
     }
 
     /// Virtual address of the first byte.
+    #[inline]
     pub fn addr(&self) -> u64 {
         self.addr
     }
 
     /// Length in bytes.
+    #[inline]
     pub fn len(&self) -> usize {
         self.len
     }
@@ -441,6 +443,7 @@ impl Region {
     }
 
     /// True when `[addr, addr + len)` lies inside this region.
+    #[inline]
     pub fn contains(&self, addr: u64, len: u64) -> bool {
         addr >= self.addr
             && addr.checked_add(len).is_some_and(|end| {
@@ -463,6 +466,7 @@ impl Region {
 
     /// The address of byte `offset`, after checking that `[offset, offset + len)` is inside.
     /// Only ever turned into raw-pointer accesses, never into a reference.
+    #[inline]
     fn ptr(&self, offset: usize, len: usize) -> Result<*mut u8, OutOfBounds> {
         self.check(offset, len)?;
         Ok((self.addr as usize + offset) as *mut u8)
@@ -472,6 +476,7 @@ impl Region {
     ///
     /// # Errors
     /// [`OutOfBounds`] (nothing written) when the range is not inside the region.
+    #[inline]
     pub fn write(&self, offset: usize, src: &[u8]) -> Result<(), OutOfBounds> {
         let dst = self.ptr(offset, src.len())?;
         // SAFETY: `dst..dst + src.len()` is inside the region (checked), valid for reads and
@@ -486,6 +491,7 @@ impl Region {
     ///
     /// # Errors
     /// [`OutOfBounds`] (`dst` untouched) when the range is not inside the region.
+    #[inline]
     pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), OutOfBounds> {
         let src = self.ptr(offset, dst.len())?;
         // SAFETY: the source range is inside the region (checked), valid by the constructor's
@@ -524,6 +530,7 @@ impl Region {
     ///
     /// # Errors
     /// [`OutOfBounds`] when the 8 bytes are not inside the region or not aligned.
+    #[inline]
     pub fn load_u64(&self, offset: usize) -> Result<u64, OutOfBounds> {
         let p = self.aligned_u64(offset)?;
         // SAFETY: in bounds and aligned (checked); valid for reads and writes per the
@@ -538,6 +545,7 @@ impl Region {
     /// # Errors
     /// [`OutOfBounds`] (nothing written) when the 8 bytes are not inside the region or not
     /// aligned.
+    #[inline]
     pub fn store_u64(&self, offset: usize, v: u64) -> Result<(), OutOfBounds> {
         let p = self.aligned_u64(offset)?;
         // SAFETY: as in `load_u64`.
@@ -545,6 +553,7 @@ impl Region {
         Ok(())
     }
 
+    #[inline]
     fn aligned_u64(&self, offset: usize) -> Result<*mut u64, OutOfBounds> {
         let p = self.ptr(offset, 8)?.cast::<u64>();
         if p.align_offset(8) != 0 {

@@ -177,6 +177,7 @@ impl Regions<'_> {
     /// # Errors
     /// An `Internal` error when no buffer holds the range (the engine staged outside its
     /// layout).
+    #[inline]
     pub(super) fn stage(&self, addr: u64, bytes: &[u8]) -> Result<(), Error> {
         let o = self
             .0

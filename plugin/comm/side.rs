@@ -220,6 +220,7 @@ impl sealed::Side for SendSide {
         ];
         self.engine.poll_peer_writes(now, &Regions(&written))
     }
+    #[inline]
     fn execute(
         &mut self,
         exec: &mut Executor,
@@ -290,6 +291,7 @@ impl sealed::Side for RecvSide {
             .after_poll(now, &mut PoolSource(&self.bufs.pool));
         small
     }
+    #[inline]
     fn execute(
         &mut self,
         exec: &mut Executor,
@@ -418,6 +420,7 @@ impl ActionSink for CommSink<'_> {
     /// In order: what an earlier stage wrote is visible to the NIC and the peer's READs no
     /// later than this one's bytes (the receive engine stores a mirror entry's head word in a
     /// stage of its own, after the rest).
+    #[inline]
     fn stage(&mut self, addr: u64, bytes: &[u8]) -> Result<(), Error> {
         std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
         Regions(self.staging).stage(addr, bytes)
@@ -425,6 +428,7 @@ impl ActionSink for CommSink<'_> {
 
     /// On QP `qp` of the connection; a `qp` the connection does not have is an internal
     /// error (the engine's bug), not a post.
+    #[inline]
     fn post_send(&mut self, qp: usize, wrs: &[SendWr]) -> Result<(), Error> {
         self.qp_at(qp, "send WRs")?.post_send(wrs).map_err(|e| {
             Error::new(Op::Progress, Class::System, post_what("post_send", qp)).because(e)

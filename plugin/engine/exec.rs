@@ -87,6 +87,7 @@ impl Executor {
     ///
     /// # Errors
     /// The first error a sink method returned.
+    #[inline]
     pub fn execute<S: ActionSink + ?Sized>(
         &mut self,
         engine: &mut (impl ActionQueue + ?Sized),
@@ -108,6 +109,7 @@ impl Executor {
         r
     }
 
+    #[inline]
     fn run<'a, S: ActionSink + ?Sized>(
         &mut self,
         actions: impl Iterator<Item = &'a mut Action>,
@@ -143,6 +145,7 @@ impl Executor {
         self.spent.push(wrs);
     }
 
+    #[inline]
     fn queue_send<S: ActionSink + ?Sized>(
         &mut self,
         qp: usize,
@@ -157,6 +160,7 @@ impl Executor {
         Ok(())
     }
 
+    #[inline]
     fn flush<S: ActionSink + ?Sized>(&mut self, sink: &mut S) -> Result<(), S::Error> {
         if self.sends.is_empty() {
             return Ok(());
