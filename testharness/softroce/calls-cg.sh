@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Instructions per plugin call, for any NCCL net plugin: runs `verbsnet-perf latency` (8 B
-# ping-pong), `stream` (64 B) or `all_reduce` (2 ranks, 8 B-4 KiB) under callgrind and
+# ping-pong), `stream` (64 B one way), `bidir` (64 B both ways) or `all_reduce` (2 ranks,
+# 8 B-4 KiB) under callgrind and
 # prints, per rank, how many `isend`, `irecv` and `test` calls the proxy made and the
 # user-space instructions each took on average
 # (inclusive: the plugin and the verbs provider below it, e.g. librxe; the kernel's work in a
@@ -13,9 +14,10 @@
 #   testharness/softroce/run-in-vm.sh -w $SHARP -- testharness/softroce/calls-cg.sh \
 #       verbsnet=$PWD/target/release/libnccl_net_verbsnet.so nccl-ib=$SHARP/lib/libnccl-net.so
 #
-# usage: calls-cg.sh [-m latency|stream|all_reduce] [-n ITERS] [-k] NAME=PLUGIN.so ...
-#   -m  the mode (default latency: -b 8 -e 8; stream: -b 64 -e 64; all_reduce: -b 8 -e 4K -f 8)
-#   -n  timed iterations (default 400 for latency, 2000 for stream, 100 per size for
+# usage: calls-cg.sh [-m latency|stream|bidir|all_reduce] [-n ITERS] [-k] NAME=PLUGIN.so ...
+#   -m  the mode (default latency: -b 8 -e 8; stream and bidir: -b 64 -e 64; all_reduce:
+#       -b 8 -e 4K -f 8)
+#   -n  timed iterations (default 400 for latency, 2000 for stream and bidir, 100 per size for
 #       all_reduce; callgrind runs ~50x slower)
 #   -k  keep the callgrind files (in a directory under $TMPDIR, default /tmp, printed)
 # Other transports: set VERBSNET_TRANSPORT etc. as for any run (tcp works on the host).
@@ -28,7 +30,7 @@ while getopts "m:n:k" o; do
         m) mode=$OPTARG ;;
         n) iters=$OPTARG ;;
         k) keep=1 ;;
-        *) sed -n '2,21p' "$0"; exit 2 ;;
+        *) sed -n '2,23p' "$0"; exit 2 ;;
     esac
 done
 shift $((OPTIND - 1))
@@ -40,8 +42,9 @@ perf=target/release/verbsnet-perf
 case $mode in
     latency) args=(latency -b 8 -e 8 -n "${iters:-400}" -w 20) ;;
     stream) args=(stream -b 64 -e 64 -n "${iters:-2000}" -w 20) ;;
+    bidir) args=(stream --bidir -b 64 -e 64 -n "${iters:-2000}" -w 20) ;;
     all_reduce) args=(all_reduce -b 8 -e 4K -f 8 -n "${iters:-100}" -w 10) ;;
-    *) echo "calls-cg: mode latency, stream or all_reduce, not $mode" >&2; exit 2 ;;
+    *) echo "calls-cg: mode latency, stream, bidir or all_reduce, not $mode" >&2; exit 2 ;;
 esac
 
 out=$(mktemp -d "${TMPDIR:-/tmp}/calls-cg.XXXXXX")
