@@ -147,7 +147,9 @@ impl MemRead for RecvMem<'_> {
 
     /// One atomic load, the record ring looked at first: the word a pending `test` reads is
     /// the small-send slot's sequence word there (`RecvEngine::poll_small`), and the default
-    /// copy through [`MemRead::read`] cost it about 100 instructions per call.
+    /// copy through [`MemRead::read`] cost it about 100 instructions per call. An aligned word
+    /// of the ring is loaded before any region table is built; the rest (an unaligned word,
+    /// the bounce buffers, the pool) goes through the tables.
     #[inline]
     fn read_u64(&self, addr: u64) -> Option<u64> {
         let b = self.0;
