@@ -563,14 +563,13 @@ impl RecvEngine {
             self.unmatched -= r.unmatched();
         }
         self.reqs.remove(id);
-        // Most receives complete in order: the oldest first.
-        if self.order.front() == Some(&id) {
-            self.order.pop_front();
-            if self.matched_prefix > 0 {
-                self.matched_prefix -= 1;
+        if let Some(p) = self.order.iter().position(|&o| o == id) {
+            // Most receives complete in order: the oldest, which `pop_front` takes cheaper.
+            if p == 0 {
+                self.order.pop_front();
+            } else {
+                self.order.remove(p);
             }
-        } else if let Some(p) = self.order.iter().position(|&o| o == id) {
-            self.order.remove(p);
             if p < self.matched_prefix {
                 self.matched_prefix -= 1;
             }
