@@ -297,10 +297,14 @@ macro_rules! each {
     };
 }
 
-/// The function in slot `$f` of table `$t`, or [`Error::NullSlot`].
+/// The function in slot `$f` of table `$t`, or [`Error::NullSlot`]: the error is built only
+/// when the slot is NULL (`ok_or` would build and drop one on every call of the proxy's loop).
 macro_rules! slot {
     ($t:expr, $f:ident) => {
-        $t.$f.ok_or(Error::NullSlot(stringify!($f)))?
+        match $t.$f {
+            Some(f) => f,
+            None => return Err(Error::NullSlot(stringify!($f))),
+        }
     };
 }
 
