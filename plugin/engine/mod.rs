@@ -589,7 +589,7 @@ impl<T> Slots<T> {
     }
 
     /// Puts `v` in a free slot; `None` when every slot is in use. Inlined, so that a request
-    /// built in the caller is written into its slot directly (a receive request is 720
+    /// built in the caller is written into its slot directly (a receive request is 368
     /// bytes).
     #[inline]
     pub(crate) fn insert(&mut self, v: T) -> Option<ReqId> {
@@ -625,8 +625,8 @@ impl<T> Slots<T> {
     }
 
     /// Frees request `id`'s slot, dropping the request where it lies (a receive request is
-    /// 720 bytes: moving it out to drop it was a third of a completing `test`); false if `id`
-    /// is not in use.
+    /// 368 bytes; at 720, moving it out to drop it was a third of a completing `test`); false
+    /// if `id` is not in use.
     pub(crate) fn remove(&mut self, id: ReqId) -> bool {
         let slot = id.slot as usize;
         if self.gens.get(slot) != Some(&id.gen) || self.items[slot].is_none() {
