@@ -513,9 +513,23 @@ impl RecvComm {
                 format!("irecv of {} buffers; maxRecvs is {MAX_RECVS}", bufs.len()),
             ));
         }
-        // Filled up to `bufs.len()` (the rest of each array is never read).
-        let mut regions: [Option<Region>; MAX_RECVS] = Default::default();
-        let mut rb = [RecvBuf::default(); MAX_RECVS];
+        // A receive of one buffer (NCCL's point-to-point receives) builds arrays of one.
+        if bufs.len() == 1 {
+            self.irecv_in::<1, M>(bufs)
+        } else {
+            self.irecv_in::<MAX_RECVS, M>(bufs)
+        }
+    }
+
+    /// [`Comm::irecv`] of `bufs` (1..=`N` buffers) with arrays of `N` on the stack, filled up
+    /// to `bufs.len()` (the rest is never read).
+    #[inline]
+    fn irecv_in<const N: usize, M: AsRef<Mr>>(
+        &self,
+        bufs: &[(u64, u64, i32, &M)],
+    ) -> Result<Option<ReqId>, Error> {
+        let mut regions: [Option<Region>; N] = std::array::from_fn(|_| None);
+        let mut rb = [RecvBuf::default(); N];
         for (i, &(addr, cap, tag, mr)) in bufs.iter().enumerate() {
             let mr = mr.as_ref();
             regions[i] = Some(mr.sub(Op::Irecv, addr, cap)?);
