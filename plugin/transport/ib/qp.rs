@@ -453,8 +453,18 @@ impl IbQueuePair {
         );
     }
 
-    /// [`QueuePair::poll_cq`] once its first `ibv_poll_cq` returned `first` (not 0): converts
-    /// the completions into `out` and polls on while whole batches come, up to `max`.
+    /// One `ibv_poll_cq` of up to `want` (at most [`POLL_BATCH`]) completions into `wcs`:
+    /// how many it wrote, or the provider's negative error.
+    #[inline]
+    fn poll_batch(&mut self, want: usize) -> i32 {
+        // SAFETY: cq is valid; wcs has POLL_BATCH >= want writable entries.
+        unsafe {
+            rdma_sys::ibv_poll_cq(self.cq, want.min(POLL_BATCH) as i32, self.wcs.as_mut_ptr())
+        }
+    }
+
+    /// [`QueuePair::poll_cq`] once its first batch returned `first` (not 0): converts the
+    /// completions into `out` and polls on while whole batches come, up to `max`.
     #[inline(never)]
     fn take_wcs(
         &mut self,
@@ -463,24 +473,17 @@ impl IbQueuePair {
         first: i32,
     ) -> Result<usize, TransportError> {
         let mut got = 0;
-        let mut polled = Some(first);
-        while got < max {
+        let mut n = first;
+        loop {
             let want = (max - got).min(POLL_BATCH);
-            let n = match polled.take() {
-                Some(n) => n,
-                // SAFETY: cq is valid; wcs has POLL_BATCH >= want writable entries.
-                None => unsafe {
-                    rdma_sys::ibv_poll_cq(self.cq, want as i32, self.wcs.as_mut_ptr())
-                },
-            };
             if n < 0 {
                 return Err(TransportError::Io {
                     op: format!("ibv_poll_cq on QP {}", self.qpn),
                     source: io::Error::from_raw_os_error(n.unsigned_abs() as i32),
                 });
             }
-            let n = n as usize;
-            for i in 0..n {
+            let k = n as usize;
+            for i in 0..k {
                 let wc = &self.wcs[i];
                 let status = convert::wc_status(wc.status);
                 let opcode = convert::wc_opcode(wc.opcode);
@@ -509,10 +512,11 @@ impl IbQueuePair {
                     self.note_error(c.wr_id, vendor_err, status);
                 }
             }
-            got += n;
-            if n < want {
+            got += k;
+            if k < want || got >= max {
                 break;
             }
+            n = self.poll_batch(max - got);
         }
         Ok(got)
     }
@@ -718,9 +722,7 @@ impl QueuePair for IbQueuePair {
         if max == 0 {
             return Ok(0);
         }
-        let want = max.min(POLL_BATCH);
-        // SAFETY: cq is valid; wcs has POLL_BATCH >= want writable entries.
-        let n = unsafe { rdma_sys::ibv_poll_cq(self.cq, want as i32, self.wcs.as_mut_ptr()) };
+        let n = self.poll_batch(max);
         if n == 0 {
             return Ok(0);
         }
