@@ -200,25 +200,31 @@ impl<R: Role> Core<R> {
         if let Some(e) = &self.sticky {
             return Err(e.clone());
         }
-        if self.batches {
-            for qp in &mut self.qps {
-                qp.begin_batch();
-            }
-        }
-        // The batch ends even if `f` panics (the shim catches it), so no ACK stays held.
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut *self)));
-        if self.batches {
-            for qp in &mut self.qps {
-                qp.end_batch();
-            }
-        }
-        let r = r.unwrap_or_else(|p| std::panic::resume_unwind(p));
+        let r = if self.batches {
+            self.batched(f)
+        } else {
+            // No batch to close: a panic goes straight to the shim's boundary.
+            f(self)
+        };
         if let Err(e) = &r {
             if matches!(e.class(), Class::Usage | Class::Remote) {
                 self.sticky = Some(e.clone());
             }
         }
         r
+    }
+
+    /// `f` inside a batch on every QP ([`QueuePair::begin_batch`]; the tcp transport's): the
+    /// batch ends even if `f` panics (the shim catches it), so no ACK stays held.
+    fn batched<T>(&mut self, f: impl FnOnce(&mut Self) -> Result<T, Error>) -> Result<T, Error> {
+        for qp in &mut self.qps {
+            qp.begin_batch();
+        }
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut *self)));
+        for qp in &mut self.qps {
+            qp.end_batch();
+        }
+        r.unwrap_or_else(|p| std::panic::resume_unwind(p))
     }
 
     /// On the first error completion: when the set-up socket shows the peer closed (a read, on
