@@ -553,112 +553,81 @@ impl QueuePair for IbQueuePair {
     }
 
     fn post_send(&mut self, wrs: &[SendWr]) -> Result<(), TransportError> {
-        if wrs.is_empty() {
-            return Ok(());
-        }
-        // One pass: each WR checked, its SGEs that carry bytes (`carried`) gathered, its
-        // `ibv_send_wr` built; then the chain. A refused WR refuses the whole list before
-        // anything is posted (the provider would take the WRs before it and fail at it).
-        // The SGE vector is reserved for the most SGEs the list can carry first, so it does
-        // not move while the WRs point into it (and, warm, allocates nothing: both vectors
-        // keep their capacity between posts).
-        self.send_sges.clear();
-        self.send_wrs.clear();
-        self.send_sges
-            .reserve(wrs.iter().map(|wr| usize::from(wr.num_sge)).sum());
-        let sge_base = self.send_sges.as_mut_ptr();
+        // Every WR is checked first: a refused WR refuses the whole list before anything is
+        // posted (the provider would take the WRs before it and fail at it).
         for wr in wrs {
-            if wr.inline && wr.byte_len() > u64::from(self.max_inline_data) {
-                return Err(TransportError::Resource(format!(
-                    "ibv_post_send on QP {}: inline send WR {:#x} of {} bytes exceeds the \
-                     QP's max_inline_data {}",
-                    self.qpn,
-                    wr.wr_id,
-                    wr.byte_len(),
-                    self.max_inline_data
-                )));
-            }
-            if let Some(why) = wr.bad_read() {
-                return Err(TransportError::Resource(format!(
-                    "ibv_post_send on QP {}: send WR {:#x}: {why}",
-                    self.qpn, wr.wr_id
-                )));
-            }
-            let start = self.send_sges.len();
-            for s in carried(wr) {
-                self.send_sges.push(ibv_sge {
-                    addr: s.addr,
-                    length: s.length,
-                    lkey: s.lkey,
-                });
-            }
-            let n = self.send_sges.len() - start;
-            // SAFETY: ibv_send_wr is plain data (unions of integers/pointers); all-zero is valid.
-            let mut w: ibv_send_wr = unsafe { std::mem::zeroed() };
-            w.wr_id = wr.wr_id;
-            w.num_sge = n as i32;
-            // start + n <= send_sges.len(), within the capacity reserved above: the pointer
-            // stays inside the vector, which does not move while the list is built
-            w.sg_list = if n == 0 {
-                ptr::null_mut()
-            } else {
-                sge_base.wrapping_add(start)
-            };
-            w.send_flags = 0;
-            if wr.signaled {
-                w.send_flags |= ibv_send_flags::IBV_SEND_SIGNALED.0;
-            }
-            if wr.inline {
-                // the provider copies the bytes into the WQE during the post
-                w.send_flags |= ibv_send_flags::IBV_SEND_INLINE.0;
-            }
-            match wr.opcode {
-                SendOpcode::Send => w.opcode = ibv_wr_opcode::IBV_WR_SEND,
-                SendOpcode::RdmaWrite { remote_addr, rkey } => {
-                    w.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE;
-                    w.wr.rdma.remote_addr = remote_addr;
-                    w.wr.rdma.rkey = rkey;
-                }
-                SendOpcode::RdmaWriteWithImm {
-                    remote_addr,
-                    rkey,
-                    imm,
-                } => {
-                    w.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
-                    w.wr.rdma.remote_addr = remote_addr;
-                    w.wr.rdma.rkey = rkey;
-                    // verbs carry the immediate in network byte order
-                    w.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
-                }
-                SendOpcode::RdmaRead { remote_addr, rkey } => {
-                    w.opcode = ibv_wr_opcode::IBV_WR_RDMA_READ;
-                    w.wr.rdma.remote_addr = remote_addr;
-                    w.wr.rdma.rkey = rkey;
-                }
-            }
-            self.send_wrs.push(w);
+            self.check_send(wr)?;
         }
-        let base = self.send_wrs.as_mut_ptr();
-        for i in 1..self.send_wrs.len() {
-            // SAFETY: i - 1 and i are in bounds; base points at the vector's live elements.
-            unsafe { (*base.add(i - 1)).next = base.add(i) };
+        match wrs {
+            [] => Ok(()),
+            // The common post (a small send, a CTS, a READ): its WR and SGEs on the stack.
+            [wr] => {
+                let mut sges = [ibv_sge {
+                    addr: 0,
+                    length: 0,
+                    lkey: 0,
+                }; MAX_SEND_SGE];
+                let mut n = 0;
+                for s in carried(wr) {
+                    sges[n] = ibv_sge {
+                        addr: s.addr,
+                        length: s.length,
+                        lkey: s.lkey,
+                    };
+                    n += 1;
+                }
+                let mut w = send_wr(wr, sges.as_mut_ptr(), n);
+                let mut bad: *mut ibv_send_wr = ptr::null_mut();
+                // SAFETY: qp is valid; the WR and its SGE list live on this frame for the
+                // whole call (the provider copies WRs into its send queue).
+                let rc = unsafe { rdma_sys::ibv_post_send(self.qp, &mut w, &mut bad) };
+                self.post_result(rc, 0, 1)
+            }
+            _ => {
+                // Each WR's SGEs that carry bytes (`carried`) gathered, its `ibv_send_wr`
+                // built; then the chain. The SGE vector is reserved for the most SGEs the
+                // list can carry first, so it does not move while the WRs point into it (and,
+                // warm, allocates nothing: both vectors keep their capacity between posts).
+                self.send_sges.clear();
+                self.send_wrs.clear();
+                self.send_sges
+                    .reserve(wrs.iter().map(|wr| usize::from(wr.num_sge)).sum());
+                let sge_base = self.send_sges.as_mut_ptr();
+                for wr in wrs {
+                    let start = self.send_sges.len();
+                    for s in carried(wr) {
+                        self.send_sges.push(ibv_sge {
+                            addr: s.addr,
+                            length: s.length,
+                            lkey: s.lkey,
+                        });
+                    }
+                    let n = self.send_sges.len() - start;
+                    // start + n <= send_sges.len(), within the capacity reserved above: the
+                    // pointer stays inside the vector, which does not move while the list is
+                    // built
+                    self.send_wrs
+                        .push(send_wr(wr, sge_base.wrapping_add(start), n));
+                }
+                let base = self.send_wrs.as_mut_ptr();
+                for i in 1..self.send_wrs.len() {
+                    // SAFETY: i - 1 and i are in bounds; base points at the vector's live
+                    // elements.
+                    unsafe { (*base.add(i - 1)).next = base.add(i) };
+                }
+                let mut bad: *mut ibv_send_wr = ptr::null_mut();
+                // SAFETY: qp is valid; the chain and its SGE lists live in our vectors, which
+                // are not touched until the call returns (the provider copies WRs into its
+                // send queue).
+                let rc = unsafe { rdma_sys::ibv_post_send(self.qp, base, &mut bad) };
+                let posted = if rc == 0 {
+                    0
+                } else {
+                    index_in(base, bad, wrs.len())
+                };
+                self.post_result(rc, posted, wrs.len())
+            }
         }
-        let mut bad: *mut ibv_send_wr = ptr::null_mut();
-        // SAFETY: qp is valid; the chain and its SGE lists live in our vectors, which are not
-        // touched until the call returns (the provider copies WRs into its send queue).
-        let rc = unsafe { rdma_sys::ibv_post_send(self.qp, base, &mut bad) };
-        if rc == 0 {
-            return Ok(());
-        }
-        let posted = index_in(base, bad, self.send_wrs.len());
-        Err(post_error(
-            "ibv_post_send",
-            rc,
-            posted,
-            wrs.len(),
-            self.cfg.max_send_wr,
-            self.qpn,
-        ))
     }
 
     fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<(), TransportError> {
@@ -815,6 +784,88 @@ fn link_layer_name(ll: u8) -> &'static str {
     } else {
         "InfiniBand"
     }
+}
+
+impl IbQueuePair {
+    /// What makes `wr` unpostable on this QP: an inline WR longer than `max_inline_data`, or
+    /// an illegal READ ([`SendWr::bad_read`]).
+    fn check_send(&self, wr: &SendWr) -> Result<(), TransportError> {
+        if wr.inline && wr.byte_len() > u64::from(self.max_inline_data) {
+            return Err(TransportError::Resource(format!(
+                "ibv_post_send on QP {}: inline send WR {:#x} of {} bytes exceeds the QP's \
+                 max_inline_data {}",
+                self.qpn,
+                wr.wr_id,
+                wr.byte_len(),
+                self.max_inline_data
+            )));
+        }
+        if let Some(why) = wr.bad_read() {
+            return Err(TransportError::Resource(format!(
+                "ibv_post_send on QP {}: send WR {:#x}: {why}",
+                self.qpn, wr.wr_id
+            )));
+        }
+        Ok(())
+    }
+
+    /// The result of an `ibv_post_send` of `total` WRs that returned `rc`, `posted` of them
+    /// taken before the failure.
+    fn post_result(&self, rc: i32, posted: usize, total: usize) -> Result<(), TransportError> {
+        if rc == 0 {
+            return Ok(());
+        }
+        Err(post_error(
+            "ibv_post_send",
+            rc,
+            posted,
+            total,
+            self.cfg.max_send_wr,
+            self.qpn,
+        ))
+    }
+}
+
+/// The `ibv_send_wr` of `wr`, its `n` carried SGEs at `sges` (not followed: the pointer is
+/// only stored; NULL when `n` is 0), unchained.
+fn send_wr(wr: &SendWr, sges: *mut ibv_sge, n: usize) -> ibv_send_wr {
+    // SAFETY: ibv_send_wr is plain data (unions of integers/pointers); all-zero is valid.
+    let mut w: ibv_send_wr = unsafe { std::mem::zeroed() };
+    w.wr_id = wr.wr_id;
+    w.num_sge = n as i32;
+    w.sg_list = if n == 0 { ptr::null_mut() } else { sges };
+    if wr.signaled {
+        w.send_flags |= ibv_send_flags::IBV_SEND_SIGNALED.0;
+    }
+    if wr.inline {
+        // the provider copies the bytes into the WQE during the post
+        w.send_flags |= ibv_send_flags::IBV_SEND_INLINE.0;
+    }
+    match wr.opcode {
+        SendOpcode::Send => w.opcode = ibv_wr_opcode::IBV_WR_SEND,
+        SendOpcode::RdmaWrite { remote_addr, rkey } => {
+            w.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE;
+            w.wr.rdma.remote_addr = remote_addr;
+            w.wr.rdma.rkey = rkey;
+        }
+        SendOpcode::RdmaWriteWithImm {
+            remote_addr,
+            rkey,
+            imm,
+        } => {
+            w.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
+            w.wr.rdma.remote_addr = remote_addr;
+            w.wr.rdma.rkey = rkey;
+            // verbs carry the immediate in network byte order
+            w.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+        }
+        SendOpcode::RdmaRead { remote_addr, rkey } => {
+            w.opcode = ibv_wr_opcode::IBV_WR_RDMA_READ;
+            w.wr.rdma.remote_addr = remote_addr;
+            w.wr.rdma.rkey = rkey;
+        }
+    }
+    w
 }
 
 /// The SGEs of `wr` that carry bytes (zero-length ones are not posted: they carry nothing and
