@@ -592,22 +592,38 @@ impl SendEngine {
                 return None;
             }
         }
-        // Copied into the engine's scratch, not zeroed: past `end` (a compact entry's 64
-        // bytes) it holds an earlier entry's bytes, which `decode_into` does not read, as
-        // past a compact entry's end the slot holds an older lap's.
-        let b = &mut self.entry_scratch[..stride];
-        if !mem.read(at, &mut b[..end]) {
-            self.fail(unreadable());
-            return None;
-        }
         // Decoded where it is kept, the newest known group (no copy of the entry); taken out
         // again unless it landed whole and valid.
-        let newest = &mut self.groups.push_slot().e;
-        match CtsEntry::decode_into(&self.entry_scratch[..stride], r, newest) {
+        let decoded = if head & wire::CTS_COMPACT != 0 {
+            // NCCL's usual receive: its 64 bytes on the stack, decoded without the cases of
+            // a full entry.
+            let mut b = [0u8; wire::CTS_COMPACT_LEN];
+            if !mem.read(at, &mut b) {
+                self.fail(unreadable());
+                return None;
+            }
+            CtsEntry::decode_compact(&b, r, &mut self.groups.push_slot().e)
+        } else {
+            // Copied into the engine's scratch, whole: a full entry ends at the slot's end.
+            let b = &mut self.entry_scratch[..stride];
+            if !mem.read(at, &mut b[..end]) {
+                self.fail(unreadable());
+                return None;
+            }
+            CtsEntry::decode_into(
+                &self.entry_scratch[..stride],
+                r,
+                &mut self.groups.push_slot().e,
+            )
+        };
+        match decoded {
             Ok(true) => {
                 // A one-buffer entry the receiver wrote into the CTS ring (not the landing
                 // ring's compact stride) while asked to push: toward a probe.
-                if self.pushing && newest.n == 1 && len != wire::CTS_COMPACT_LEN {
+                if self.pushing
+                    && len != wire::CTS_COMPACT_LEN
+                    && self.groups.back().is_some_and(|g| g.e.n == 1)
+                {
                     self.pushed_since += 1;
                 }
                 self.adopt_newest(now).ok().map(|()| true)

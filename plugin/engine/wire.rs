@@ -622,24 +622,22 @@ impl CtsEntry {
         let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap_or_default());
         let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap_or_default());
         let head = u64_at(0);
+        if head & CTS_COMPACT != 0 {
+            // A compact entry's bytes past its tail are an older lap's.
+            let mut c = [0u8; CTS_COMPACT_LEN];
+            c.copy_from_slice(&b[..CTS_COMPACT_LEN]);
+            return CtsEntry::decode_compact(&c, expect_r, out);
+        }
         if !CtsEntry::landed(head, u64_at(CtsEntry::tail_at(head, len)), expect_r)? {
             return Ok(false);
         }
-        let compact = head & CTS_COMPACT != 0;
         let n = u32_at(24);
-        if n == 0 || n as usize > MAX_RECVS || (compact && n != 1) {
+        if n == 0 || n as usize > MAX_RECVS {
             return Err(format!(
-                "CTS for receive {expect_r} announces {n} buffers ({})",
-                if compact {
-                    "1 in a compact entry"
-                } else {
-                    "1..=8"
-                }
+                "CTS for receive {expect_r} announces {n} buffers (1..=8)"
             ));
         }
-        // A compact entry's bytes past its tail are an older lap's: its one rkey is buffer
-        // 0's field.
-        let d = if compact { 1 } else { usize::from(b[224]) };
+        let d = usize::from(b[224]);
         let most = if len == CTS_ENTRY_LEN { 1 } else { MAX_DEVS };
         if d == 0 || d > most {
             return Err(format!(
@@ -670,6 +668,57 @@ impl CtsEntry {
         out.credits = u64_at(8);
         out.base = u64_at(16);
         out.n = n;
+        out.zeros = u32_at(28);
+        Ok(true)
+    }
+
+    /// [`CtsEntry::decode_into`] of a compact entry ([`CTS_COMPACT_LEN`] bytes, both sequence
+    /// words flagged [`CTS_COMPACT`]): one buffer with one rkey, the header and buffer 0 laid
+    /// out as in a full entry, the tail sequence word at 56. What the sender decodes for
+    /// NCCL's usual receive, with no length or rkey-count cases to weigh. `Ok(false)`: not
+    /// (fully) written yet, `out` untouched; `Err`: not the entry of `expect_r`, or a count of
+    /// buffers other than 1.
+    pub fn decode_compact(
+        b: &[u8; CTS_COMPACT_LEN],
+        expect_r: u64,
+        out: &mut CtsEntry,
+    ) -> Result<bool, String> {
+        let u64_at = |o: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&b[o..o + 8]);
+            u64::from_le_bytes(w)
+        };
+        let u32_at = |o: usize| {
+            let mut w = [0u8; 4];
+            w.copy_from_slice(&b[o..o + 4]);
+            u32::from_le_bytes(w)
+        };
+        let head = u64_at(0);
+        if head & CTS_COMPACT == 0 {
+            return Err(format!(
+                "CTS for receive {expect_r}: a full entry's head {head:#x} where a compact one \
+                 is read"
+            ));
+        }
+        if !CtsEntry::landed(head, u64_at(CTS_COMPACT_LEN - 8), expect_r)? {
+            return Ok(false);
+        }
+        let n = u32_at(24);
+        if n != 1 {
+            return Err(format!(
+                "CTS for receive {expect_r} announces {n} buffers (1 in a compact entry)"
+            ));
+        }
+        out.bufs[0] = CtsBuf {
+            addr: u64_at(32),
+            cap: u64_at(40),
+            rkeys: Keys::one(u32_at(48)),
+            tag: u32_at(52) as i32,
+        };
+        out.r = expect_r;
+        out.credits = u64_at(8);
+        out.base = u64_at(16);
+        out.n = 1;
         out.zeros = u32_at(28);
         Ok(true)
     }
@@ -975,6 +1024,28 @@ mod tests {
         assert_eq!(CtsEntry::decode(&unflagged, 70), Ok(None));
         // Overrun: a compact entry of a later lap than expected is an error.
         assert!(CtsEntry::decode(&slot, 6).is_err());
+        // The sender's own path, the 64 bytes alone: the same entry, the same refusals.
+        let c64: [u8; CTS_COMPACT_LEN] = c[..].try_into().unwrap();
+        let mut out = CtsEntry::BLANK;
+        assert_eq!(CtsEntry::decode_compact(&c64, 70, &mut out), Ok(true));
+        assert_eq!(out, e);
+        let mut torn = c64;
+        torn[56..].copy_from_slice(&seq_word(6, true).to_le_bytes());
+        let mut untouched = CtsEntry::BLANK;
+        assert_eq!(
+            CtsEntry::decode_compact(&torn, 70, &mut untouched),
+            Ok(false),
+            "head landed, tail an older lap's"
+        );
+        assert_eq!(untouched, CtsEntry::BLANK);
+        let two: [u8; CTS_COMPACT_LEN] = bad[..CTS_COMPACT_LEN].try_into().unwrap();
+        assert!(CtsEntry::decode_compact(&two, 70, &mut out)
+            .unwrap_err()
+            .contains("1 in a compact entry"));
+        let full: [u8; CTS_COMPACT_LEN] = unflagged[..CTS_COMPACT_LEN].try_into().unwrap();
+        assert!(CtsEntry::decode_compact(&full, 70, &mut out)
+            .unwrap_err()
+            .contains("full entry"));
     }
 
     #[test]
