@@ -1,7 +1,7 @@
 //! [`Net`], the loaded plugin, and the handles it gives out: comms and the calls that lend
 //! FIFO slots to the plugin (the safety model is in the [module docs](super)).
 
-use std::cell::Cell;
+use std::cell::{Cell, Ref, RefCell};
 use std::ffi::{c_int, c_void};
 use std::fmt;
 use std::marker::PhantomData;
@@ -44,8 +44,9 @@ impl Context<'_> {
 pub struct Net {
     /// The table where the library exports it (read at load for `name`, and for `init`).
     exported: Exported,
-    /// The table as copied after the last successful `init`; `None` before it.
-    table: Cell<Option<Table>>,
+    /// The table as copied after the last successful `init`; `None` before it. Borrowed by
+    /// each call, not copied (about 190 bytes), as NCCL calls through its copy.
+    table: RefCell<Option<Table>>,
     version: u32,
     /// The context of [`Net::init`] from it until [`Net::finalize`] (v11+; `None` before,
     /// after, and for older versions). The pointer may be NULL: NCCL's own socket transport
@@ -191,7 +192,7 @@ impl Net {
         }
         Ok(Net {
             exported,
-            table: Cell::new(None),
+            table: RefCell::new(None),
             version: v,
             ctx: Cell::new(None),
             timing: Cell::new(false),
@@ -250,10 +251,9 @@ impl Net {
     }
 
     /// The table copied after `init`.
-    fn table(&self) -> Result<Table> {
-        self.table
-            .get()
-            .ok_or_else(|| Error::Usage("a table call before init".into()))
+    fn table(&self) -> Result<Ref<'_, Table>> {
+        Ref::filter_map(self.table.borrow(), Option::as_ref)
+            .map_err(|_| Error::Usage("a table call before init".into()))
     }
 
     /// Calls the exported table's `init` as it is now, then copies the table (what NCCL's
@@ -268,7 +268,7 @@ impl Net {
         // SAFETY: the library is loaded (self keeps it); the logger and the profiler callback
         // are functions of this program, alive as long as it runs.
         let ctx = unsafe { self.exported.snapshot().init(&args) }?;
-        self.table.set(Some(self.exported.snapshot()));
+        *self.table.borrow_mut() = Some(self.exported.snapshot());
         Ok(ctx)
     }
 
