@@ -207,8 +207,8 @@ impl Groups {
     }
 
     /// A new newest group, nothing matched; its entry holds what the slot held before, for
-    /// the caller to overwrite (`CtsEntry::decode_into` writes every field a reader uses:
-    /// the header and buffers `0..n`).
+    /// the caller to overwrite (`CtsEntry::decode_into` and `CtsEntry::decode_compact` write
+    /// every field a reader uses: the header and buffers `0..n`).
     fn push_slot(&mut self) -> &mut Group {
         if self.len == self.slots.len() {
             // Full (or never used): contiguous from slot 0 again, one slot more at the end.
@@ -265,8 +265,9 @@ enum Refusal {
 pub struct SendEngine {
     p: SendParams,
     reqs: Slots<SendReq>,
-    /// Where `take_entry` copies a landed CTS entry to decode it (never zeroed: only the
-    /// bytes just copied are read).
+    /// Where `take_entry` copies a landed full CTS entry to decode it, whole (its tail word is
+    /// the slot's end; a compact entry is copied onto the stack). Never zeroed: only the bytes
+    /// just copied are read.
     entry_scratch: [u8; CTS_ENTRY_LEN_STRIPED],
     next_s: u64,
     next_r: u64,
@@ -558,8 +559,9 @@ impl SendEngine {
         let unreadable = || ReqError::Local(format!("CTS slot at {at:#x} is not readable"));
         // The head sequence word first: most polls find no new entry, and then the rest needs
         // no copy. Once it names the entry, the entry is copied once, up to where its tail word
-        // ends (a compact entry's at 64, a full one's at the slot's end), and `decode` checks
-        // both words of the copy: a tail not landed yet leaves the entry for a later poll.
+        // ends (a compact entry's at 64, a full one's at the slot's end), and the decoder
+        // (`decode_compact` or `decode_into`) checks both words of the copy: a tail not landed
+        // yet leaves the entry for a later poll.
         let Some(head) = mem.read_u64(at) else {
             self.fail(unreadable());
             return None;

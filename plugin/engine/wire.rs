@@ -611,7 +611,8 @@ impl CtsEntry {
     };
 
     /// [`CtsEntry::decode`] into `out`, where the reader keeps it (the sender decodes into
-    /// its newest known group, with no copy of the entry): `Ok(true)` the entry landed and
+    /// its newest known group, with no copy of the entry; a compact head is handed to
+    /// [`CtsEntry::decode_compact`]): `Ok(true)` the entry landed and
     /// `out` holds it (buffers past `out.n` are left as they were), `Ok(false)` not (fully)
     /// written yet, `out` untouched. `Err` as `decode`; `out` may be partly written.
     pub fn decode_into(b: &[u8], expect_r: u64, out: &mut CtsEntry) -> Result<bool, String> {
@@ -622,11 +623,9 @@ impl CtsEntry {
         let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap_or_default());
         let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap_or_default());
         let head = u64_at(0);
-        if head & CTS_COMPACT != 0 {
+        if let (true, Some(c)) = (head & CTS_COMPACT != 0, b.first_chunk()) {
             // A compact entry's bytes past its tail are an older lap's.
-            let mut c = [0u8; CTS_COMPACT_LEN];
-            c.copy_from_slice(&b[..CTS_COMPACT_LEN]);
-            return CtsEntry::decode_compact(&c, expect_r, out);
+            return CtsEntry::decode_compact(c, expect_r, out);
         }
         if !CtsEntry::landed(head, u64_at(CtsEntry::tail_at(head, len)), expect_r)? {
             return Ok(false);
@@ -675,9 +674,11 @@ impl CtsEntry {
     /// [`CtsEntry::decode_into`] of a compact entry ([`CTS_COMPACT_LEN`] bytes, both sequence
     /// words flagged [`CTS_COMPACT`]): one buffer with one rkey, the header and buffer 0 laid
     /// out as in a full entry, the tail sequence word at 56. What the sender decodes for
-    /// NCCL's usual receive, with no length or rkey-count cases to weigh. `Ok(false)`: not
-    /// (fully) written yet, `out` untouched; `Err`: not the entry of `expect_r`, or a count of
-    /// buffers other than 1.
+    /// NCCL's usual receive, with no length or rkey-count cases to weigh. The caller has seen
+    /// [`CTS_COMPACT`] on the head word (a slot that may hold a full entry, or nothing yet,
+    /// goes to [`CtsEntry::decode_into`]). `Ok(false)`: not (fully) written yet (an older
+    /// lap's entry, or this one's head without its tail), `out` untouched; `Err`: a head without the flag, not the entry
+    /// of `expect_r` (a later lap), or a count of buffers other than 1.
     pub fn decode_compact(
         b: &[u8; CTS_COMPACT_LEN],
         expect_r: u64,
