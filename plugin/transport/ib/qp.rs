@@ -17,8 +17,8 @@ use super::conninfo::ConnInfo;
 use super::context::{PortInfo, ProtectionDomain, LINK_LAYER_ETHERNET};
 use super::convert;
 use crate::transport::{
-    set_keepalive, QpConfig, QpCounters, QueuePair, RecvWr, SendOpcode, SendWr, TransportError, Wc,
-    WcOpcode, WcStatus, MAX_SEND_SGE, PEER_SILENT,
+    set_keepalive, QpConfig, QpCounters, QueuePair, RecvWr, SendOpcode, SendWr, Sge,
+    TransportError, Wc, WcOpcode, WcStatus, MAX_SEND_SGE, PEER_SILENT,
 };
 
 /// Completions fetched per `ibv_poll_cq` call.
@@ -51,7 +51,8 @@ pub struct IbQueuePair {
     max_inline_data: u32,
     counters: QpCounters,
     warned_error: bool,
-    // scratch space reused by every post/poll (no allocation on the data path)
+    // scratch space reused by every post of several send WRs, every receive post and poll
+    // (no allocation on the data path; a post of one send WR builds it on the stack)
     send_wrs: Vec<ibv_send_wr>,
     send_sges: Vec<ibv_sge>,
     recv_wrs: Vec<ibv_recv_wr>,
@@ -562,18 +563,10 @@ impl QueuePair for IbQueuePair {
             [] => Ok(()),
             // The common post (a small send, a CTS, a READ): its WR and SGEs on the stack.
             [wr] => {
-                let mut sges = [ibv_sge {
-                    addr: 0,
-                    length: 0,
-                    lkey: 0,
-                }; MAX_SEND_SGE];
+                let mut sges = [sge(&Sge::default()); MAX_SEND_SGE];
                 let mut n = 0;
-                for s in carried(wr) {
-                    sges[n] = ibv_sge {
-                        addr: s.addr,
-                        length: s.length,
-                        lkey: s.lkey,
-                    };
+                for (d, s) in sges.iter_mut().zip(carried(wr)) {
+                    *d = sge(s);
                     n += 1;
                 }
                 let mut w = send_wr(wr, sges.as_mut_ptr(), n);
@@ -595,13 +588,7 @@ impl QueuePair for IbQueuePair {
                 let sge_base = self.send_sges.as_mut_ptr();
                 for wr in wrs {
                     let start = self.send_sges.len();
-                    for s in carried(wr) {
-                        self.send_sges.push(ibv_sge {
-                            addr: s.addr,
-                            length: s.length,
-                            lkey: s.lkey,
-                        });
-                    }
+                    self.send_sges.extend(carried(wr).map(sge));
                     let n = self.send_sges.len() - start;
                     // start + n <= send_sges.len(), within the capacity reserved above: the
                     // pointer stays inside the vector, which does not move while the list is
@@ -635,11 +622,7 @@ impl QueuePair for IbQueuePair {
             return Ok(());
         }
         self.recv_sges.clear();
-        self.recv_sges.extend(wrs.iter().map(|w| ibv_sge {
-            addr: w.sge.addr,
-            length: w.sge.length,
-            lkey: w.sge.lkey,
-        }));
+        self.recv_sges.extend(wrs.iter().map(|w| sge(&w.sge)));
         self.recv_wrs.clear();
         let sge_base = self.recv_sges.as_mut_ptr();
         for (i, wr) in wrs.iter().enumerate() {
@@ -868,9 +851,18 @@ fn send_wr(wr: &SendWr, sges: *mut ibv_sge, n: usize) -> ibv_send_wr {
     w
 }
 
+/// The verbs SGE of `s`.
+fn sge(s: &Sge) -> ibv_sge {
+    ibv_sge {
+        addr: s.addr,
+        length: s.length,
+        lkey: s.lkey,
+    }
+}
+
 /// The SGEs of `wr` that carry bytes (zero-length ones are not posted: they carry nothing and
 /// need no key).
-fn carried(wr: &SendWr) -> impl Iterator<Item = &crate::transport::Sge> {
+fn carried(wr: &SendWr) -> impl Iterator<Item = &Sge> {
     wr.sges().iter().filter(|s| s.length > 0)
 }
 
