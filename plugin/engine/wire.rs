@@ -677,8 +677,9 @@ impl CtsEntry {
     /// NCCL's usual receive, with no length or rkey-count cases to weigh. The caller has seen
     /// [`CTS_COMPACT`] on the head word (a slot that may hold a full entry, or nothing yet,
     /// goes to [`CtsEntry::decode_into`]). `Ok(false)`: not (fully) written yet (an older
-    /// lap's entry, or this one's head without its tail), `out` untouched; `Err`: a head without the flag, not the entry
-    /// of `expect_r` (a later lap), or a count of buffers other than 1.
+    /// lap's entry, or this one's head without its tail), `out` untouched. `Err`: a head
+    /// without the flag, not the entry of `expect_r` (a later lap), or a count of buffers
+    /// other than 1.
     pub fn decode_compact(
         b: &[u8; CTS_COMPACT_LEN],
         expect_r: u64,
