@@ -620,8 +620,8 @@ impl CtsEntry {
         if len != CTS_ENTRY_LEN && len != CTS_ENTRY_LEN_STRIPED {
             return Err(format!("CTS entry of {len} bytes"));
         }
-        let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap_or_default());
-        let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap_or_default());
+        let u64_at = |o: usize| le_u64(b, o);
+        let u32_at = |o: usize| le_u32(b, o);
         let head = u64_at(0);
         if let (true, Some(c)) = (head & CTS_COMPACT != 0, b.first_chunk()) {
             // A compact entry's bytes past its tail are an older lap's.
@@ -656,19 +656,34 @@ impl CtsEntry {
                 }
                 Keys::new(&rk[..d]).unwrap_or_default()
             };
-            *buf = CtsBuf {
-                addr: u64_at(o),
-                cap: u64_at(o + 8),
-                rkeys,
-                tag: u32_at(o + 20) as i32,
-            };
+            *buf = CtsEntry::buf_at(b, o, rkeys);
         }
-        out.r = expect_r;
-        out.credits = u64_at(8);
-        out.base = u64_at(16);
-        out.n = n;
-        out.zeros = u32_at(28);
+        CtsEntry::header_into(b, expect_r, n, out);
         Ok(true)
+    }
+
+    /// Buffer fields at offset `o` of an entry's bytes `b` (address, capacity, tag; its rkeys
+    /// read by the caller: one at `o + 16`, more in a striped entry's tail). The layout
+    /// [`CtsEntry::encode_parts`] writes.
+    #[inline]
+    fn buf_at(b: &[u8], o: usize, rkeys: Keys) -> CtsBuf {
+        CtsBuf {
+            addr: le_u64(b, o),
+            cap: le_u64(b, o + 8),
+            rkeys,
+            tag: le_u32(b, o + 20) as i32,
+        }
+    }
+
+    /// The header of receive `expect_r`'s entry `b`, announcing `n` buffers, into `out`: the
+    /// credits at 8, the base at 16 and the zero-length WRs at 28.
+    #[inline]
+    fn header_into(b: &[u8], expect_r: u64, n: u32, out: &mut CtsEntry) {
+        out.r = expect_r;
+        out.credits = le_u64(b, 8);
+        out.base = le_u64(b, 16);
+        out.n = n;
+        out.zeros = le_u32(b, 28);
     }
 
     /// [`CtsEntry::decode_into`] of a compact entry ([`CTS_COMPACT_LEN`] bytes, both sequence
@@ -685,45 +700,39 @@ impl CtsEntry {
         expect_r: u64,
         out: &mut CtsEntry,
     ) -> Result<bool, String> {
-        let u64_at = |o: usize| {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(&b[o..o + 8]);
-            u64::from_le_bytes(w)
-        };
-        let u32_at = |o: usize| {
-            let mut w = [0u8; 4];
-            w.copy_from_slice(&b[o..o + 4]);
-            u32::from_le_bytes(w)
-        };
-        let head = u64_at(0);
+        let head = le_u64(b, 0);
         if head & CTS_COMPACT == 0 {
             return Err(format!(
                 "CTS for receive {expect_r}: a full entry's head {head:#x} where a compact one \
                  is read"
             ));
         }
-        if !CtsEntry::landed(head, u64_at(CTS_COMPACT_LEN - 8), expect_r)? {
+        if !CtsEntry::landed(head, le_u64(b, CTS_COMPACT_LEN - 8), expect_r)? {
             return Ok(false);
         }
-        let n = u32_at(24);
+        let n = le_u32(b, 24);
         if n != 1 {
             return Err(format!(
                 "CTS for receive {expect_r} announces {n} buffers (1 in a compact entry)"
             ));
         }
-        out.bufs[0] = CtsBuf {
-            addr: u64_at(32),
-            cap: u64_at(40),
-            rkeys: Keys::one(u32_at(48)),
-            tag: u32_at(52) as i32,
-        };
-        out.r = expect_r;
-        out.credits = u64_at(8);
-        out.base = u64_at(16);
-        out.n = 1;
-        out.zeros = u32_at(28);
+        out.bufs[0] = CtsEntry::buf_at(b, 32, Keys::one(le_u32(b, 48)));
+        CtsEntry::header_into(b, expect_r, 1, out);
         Ok(true)
     }
+}
+
+/// The little-endian word at offset `o` of an entry's bytes `b` (inside them: the decoders
+/// check the entry's length first).
+#[inline]
+fn le_u64(b: &[u8], o: usize) -> u64 {
+    u64::from_le_bytes(b[o..o + 8].try_into().unwrap_or_default())
+}
+
+/// [`le_u64`] of a 4-byte word.
+#[inline]
+fn le_u32(b: &[u8], o: usize) -> u32 {
+    u32::from_le_bytes(b[o..o + 4].try_into().unwrap_or_default())
 }
 
 /// The sequence word of receive `r`'s CTS entry: `r + 1` modulo 2^63 (never 0 but once in
