@@ -4,12 +4,16 @@
 //!
 //! - Each direction has one registered FIFO of `window` slots (one per step in flight, as
 //!   NCCL's proxy gives each step its own buffer), registered once with `regMr`.
-//! - Receives are posted ahead into every free slot, up to the window (at most
-//!   `NCCL_NET_MAX_REQUESTS`), each with the slot's capacity and the peer's rank as tag.
-//! - Sends are posted while the window has room; a NULL request ("retry later") is retried on
-//!   a later pass, after the other direction has been served.
-//! - Completions are tested oldest first, as far as they are done; a completed receive frees
-//!   its slot for the next `irecv`.
+//! - A pass makes one step per direction, as NCCL's proxy thread calls each op's progress
+//!   once per loop and each makes one step of its connection (`Endpoint::pass`): the
+//!   receiving direction posts one receive into the next free slot (receives are posted ahead
+//!   up to the window, at most `NCCL_NET_MAX_REQUESTS`, each with the slot's capacity and the
+//!   peer's rank as tag) or, when it posted none, tests its oldest receive once; the sending
+//!   direction isends one message while the window has room or, when it started none, tests
+//!   its oldest send once. A NULL request ("retry later") is retried on a later pass, after
+//!   the other direction has made its step.
+//! - Completions are tested oldest first; a completed receive frees its slot for the next
+//!   `irecv`.
 //! - A pass that moved nothing yields (after `--spin` passes spent spinning) and naps, as the
 //!   ring proxy does (`crate::coll::Idle`); nothing moving for [`STALL_TIMEOUT`] fails the
 //!   rank with the proxy's state.
@@ -282,10 +286,26 @@ impl<'n> Endpoint<'n> {
         )
     }
 
-    /// One pass of the proxy: receives posted ahead up to `rx_end` and sends posted up to
-    /// `tx_end` (sends first with `sends_first`), then receives and sends tested as far as they
-    /// are done. `size` is every
-    /// message's length. Returns whether anything moved.
+    /// One pass of the proxy loop: each direction's op makes one step, as NCCL's proxy thread
+    /// calls every active op's progress function once per loop (`src/proxy.cc`,
+    /// `progressOps`) and each makes at most one step of its connection per call
+    /// (`src/transport/net.cc`):
+    /// - the receive op (`recvProxyProgress`) posts one receive into the next free slot (up to
+    ///   `rx_end`, the window posted at most); only when it posted none (no free slot, all
+    ///   posted, or "retry later") does it test its oldest receive, once;
+    /// - the send op (`sendProxyProgress`) isends one message (up to `tx_end`, the window in
+    ///   flight at most); only when it started none (none to send, the window full, or "retry
+    ///   later") does it test its oldest send, once.
+    ///
+    /// So a rank whose sends keep starting still tests its receives every other pass, and its
+    /// peer's clear-to-send is not held behind a burst of sends (a greedy pass that isent
+    /// until refused and tested as far as done had one rank of a `--bidir` stream send in
+    /// bursts while the other's sends waited, in some runs for the whole run).
+    /// With `sends_first` the send op goes first: a ping-pong's reply is isent before the
+    /// next receive is posted, whose clear-to-send costs the plugin a WRITE, and the receive
+    /// is already posted ahead (the window). Otherwise the receive op goes first, so that the
+    /// peer's sends find their clear-to-send (NCCL's proxy posts a step's receive as soon as it
+    /// has the step). `size` is every message's length. Returns whether anything moved.
     fn pass(
         &mut self,
         tx_end: u64,
@@ -306,111 +326,137 @@ impl<'n> Endpoint<'n> {
                 }
             }
         }
-        let net = self.net;
         let full = phase == Phase::Checked;
         let mut moved = false;
-        // A ping-pong's reply goes before the receives posted ahead (`sends_first`): their
-        // clear-to-send costs the plugin a WRITE each, and the next receive is already posted
-        // (the window), so holding the reply behind them only adds that WRITE to every half
-        // round trip. A stream posts receives first, so that the peer's sends find their
-        // clear-to-send (NCCL's proxy posts a step's receive as soon as it has the step).
-        if sends_first {
-            self.post_sends(tx_end, size, full, &mut moved)?;
-            self.post_recvs(rx_end, full, &mut moved)?;
-        } else {
-            self.post_recvs(rx_end, full, &mut moved)?;
-            self.post_sends(tx_end, size, full, &mut moved)?;
-        }
-        if let Some(rx) = self.rx.as_mut() {
-            while let Some(req) = rx.posted_q.front_mut() {
-                let Some(got) = net.test(&mut rx.fifo, req)? else {
-                    break;
-                };
-                let slot = req.slot();
-                let seq = rx.done;
-                check_size(got, size, || {
-                    format!("receive {seq} from rank {} (tag {})", self.peer, self.peer)
-                });
-                let data = &mut rx
-                    .fifo
-                    .slot_mut(slot)
-                    .ok_or("completed receive slot still busy")?[..size];
-                if self.corrupt {
-                    if let Some(b) = data.first_mut() {
-                        *b ^= 0x5A;
-                    }
-                }
-                if !holds(data, self.peer, seq, full) {
-                    rx.wrong += 1;
-                }
-                rx.posted_q.pop_front();
-                rx.done += 1;
-                moved = true;
-            }
-        }
-        if let Some(tx) = self.tx.as_mut() {
-            while let Some(req) = tx.inflight.front_mut() {
-                if net.test(&mut tx.fifo, req)?.is_none() {
-                    break;
-                }
-                tx.inflight.pop_front();
-                tx.done += 1;
-                moved = true;
-            }
+        for send in [sends_first, !sends_first] {
+            moved |= if send {
+                self.send_step(tx_end, size, full)?
+            } else {
+                self.recv_step(rx_end, size, full)?
+            };
         }
         Ok(moved)
     }
 
-    /// Posts sends up to `tx_end` (up to the window in flight); "retry later" ends the round.
-    fn post_sends(&mut self, tx_end: u64, size: usize, full: bool, moved: &mut bool) -> Result<()> {
-        let net = self.net;
-        let w = self.window;
-        if let Some(tx) = self.tx.as_mut() {
-            while tx.posted < tx_end && tx.inflight.len() < w {
-                let slot = (tx.posted % w as u64) as usize;
-                let buf = tx.fifo.slot_mut(slot).ok_or("send slot still busy")?;
-                fill(&mut buf[..size], self.rank, tx.posted, full);
-                match net.isend(&mut tx.comm, &mut tx.fifo, slot, size, self.rank as i32)? {
-                    Some(req) => {
-                        tx.inflight.push_back(req);
-                        tx.posted += 1;
-                        *moved = true;
-                    }
-                    None => {
-                        tx.refused += 1;
-                        break;
-                    }
-                }
-            }
-        }
-        Ok(())
+    /// The receive op's step ([`Self::pass`]): one `irecv`, or else one `test` of the oldest
+    /// receive. Returns whether it moved anything.
+    fn recv_step(&mut self, rx_end: u64, size: usize, full: bool) -> Result<bool> {
+        Ok(self.post_recv(rx_end, full)? || self.test_recv(size, full)?)
     }
 
-    /// Posts receives ahead up to `rx_end` (up to the window posted).
-    fn post_recvs(&mut self, rx_end: u64, full: bool, moved: &mut bool) -> Result<()> {
+    /// The send op's step ([`Self::pass`]): one `isend`, or else one `test` of the oldest
+    /// send. Returns whether it moved anything.
+    fn send_step(&mut self, tx_end: u64, size: usize, full: bool) -> Result<bool> {
+        Ok(self.post_send(tx_end, size, full)? || self.test_send()?)
+    }
+
+    /// Tests the oldest posted receive once; when done, checks its bytes and frees its slot.
+    /// Returns whether it was done.
+    fn test_recv(&mut self, size: usize, full: bool) -> Result<bool> {
         let net = self.net;
-        let w = self.window;
-        if let Some(rx) = self.rx.as_mut() {
-            let cap = rx.fifo.slot_size();
-            while rx.posted < rx_end && rx.posted_q.len() < w {
-                let slot = (rx.posted % w as u64) as usize;
-                if full {
-                    rx.fifo
-                        .slot_mut(slot)
-                        .ok_or("receive slot still busy")?
-                        .fill(SENTINEL);
-                }
-                match net.irecv(&mut rx.comm, &mut rx.fifo, slot, cap, self.peer as i32)? {
-                    Some(req) => {
-                        rx.posted_q.push_back(req);
-                        rx.posted += 1;
-                        *moved = true;
-                    }
-                    None => break,
-                }
+        let Some(rx) = self.rx.as_mut() else {
+            return Ok(false);
+        };
+        let Some(req) = rx.posted_q.front_mut() else {
+            return Ok(false);
+        };
+        let Some(got) = net.test(&mut rx.fifo, req)? else {
+            return Ok(false);
+        };
+        let slot = req.slot();
+        let seq = rx.done;
+        check_size(got, size, || {
+            format!("receive {seq} from rank {} (tag {})", self.peer, self.peer)
+        });
+        let data = &mut rx
+            .fifo
+            .slot_mut(slot)
+            .ok_or("completed receive slot still busy")?[..size];
+        if self.corrupt {
+            if let Some(b) = data.first_mut() {
+                *b ^= 0x5A;
             }
         }
-        Ok(())
+        if !holds(data, self.peer, seq, full) {
+            rx.wrong += 1;
+        }
+        rx.posted_q.pop_front();
+        rx.done += 1;
+        Ok(true)
+    }
+
+    /// Tests the oldest send in flight once; returns whether it was done.
+    fn test_send(&mut self) -> Result<bool> {
+        let net = self.net;
+        let Some(tx) = self.tx.as_mut() else {
+            return Ok(false);
+        };
+        let Some(req) = tx.inflight.front_mut() else {
+            return Ok(false);
+        };
+        if net.test(&mut tx.fifo, req)?.is_none() {
+            return Ok(false);
+        }
+        tx.inflight.pop_front();
+        tx.done += 1;
+        Ok(true)
+    }
+
+    /// Isends the next message when one is left before `tx_end` and the window has room;
+    /// returns whether the plugin took it ("retry later" is counted and retried on a later
+    /// pass).
+    fn post_send(&mut self, tx_end: u64, size: usize, full: bool) -> Result<bool> {
+        let net = self.net;
+        let w = self.window;
+        let Some(tx) = self.tx.as_mut() else {
+            return Ok(false);
+        };
+        if tx.posted >= tx_end || tx.inflight.len() >= w {
+            return Ok(false);
+        }
+        let slot = (tx.posted % w as u64) as usize;
+        let buf = tx.fifo.slot_mut(slot).ok_or("send slot still busy")?;
+        fill(&mut buf[..size], self.rank, tx.posted, full);
+        match net.isend(&mut tx.comm, &mut tx.fifo, slot, size, self.rank as i32)? {
+            Some(req) => {
+                tx.inflight.push_back(req);
+                tx.posted += 1;
+                Ok(true)
+            }
+            None => {
+                tx.refused += 1;
+                Ok(false)
+            }
+        }
+    }
+
+    /// Posts the next receive when one is left before `rx_end` and the window has room
+    /// (`full`: its slot filled with the sentinel first); returns whether the plugin took it.
+    fn post_recv(&mut self, rx_end: u64, full: bool) -> Result<bool> {
+        let net = self.net;
+        let w = self.window;
+        let Some(rx) = self.rx.as_mut() else {
+            return Ok(false);
+        };
+        if rx.posted >= rx_end || rx.posted_q.len() >= w {
+            return Ok(false);
+        }
+        let slot = (rx.posted % w as u64) as usize;
+        if full {
+            rx.fifo
+                .slot_mut(slot)
+                .ok_or("receive slot still busy")?
+                .fill(SENTINEL);
+        }
+        let cap = rx.fifo.slot_size();
+        match net.irecv(&mut rx.comm, &mut rx.fifo, slot, cap, self.peer as i32)? {
+            Some(req) => {
+                rx.posted_q.push_back(req);
+                rx.posted += 1;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
     }
 
     /// Runs passes until `until(self)` holds; idle passes spin, then yield and nap.
@@ -498,9 +544,7 @@ impl<'n> Endpoint<'n> {
         let rx_end = self.recvs_posted() + 1;
         let asked = Instant::now();
         while self.recvs_posted() < rx_end && asked.elapsed() < IDLE_POST_WAIT {
-            let mut moved = false;
-            self.post_recvs(rx_end, false, &mut moved)?;
-            if !moved {
+            if !self.post_recv(rx_end, false)? {
                 std::thread::yield_now();
             }
         }

@@ -454,3 +454,72 @@ fn call_times_count_every_plugin_call_by_what_it_did() {
         "--json prints no text lines: {stdout}"
     );
 }
+
+/// The order of one rank's calls as the fixture plugin saw them (`FIXTURE_NET_TRACE`: a letter
+/// per call), cut into the steps of the proxy's ops: an `isend` or `irecv` that started (`S`,
+/// `R`), one answered "retry later" with the test that follows it in the same step (`s`/`r`,
+/// then `T`/`t` or `U`/`u`), or a test alone. Returns, per step, whether it was the sending
+/// direction's.
+fn steps_by_direction(trace: &str) -> Vec<bool> {
+    let mut out = Vec::new();
+    let mut it = trace.chars().peekable();
+    while let Some(c) = it.next() {
+        match c {
+            's' if matches!(it.peek(), Some('T' | 't')) => {
+                it.next();
+            }
+            'r' if matches!(it.peek(), Some('U' | 'u')) => {
+                it.next();
+            }
+            'S' | 's' | 'T' | 't' | 'R' | 'r' | 'U' | 'u' => {}
+            _ => panic!("unknown letter {c:?} in the trace {trace}"),
+        }
+        out.push(matches!(c, 'S' | 's' | 'T' | 't'));
+    }
+    out
+}
+
+#[test]
+fn a_pass_makes_one_step_per_direction_as_nccls_proxy_does() {
+    // NCCL's proxy thread calls every op's progress once per loop, and each makes one step of
+    // its connection (src/proxy.cc: progressOps; src/transport/net.cc: recvProxyProgress posts
+    // one receive or tests one, sendProxyProgress isends one step or tests one). So while both
+    // directions of a --bidir stream have work, the plugin sees their steps alternate: a rank
+    // that keeps starting sends still tests its receives every other pass. (A greedy pass that
+    // posted every free receive, isent until refused and tested as far as done, had about 450
+    // runs of same-direction steps per rank in this run; one step per op leaves one run at the
+    // end of each phase, where one direction finished first.)
+    let dir = std::env::temp_dir().join(format!("verbsnet-p2p-trace-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let prefix = dir.join("calls");
+    let mut c = perf(&[
+        "stream", "--bidir", "-b", "64", "-e", "64", "-n", "300", "-w", "10", "-c", "1",
+    ]);
+    c.env("NCCL_NET_PLUGIN", env!("FIXTURE_NET_SO"))
+        .env("FIXTURE_NET_TRACE", &prefix);
+    let (o, v) = run_json(&mut c);
+    assert_clean(&o, &v, "stream", &[64], 300);
+    let mut traces: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
+        .collect();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(traces.len(), 2, "one trace per rank process");
+    for t in traces.drain(..) {
+        let steps = steps_by_direction(&t);
+        let sends = steps.iter().filter(|&&s| s).count();
+        // 311 messages each way: at least one step per isend that started and per receive.
+        assert!(sends >= 311 && steps.len() - sends >= 311, "{t}");
+        let runs = steps.windows(2).filter(|w| w[0] == w[1]).count();
+        let run_starts = steps
+            .windows(3)
+            .filter(|w| w[0] != w[1] && w[1] == w[2])
+            .count()
+            + usize::from(steps.len() >= 2 && steps[0] == steps[1]);
+        // Three phases (warm-up, timed, checked), each may end with a run of one direction.
+        assert!(
+            run_starts <= 6,
+            "{run_starts} runs of steps of one direction ({runs} steps in them): {t}"
+        );
+    }
+}
