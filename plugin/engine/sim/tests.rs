@@ -2342,11 +2342,26 @@ fn a_pushed_sender_probes_pulling_again_and_backs_off_while_the_receiver_stays_b
     assert_eq!(s2.cts_reads - s1.cts_reads, 10, "{s2:?}");
     assert_eq!(s2.cts_pulled - s1.cts_pulled, 60, "{s2:?}");
     assert_eq!(s2.wake_writes, s1.wake_writes, "{s2:?}");
-    // A READ that brings 2 ends a phase that paid: the next probe after 32 pushed entries.
+    // A READ that brings 2 from a receiver that posted 6 ahead in this phase keeps the pull:
+    // it re-posts slower than we send, and pushing would cost it a WRITE per receive
+    // (PULL_MIN_PER_READ).
     let recvs = post_slots(&mut p, k, 2);
     stream_into(&mut p, recvs, k, 100);
     k += 2;
-    assert!(!p.snd.pulls());
+    assert!(p.snd.pulls(), "{}", p.snd.debug_state());
+    assert_eq!(p.rcv.stats().cts, c1, "still nothing pushed");
+    // Nothing posted: the empty READs and their pauses, then the wake word, end a phase that
+    // paid: the next probe after 32 pushed entries.
+    let data = pattern(5, 100);
+    assert!(p.smem.write(S_USER, &data));
+    for _ in 0..1000 {
+        assert_eq!(p.snd.isend(p.now, S_USER, p.lkeys, 100, 0), Ok(None));
+        p.step();
+        if !p.snd.pulls() {
+            break;
+        }
+    }
+    assert!(!p.snd.pulls(), "{}", p.snd.debug_state());
     let c2 = p.rcv.stats().cts;
     let at = probe_rounds(&mut p, &mut k, 1, 1);
     assert_eq!(at[0] - c2, 32, "{}", p.snd.debug_state());
