@@ -113,8 +113,10 @@ impl Transport {
 /// (`src/transport/net.cc`); they differ in how soon completions are looked at.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
 pub enum Proxy {
-    /// Every pass posts receives into free slots, tests the oldest receive and the oldest send
-    /// and retries a refused isend once: completions are seen as soon as they happen.
+    /// Every pass makes one step per op, as NCCL's proxy does (`src/transport/net.cc`): a
+    /// receive posted into a free slot or, when none was, the oldest receive tested; a send
+    /// isent once (a refused one retried on a later pass) or, when none started, the oldest
+    /// send tested. Completions are seen within a pass or two of happening.
     #[default]
     Eager,
     /// The least polite order NCCL may use: every receive slot posted ahead, then every send

@@ -606,8 +606,9 @@ impl<'n> Call<'n> {
         .into())
     }
 
-    /// The default proxy: per peer, post receives into free slots, test the oldest receive of
-    /// each group, and per sender stage, isend once and test the oldest send, every pass.
+    /// The default proxy: every pass, per peer, each receive group posts one receive into a
+    /// free slot or, when it posted none, tests its oldest receive, and each sender stages its
+    /// next piece and isends it once or, when it started none, tests its oldest send.
     fn run_eager(
         &mut self,
         peers: &mut [Vec<Conn<'n>>],
@@ -617,17 +618,17 @@ impl<'n> Call<'n> {
         let block = output.len() / peers.len().max(1);
         loop {
             let mut progressed = false;
+            // One step per op, as NCCL's proxy (`src/transport/net.cc`): a receive group
+            // posts one receive or, when it posted none, tests its oldest; a sender isends its
+            // staged piece or, when it started none, tests its oldest send.
             for (p, conns) in peers.iter_mut().enumerate() {
                 for gi in 0..self.groups[p].len() {
-                    while self.post_receive(conns, p, gi)? {
-                        progressed = true;
-                    }
-                    progressed |= self.test_receive(conns, p, gi, output, block)?;
+                    progressed |= self.post_receive(conns, p, gi)?
+                        || self.test_receive(conns, p, gi, output, block)?;
                 }
                 for j in 0..self.senders[p].len() {
                     self.stage(conns, p, j, input, usize::MAX)?;
-                    progressed |= self.isend(conns, p, j)?;
-                    progressed |= self.test_send(conns, p, j)?;
+                    progressed |= self.isend(conns, p, j)? || self.test_send(conns, p, j)?;
                 }
             }
             if self.all_done() {

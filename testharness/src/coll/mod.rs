@@ -435,9 +435,12 @@ impl<'n> Ring<'n> {
         Ok(())
     }
 
-    /// The default proxy ([`Proxy::Eager`]): each pass posts receives into free slots, tests
-    /// the oldest receive (consumed at once), fills and isends the next send once, and tests
-    /// the oldest send.
+    /// The default proxy ([`Proxy::Eager`]): each pass makes one step per op, as NCCL's proxy
+    /// thread calls each op's progress once per loop (`src/proxy.cc`, `progressOps`) and each
+    /// makes one step (`src/transport/net.cc`): the receive op posts one receive into the next
+    /// free slot or, when it posted none, tests the oldest receive (consumed at once); the send
+    /// op fills the next send slot once its data is there and isends it once or, when it
+    /// started none, tests the oldest send.
     fn run_eager(
         &mut self,
         plan: &Plan,
@@ -462,26 +465,24 @@ impl<'n> Ring<'n> {
         while next_send < plan.sends.len() || staged.is_some() || recvs_done < plan.recvs.len() {
             let mut progressed = false;
 
-            // Post receives ahead into every free slot (of this call and, as announced, of
-            // the next ones).
-            while self.recvs_posted_total < self.recv_budget && recvs_posted.len() < SLOTS {
+            // The receive op's step: post one receive ahead into the next free slot (of this
+            // call and, as announced, of the next ones) or, only when it posted none, test the
+            // oldest receive of this call and consume it at once.
+            let mut recv_posted = false;
+            if self.recvs_posted_total < self.recv_budget && recvs_posted.len() < SLOTS {
                 let slot = self.recvs_posted_total % SLOTS;
-                let posted =
-                    net.irecv(&mut self.recv, &mut self.recv_fifo, slot, chunk, prev_tag)?;
-                match posted {
-                    Some(req) => {
-                        recvs_posted.push_back(req);
-                        self.recvs_posted_total += 1;
-                        progressed = true;
-                    }
-                    None => break,
+                if let Some(req) =
+                    net.irecv(&mut self.recv, &mut self.recv_fifo, slot, chunk, prev_tag)?
+                {
+                    recvs_posted.push_back(req);
+                    self.recvs_posted_total += 1;
+                    recv_posted = true;
+                    progressed = true;
                 }
             }
-
-            // Test the oldest receive of this call; consume it at once.
             if let Some(req) = recvs_posted
                 .front_mut()
-                .filter(|_| recvs_done < plan.recvs.len())
+                .filter(|_| !recv_posted && recvs_done < plan.recvs.len())
             {
                 if let Some(size) = net.test(&mut self.recv_fifo, req)? {
                     let slot = req.slot();
@@ -514,7 +515,9 @@ impl<'n> Ring<'n> {
                 }
             }
 
-            // isend the filled slot; no request means "not now".
+            // The send op's step: isend the filled slot (no request means "not now") or, only
+            // when it started none, test the oldest send (of this call or an earlier one).
+            let mut sent = false;
             if let Some(i) = staged {
                 let len = plan.sends[i].len;
                 if let Some(req) = net.isend(
@@ -527,12 +530,11 @@ impl<'n> Ring<'n> {
                     self.sends_in_flight.push_back(req);
                     self.sends_posted += 1;
                     staged = None;
+                    sent = true;
                     progressed = true;
                 }
             }
-
-            // Test the oldest send (of this call or an earlier one).
-            if let Some(req) = self.sends_in_flight.front_mut() {
+            if let Some(req) = self.sends_in_flight.front_mut().filter(|_| !sent) {
                 if net.test(&mut self.send_fifo, req)?.is_some() {
                     self.sends_in_flight.pop_front();
                     progressed = true;
