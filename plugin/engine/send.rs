@@ -341,8 +341,11 @@ pub struct SendEngine {
     /// `next_r` when we last asked the receiver to stop pushing: the entries known since
     /// tell, when we ask for pushes again, whether that pull phase paid.
     pull_since: u64,
-    /// The most receives known and not yet matched at once right after a READ, over the
-    /// connection: whether the receiver posts ahead of our sends ([`PULL_MIN_PER_READ`]).
+    /// How far ahead of our sends the receiver posts, as READs find it ([`PULL_MIN_PER_READ`]):
+    /// the receives known and not yet matched right after a READ that found at least
+    /// [`PULL_MIN_PER_READ`] (the most of them), halved by each READ that found fewer, so a
+    /// receiver that stops posting ahead (a stream, then a ping-pong) is seen as such after a
+    /// few READs (from 32 ahead, the fifth such READ in a row asks for pushes).
     read_held_max: usize,
     /// READs in a row that a send waited for and that brought no entry, each followed by
     /// another READ later rather than by the wake word ([`READ_PATIENCE`]); back to 0 once
@@ -381,20 +384,21 @@ enum Pull {
 /// receiver to stop (the receiver is ahead: one READ will bring many).
 const PULL_AT_GROUPS: usize = 8;
 
-/// A READ a send waited for that brought fewer entries than this, from a receiver of which no
-/// READ ever found this many receives posted ahead, says it posts each receive about when the
-/// sender needs it (a ping-pong with one receive posted): it is asked to push again, which
-/// costs it no more WRs than the READs would and the sender no round trip per entry.
+/// A READ a send waited for that brought fewer entries than this, from a receiver that READs
+/// have not lately found this many receives ahead (`read_held_max`), says it posts each
+/// receive about when the sender needs it (a ping-pong with one receive posted): it is asked
+/// to push again, which costs it no more WRs than the READs would and the sender no round
+/// trip per entry.
 ///
-/// A receiver that did post this many ahead is only re-posting slower than we send: a
-/// proxy that makes one step per op per loop, as NCCL's does (`src/transport/net.cc`: each
-/// `recvProxyProgress` call posts one receive or tests one), re-posts one receive every other
-/// pass in a stream both ways, while its own sends go out every pass. Asking it to push then
-/// costs it a WRITE per receive on the CPU its own sends need, and the pair settles with one
-/// side pushing every entry and the other refused most of its `isend`s: on rxe, a 64 B stream
-/// both ways under that order ran at 0.6x the rate with this rule applied to it too
-/// (docs/performance.md, "NCCL's proxy order"). We keep pulling: each READ brings what was
-/// posted meanwhile.
+/// A receiver that READs found this many ahead is, when a READ then brings fewer, usually only
+/// re-posting slower than we send: a proxy that makes one step per op per loop, as NCCL's does
+/// (`src/transport/net.cc`: each `recvProxyProgress` call posts one receive or tests one),
+/// re-posts one receive every other pass in a stream both ways, while its own sends go out
+/// every pass. Asking it to push then costs it a WRITE per receive on the CPU its own sends
+/// need, and the pair settles with one side pushing every entry and the other refused most of
+/// its `isend`s: on rxe, a 64 B stream both ways under that order ran at 0.78x the rate
+/// (0.59-0.82 by round) with this rule applied to it too (docs/performance.md, "NCCL's proxy
+/// order"). We keep pulling: each READ brings what was posted meanwhile.
 const PULL_MIN_PER_READ: u64 = 4;
 
 /// Pushed one-buffer entries after which a sender that is being pushed tries pulling again,
@@ -667,7 +671,7 @@ impl SendEngine {
     /// to ask the receiver to stop pushing.
     ///
     /// - A READ (a send waited for it) followed by no entry, or by fewer than
-    ///   [`PULL_MIN_PER_READ`] from a receiver of which no READ ever found that many posted
+    ///   [`PULL_MIN_PER_READ`] from a receiver that READs have not lately found that many
     ///   ahead (the receiver had not posted the one the send needs, or posts each just in
     ///   time), is followed by
     ///   the wake word ([`wire::WAKE_PUSH`]) and a second READ, in that order on QP 0: either
@@ -686,7 +690,14 @@ impl SendEngine {
         if let Pull::Landed { woke } = self.read {
             self.read = Pull::Idle;
             let took = self.next_r.wrapping_sub(self.read_from);
-            self.read_held_max = self.read_held_max.max(self.groups.len());
+            // Whether READs lately found the receiver posting ahead, before this one counts.
+            let ahead = self.read_held_max >= PULL_MIN_PER_READ as usize;
+            let held = self.groups.len();
+            self.read_held_max = if held >= PULL_MIN_PER_READ as usize {
+                self.read_held_max.max(held)
+            } else {
+                self.read_held_max / 2
+            };
             if !woke && self.pulls() && took == 0 && self.empty_reads < READ_PATIENCE {
                 // A send waited for this READ and it brought nothing: the receiver may be
                 // busy; the send READs again after a pause, not at its next try.
@@ -697,11 +708,7 @@ impl SendEngine {
                 let pause = rtt.saturating_mul(rtts).min(READ_PAUSE_MAX_NS);
                 self.pause_until = Some(landed.saturating_add(pause));
                 self.pause_calls = 0;
-            } else if !woke
-                && self.pulls()
-                && took < PULL_MIN_PER_READ
-                && (took == 0 || self.read_held_max < PULL_MIN_PER_READ as usize)
-            {
+            } else if !woke && self.pulls() && took < PULL_MIN_PER_READ && (took == 0 || !ahead) {
                 // A send waited for this READ, and too few entries came since it went (maybe
                 // none, not the one the send needs): ask for pushes, and READ again behind the
                 // wake word for what the receiver posted before it sees the word.

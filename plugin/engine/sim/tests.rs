@@ -2083,8 +2083,9 @@ fn a_receive_posted_anywhere_around_the_wake_word_is_found_by_a_read_or_pushed()
         }
     }
     // Every way happened: found by the first READ, by a READ after an empty one (a READ
-    // that brings one entry, fewer than PULL_MIN_PER_READ, is always followed by the wake
-    // word and one more READ), by the READ behind the wake word, and pushed.
+    // that brings one entry, fewer than PULL_MIN_PER_READ, from this receiver, which no READ
+    // found posting ahead, is followed by the wake word and one more READ), by the READ
+    // behind the wake word, and pushed.
     for (pushed, reads) in [(false, 2), (false, 3), (false, most), (true, most)] {
         assert!(
             ways.iter().any(|&(_, p, r)| (p, r) == (pushed, reads)),
@@ -2176,6 +2177,41 @@ fn a_read_that_brings_few_entries_asks_the_receiver_to_push_again() {
     stream_into(&mut p, recvs, 10, 100);
     assert_eq!(p.snd.stats().cts_reads, s.cts_reads);
     assert_eq!(p.rcv.stats().cts - r0, 2);
+}
+
+/// A receiver that READs found posting ahead and that later brings 1-3 per READ is pulled on
+/// (PULL_MIN_PER_READ: under NCCL's proxy order it is re-posting slower than we send), but
+/// what it was seen to post ahead halves with each such READ: one that turns to a ping-pong
+/// (one receive posted just before each send) is asked to push after a few READs, and the
+/// rest of its sends take no READ.
+#[test]
+fn a_receiver_that_stops_posting_ahead_is_asked_to_push_after_a_few_reads() {
+    let mut p = pulling_pair(PairCfg::default());
+    // Rounds of 16 posted before their sends: one READ each brings all 16.
+    let mut k = 8;
+    for _ in 0..2 {
+        let recvs = post_slots(&mut p, k, 16);
+        stream_into(&mut p, recvs, k, 100);
+        k += 16;
+    }
+    let s0 = p.snd.stats().clone();
+    assert_eq!(s0.cts_reads, 2, "{s0:?}");
+    // Then one receive posted just before each send.
+    let mut reads_at = Vec::new();
+    for _ in 0..24 {
+        let before = p.snd.stats().cts_reads;
+        let recvs = post_slots(&mut p, k, 1);
+        stream_into(&mut p, recvs, k, 100);
+        k += 1;
+        reads_at.push(p.snd.stats().cts_reads - before);
+    }
+    let s = p.snd.stats().clone();
+    assert!(!p.snd.pulls(), "{}", p.snd.debug_state());
+    // 16 ahead, halved by each one-entry READ: 16, 8, 4 keep the pull, 2 asks for pushes (the
+    // wake word and the READ behind it).
+    assert_eq!(s.wake_writes - s0.wake_writes, 1, "{s:?}");
+    assert_eq!(s.cts_reads - s0.cts_reads, 5, "{s:?} {reads_at:?}");
+    assert!(reads_at[6..].iter().all(|&n| n == 0), "{reads_at:?}");
 }
 
 /// A READ that finds no receive posted is followed, after a pause, by another rather than by
