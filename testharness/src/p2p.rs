@@ -327,15 +327,15 @@ impl<'n> Endpoint<'n> {
             }
         }
         let full = phase == Phase::Checked;
-        let mut moved = false;
-        for send in [sends_first, !sends_first] {
-            moved |= if send {
-                self.send_step(tx_end, size, full)?
-            } else {
-                self.recv_step(rx_end, size, full)?
-            };
+        if sends_first {
+            let sent = self.send_step(tx_end, size, full)?;
+            let received = self.recv_step(rx_end, size, full)?;
+            Ok(sent || received)
+        } else {
+            let received = self.recv_step(rx_end, size, full)?;
+            let sent = self.send_step(tx_end, size, full)?;
+            Ok(received || sent)
         }
-        Ok(moved)
     }
 
     /// The receive op's step ([`Self::pass`]): one `irecv`, or else one `test` of the oldest
@@ -510,9 +510,9 @@ impl<'n> Endpoint<'n> {
         })
     }
 
-    /// Waits until `goal` receives of `size` bytes are done in all (a pass may complete more
-    /// than one, so the caller counts, never "the next one"), posting receives ahead up to
-    /// `rx_end` and testing the sends in flight meanwhile.
+    /// Waits until `goal` receives of `size` bytes are done in all (the passes of
+    /// [`Self::send_one`] complete receives too, so the caller counts, never "the next one"),
+    /// posting receives ahead up to `rx_end` and testing the sends in flight meanwhile.
     ///
     /// # Errors
     /// Plugin errors, no receive comm, or a stall.

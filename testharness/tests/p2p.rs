@@ -486,10 +486,12 @@ fn a_pass_makes_one_step_per_direction_as_nccls_proxy_does() {
     // one receive or tests one, sendProxyProgress isends one step or tests one). So while both
     // directions of a --bidir stream have work, the plugin sees their steps alternate: a rank
     // that keeps starting sends still tests its receives every other pass. (A greedy pass that
-    // posted every free receive, isent until refused and tested as far as done, had about 450
+    // posted every free receive, isent until refused and tested as far as done, had 440-480
     // runs of same-direction steps per rank in this run; one step per op leaves one run at the
     // end of each phase, where one direction finished first.)
     let dir = std::env::temp_dir().join(format!("verbsnet-p2p-trace-{}", std::process::id()));
+    // A directory left by an earlier run with the same pid would add its traces.
+    let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let prefix = dir.join("calls");
     let mut c = perf(&[
