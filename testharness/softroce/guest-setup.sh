@@ -54,6 +54,10 @@ veth)
     modprobe veth
     ip link add rxenet0 type veth peer name rxenet1 || exit 1
     for i in 0 1; do
+        # No duplicate address detection: the pair is alone on its link, and while DAD runs
+        # (about a second after the link comes up) the IPv6 link-local address behind GID 0,
+        # the only GID through which rxe0 and rxe1 reach each other, is tentative.
+        sysctl -qw "net.ipv6.conf.rxenet$i.accept_dad=0" 2>/dev/null || true
         ip link set "rxenet$i" mtu "$MTU" up
         ip addr add "192.0.2.$((i + 1))/24" dev "rxenet$i"
     done
@@ -103,5 +107,19 @@ for _ in $(seq 200); do
     sleep 0.05
 done
 [ "$ready" = 1 ] || say "warning: the IPv4-mapped GID did not show up"
+# Two devices reach each other through GID 0 (IPv6 link-local): wait for it on both, not
+# tentative.
+if [ "${#netdevs[@]}" -ge 2 ]; then
+    for _ in $(seq 200); do
+        ready=1
+        for i in "${!netdevs[@]}"; do
+            grep -qs '^fe80:' "/sys/class/infiniband/rxe$i/ports/1/gids/0" || ready=0
+            ip -6 addr show dev "${netdevs[$i]}" 2>/dev/null | grep -q tentative && ready=0
+        done
+        [ "$ready" = 1 ] && break
+        sleep 0.05
+    done
+    [ "$ready" = 1 ] || say "warning: the link-local GID 0 did not show up on every device"
+fi
 [ -e /dev/infiniband/uverbs0 ] || { say "/dev/infiniband/uverbs0 is missing"; exit 1; }
 exit 0
