@@ -341,12 +341,11 @@ pub struct SendEngine {
     /// `next_r` when we last asked the receiver to stop pushing: the entries known since
     /// tell, when we ask for pushes again, whether that pull phase paid.
     pull_since: u64,
-    /// How far ahead of our sends the receiver posts, as READs find it ([`PULL_MIN_PER_READ`]):
-    /// the receives known and not yet matched right after a READ that found at least
-    /// [`PULL_MIN_PER_READ`] (the most of them), halved by each READ that found fewer, so a
-    /// receiver that stops posting ahead (a stream, then a ping-pong) is seen as such after a
-    /// few READs (from 32 ahead, the fifth such READ in a row asks for pushes).
-    read_held_max: usize,
+    /// READs that may still find fewer than [`PULL_MIN_PER_READ`] receives known before a
+    /// receiver that a READ found posting ahead is taken to post just in time
+    /// ([`AHEAD_READS`] after each READ that found at least that many, one fewer after each
+    /// that did not; 0 before any).
+    ahead_reads_left: u32,
     /// READs in a row that a send waited for and that brought no entry, each followed by
     /// another READ later rather than by the wake word ([`READ_PATIENCE`]); back to 0 once
     /// any entry arrives ([`SendEngine::adopt_newest`]) or the wake word goes.
@@ -384,8 +383,8 @@ enum Pull {
 /// receiver to stop (the receiver is ahead: one READ will bring many).
 const PULL_AT_GROUPS: usize = 8;
 
-/// A READ a send waited for that brought fewer entries than this, from a receiver that READs
-/// have not lately found this many receives ahead (`read_held_max`), says it posts each
+/// A READ a send waited for that brought fewer entries than this, from a receiver that none
+/// of the last [`AHEAD_READS`] READs found this many receives ahead, says it posts each
 /// receive about when the sender needs it (a ping-pong with one receive posted): it is asked
 /// to push again, which costs it no more WRs than the READs would and the sender no round
 /// trip per entry.
@@ -400,6 +399,15 @@ const PULL_AT_GROUPS: usize = 8;
 /// (0.59-0.82 by round) with this rule applied to it too (docs/performance.md, "NCCL's proxy
 /// order"). We keep pulling: each READ brings what was posted meanwhile.
 const PULL_MIN_PER_READ: u64 = 4;
+
+/// READs in a row that find fewer than [`PULL_MIN_PER_READ`] receives known after which a
+/// receiver that an earlier READ found posting ahead is asked to push on the next such READ
+/// ([`PULL_MIN_PER_READ`]): a connection that turns from a stream to a ping-pong pays this many
+/// READ round trips once. Under NCCL's proxy order a stream both ways has READs that bring 1-3
+/// between ones that bring many; halving a count of receives found ahead at each of them
+/// instead (4 or 5 such READs in a row then asked for pushes) sent a 4 KiB stream both ways on
+/// rxe back to pushing every entry in every round (docs/performance.md, "NCCL's proxy order").
+pub(crate) const AHEAD_READS: u32 = 32;
 
 /// Pushed one-buffer entries after which a sender that is being pushed tries pulling again,
 /// at first and after a pull phase that paid. Pushing is sticky: a receiver that pushes
@@ -484,7 +492,7 @@ impl SendEngine {
             landing_valid: false,
             landing_lacks: None,
             pushed_since: 0,
-            read_held_max: 0,
+            ahead_reads_left: 0,
             probe_every: PROBE_MIN,
             pull_since: p.first_seq,
             empty_reads: 0,
@@ -671,9 +679,9 @@ impl SendEngine {
     /// to ask the receiver to stop pushing.
     ///
     /// - A READ (a send waited for it) followed by no entry, or by fewer than
-    ///   [`PULL_MIN_PER_READ`] from a receiver that READs have not lately found that many
-    ///   ahead (the receiver had not posted the one the send needs, or posts each just in
-    ///   time), is followed by
+    ///   [`PULL_MIN_PER_READ`] from a receiver that none of the last [`AHEAD_READS`] READs
+    ///   found that many ahead (the receiver had not posted the one the send needs, or posts
+    ///   each just in time), is followed by
     ///   the wake word ([`wire::WAKE_PUSH`]) and a second READ, in that order on QP 0: either
     ///   that READ finds the entry, or the receiver sees the word when it posts the receive
     ///   and pushes it (its `after_execute`). A second READ that finds nothing leaves us
@@ -691,12 +699,11 @@ impl SendEngine {
             self.read = Pull::Idle;
             let took = self.next_r.wrapping_sub(self.read_from);
             // Whether READs lately found the receiver posting ahead, before this one counts.
-            let ahead = self.read_held_max >= PULL_MIN_PER_READ as usize;
-            let held = self.groups.len();
-            self.read_held_max = if held >= PULL_MIN_PER_READ as usize {
-                self.read_held_max.max(held)
+            let ahead = self.ahead_reads_left > 0;
+            self.ahead_reads_left = if self.groups.len() >= PULL_MIN_PER_READ as usize {
+                AHEAD_READS
             } else {
-                self.read_held_max / 2
+                self.ahead_reads_left.saturating_sub(1)
             };
             if !woke && self.pulls() && took == 0 && self.empty_reads < READ_PATIENCE {
                 // A send waited for this READ and it brought nothing: the receiver may be

@@ -2181,9 +2181,8 @@ fn a_read_that_brings_few_entries_asks_the_receiver_to_push_again() {
 
 /// A receiver that READs found posting ahead and that later brings 1-3 per READ is pulled on
 /// (PULL_MIN_PER_READ: under NCCL's proxy order it is re-posting slower than we send), but
-/// what it was seen to post ahead halves with each such READ: one that turns to a ping-pong
-/// (one receive posted just before each send) is asked to push after a few READs, and the
-/// rest of its sends take no READ.
+/// only for AHEAD_READS such READs in a row: one that turns to a ping-pong (one receive posted
+/// just before each send) is then asked to push, and the rest of its sends take no READ.
 #[test]
 fn a_receiver_that_stops_posting_ahead_is_asked_to_push_after_a_few_reads() {
     let mut p = pulling_pair(PairCfg::default());
@@ -2197,8 +2196,9 @@ fn a_receiver_that_stops_posting_ahead_is_asked_to_push_after_a_few_reads() {
     let s0 = p.snd.stats().clone();
     assert_eq!(s0.cts_reads, 2, "{s0:?}");
     // Then one receive posted just before each send.
+    let n = send::AHEAD_READS as u64 + 16;
     let mut reads_at = Vec::new();
-    for _ in 0..24 {
+    for _ in 0..n {
         let before = p.snd.stats().cts_reads;
         let recvs = post_slots(&mut p, k, 1);
         stream_into(&mut p, recvs, k, 100);
@@ -2207,11 +2207,16 @@ fn a_receiver_that_stops_posting_ahead_is_asked_to_push_after_a_few_reads() {
     }
     let s = p.snd.stats().clone();
     assert!(!p.snd.pulls(), "{}", p.snd.debug_state());
-    // 16 ahead, halved by each one-entry READ: 16, 8, 4 keep the pull, 2 asks for pushes (the
-    // wake word and the READ behind it).
+    // AHEAD_READS one-entry READs keep the pull; the next asks for pushes (the wake word and
+    // the READ behind it); the sends after it take no READ.
+    let first = send::AHEAD_READS as usize + 1;
     assert_eq!(s.wake_writes - s0.wake_writes, 1, "{s:?}");
-    assert_eq!(s.cts_reads - s0.cts_reads, 5, "{s:?} {reads_at:?}");
-    assert!(reads_at[6..].iter().all(|&n| n == 0), "{reads_at:?}");
+    assert_eq!(
+        s.cts_reads - s0.cts_reads,
+        first as u64 + 1,
+        "{s:?} {reads_at:?}"
+    );
+    assert!(reads_at[first..].iter().all(|&n| n == 0), "{reads_at:?}");
 }
 
 /// A READ that finds no receive posted is followed, after a pause, by another rather than by
