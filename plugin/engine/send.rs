@@ -403,11 +403,12 @@ const PULL_MIN_PER_READ: u64 = 4;
 /// READs in a row that find fewer than [`PULL_MIN_PER_READ`] receives known after which a
 /// receiver that an earlier READ found posting ahead is asked to push on the next such READ
 /// ([`PULL_MIN_PER_READ`]): a connection that turns from a stream to a ping-pong pays this many
-/// READ round trips once. Under NCCL's proxy order a stream both ways has READs that bring 1-3
-/// between ones that bring many; halving a count of receives found ahead at each of them
-/// instead (4 or 5 such READs in a row then asked for pushes) sent a 4 KiB stream both ways on
-/// rxe back to pushing every entry in every round (docs/performance.md, "NCCL's proxy order").
-pub(crate) const AHEAD_READS: u32 = 32;
+/// READ round trips once (about 13 ms on rxe, microseconds on a NIC). Under NCCL's proxy order
+/// a stream both ways has long runs of READs that bring 1-3 between ones that bring many: with
+/// 4 or 5 such READs in a row a 4 KiB stream both ways on rxe went back to one side pushing
+/// every entry in every round, and with 32 an 8 B one in 2 of 4 rounds (docs/performance.md,
+/// "NCCL's proxy order").
+pub(crate) const AHEAD_READS: u32 = 256;
 
 /// Pushed one-buffer entries after which a sender that is being pushed tries pulling again,
 /// at first and after a pull phase that paid. Pushing is sticky: a receiver that pushes
