@@ -2083,9 +2083,9 @@ fn a_receive_posted_anywhere_around_the_wake_word_is_found_by_a_read_or_pushed()
         }
     }
     // Every way happened: found by the first READ, by a READ after an empty one (a READ
-    // that brings one entry, fewer than PULL_MIN_PER_READ, from this receiver, which no READ
-    // found posting ahead, is followed by the wake word and one more READ), by the READ
-    // behind the wake word, and pushed.
+    // that brings one entry, fewer than PULL_MIN_PER_READ, from this receiver, which none of
+    // the last AHEAD_READS READs found posting ahead, is followed by the wake word and one more
+    // READ), by the READ behind the wake word, and pushed.
     for (pushed, reads) in [(false, 2), (false, 3), (false, most), (true, most)] {
         assert!(
             ways.iter().any(|&(_, p, r)| (p, r) == (pushed, reads)),
@@ -2184,7 +2184,7 @@ fn a_read_that_brings_few_entries_asks_the_receiver_to_push_again() {
 /// only for AHEAD_READS such READs in a row: one that turns to a ping-pong (one receive posted
 /// just before each send) is then asked to push, and the rest of its sends take no READ.
 #[test]
-fn a_receiver_that_stops_posting_ahead_is_asked_to_push_after_a_few_reads() {
+fn a_receiver_that_stops_posting_ahead_is_asked_to_push_after_ahead_reads_in_a_row() {
     let mut p = pulling_pair(PairCfg::default());
     // Rounds of 16 posted before their sends: one READ each brings all 16.
     let mut k = 8;

@@ -7,12 +7,14 @@
 //!
 //! The proxy ([`Ring::run`]) is modelled on NCCL's net proxy: per connection [`SLOTS`] slots
 //! (NCCL_STEPS) in one registered send FIFO and one registered receive FIFO; irecv is posted
-//! ahead into every free receive slot; a send slot is filled ("the GPU produced it") once the
+//! ahead into the free receive slots; a send slot is filled ("the GPU produced it") once the
 //! data it carries is available and isend is retried while the plugin returns no request; only
 //! the oldest request of each direction is tested; a completed receive is consumed at once
-//! (copied or reduced into the work buffer), which frees its slot for the next irecv. That is
-//! the default, [`Proxy::Eager`]; [`Proxy::Lazy`] calls the plugin in the least polite order
-//! NCCL may (every receive posted ahead, sends spun on, completions consumed late).
+//! (copied or reduced into the work buffer), which frees its slot for the next irecv. The
+//! default, [`Proxy::Eager`], makes one step per op per pass as NCCL's proxy does (one irecv,
+//! or else one test of a receive; one isend, or else one test of a send); [`Proxy::Lazy`] calls
+//! the plugin in the least polite order NCCL may (every receive posted ahead, sends spun on,
+//! completions consumed late).
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
