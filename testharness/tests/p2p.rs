@@ -501,18 +501,18 @@ fn a_pass_makes_one_step_per_direction_as_nccls_proxy_does() {
         .env("FIXTURE_NET_TRACE", &prefix);
     let (o, v) = run_json(&mut c);
     assert_clean(&o, &v, "stream", &[64], 300);
-    let mut traces: Vec<String> = std::fs::read_dir(&dir)
+    let traces: Vec<String> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
         .collect();
     std::fs::remove_dir_all(&dir).unwrap();
     assert_eq!(traces.len(), 2, "one trace per rank process");
-    for t in traces.drain(..) {
+    for t in traces {
         let steps = steps_by_direction(&t);
         let sends = steps.iter().filter(|&&s| s).count();
         // 311 messages each way: at least one step per isend that started and per receive.
         assert!(sends >= 311 && steps.len() - sends >= 311, "{t}");
-        let runs = steps.windows(2).filter(|w| w[0] == w[1]).count();
+        let neighbours = steps.windows(2).filter(|w| w[0] == w[1]).count();
         let run_starts = steps
             .windows(3)
             .filter(|w| w[0] != w[1] && w[1] == w[2])
@@ -521,7 +521,8 @@ fn a_pass_makes_one_step_per_direction_as_nccls_proxy_does() {
         // Three phases (warm-up, timed, checked), each may end with a run of one direction.
         assert!(
             run_starts <= 6,
-            "{run_starts} runs of steps of one direction ({runs} steps in them): {t}"
+            "{run_starts} runs of steps of one direction ({neighbours} pairs of same-direction \
+             neighbours): {t}"
         );
     }
 }
